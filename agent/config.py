@@ -1,0 +1,277 @@
+"""The agent's configuration: one typed, frozen model loaded from YAML with environment overrides.
+
+A bad file raises :class:`ConfigError`, whose message names the file, the key and the fix;
+``cli.py`` turns it into exit code 2. Secrets (webhook URLs, routing keys) are never stored
+here as values: the config names an environment variable or a file, read when needed.
+
+Environment overrides: ``INFERCOST_NODE``, ``INFERCOST_STATE_DIR`` and, for any key,
+``INFERCOST__SECTION__KEY=value`` (double underscores separate the path; values are YAML).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+EngineKind = Literal["vllm", "sglang", "tgi", "triton", "trtllm", "llamacpp", "auto"]
+
+DEFAULT_ENGINE_PORTS: Mapping[str, int] = {
+    "vllm": 8000,
+    "sglang": 30000,
+    "tgi": 9000,  # TGI's --prometheus-port default
+    "triton": 8002,
+    "llamacpp": 8080,
+}
+
+
+class ConfigError(Exception):
+    """A configuration file is unusable; the message names the file, the key and the fix."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class SecretRef(_Frozen):
+    """Where a secret lives: an environment variable or a file. The value never reaches a log."""
+
+    env: str | None = None
+    file: Path | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SecretRef:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("give exactly one of 'env' (variable name) or 'file' (path)")
+        return self
+
+    def read(self) -> str | None:
+        """The secret, or None when the variable / file is missing."""
+        if self.env is not None:
+            return os.environ.get(self.env) or None
+        assert self.file is not None
+        try:
+            return self.file.read_text().strip() or None
+        except OSError:
+            return None
+
+    def describe(self) -> str:
+        """Where the secret comes from, for log lines (never the value)."""
+        return f"${self.env}" if self.env else f"file {self.file}"
+
+
+class IntervalsConfig(_Frozen):
+    """Sampling cadence. Why 1 s / 5 s: NVML utilisation is averaged by the driver over ≤ 1 s, and
+    engine counters move slowly enough that a 5 s scrape keeps the agent under 1 % of a core."""
+
+    nvml_seconds: float = Field(1.0, gt=0)
+    scrape_seconds: float = Field(5.0, gt=0)
+    window_seconds: float = Field(60.0, gt=0)  # rollup written to the store and seen by detectors
+
+
+class NvmlConfig(_Frozen):
+    """Which NVML backend to use. ``auto``: the real library when a driver answers, else none."""
+
+    backend: Literal["auto", "real", "fake", "none"] = "auto"
+    fake_profile: str = "H100-SXM"  # with backend: fake
+    fake_count: int = Field(8, ge=0, le=64)
+
+
+class EngineConfig(_Frozen):
+    """One inference engine endpoint on this node."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")
+    kind: EngineKind = "auto"
+    url: str  # full URL of the Prometheus page, e.g. http://127.0.0.1:8000/metrics
+    gpus: tuple[int | str, ...] = ()  # NVML indexes or UUIDs; empty = a CPU-only engine
+    model: str | None = None  # model name for engines whose metrics carry none (TGI, llama.cpp)
+    model_version: str | None = None  # version of every model this engine serves
+    model_versions: dict[str, str] = Field(default_factory=dict)  # per served model name
+    timeout_seconds: float = Field(2.0, gt=0)
+    max_bytes: int = Field(8 * 1024 * 1024, gt=0)  # larger pages are refused (hostile endpoints)
+    weights_bytes: float | None = Field(None, gt=0)  # model weights read per decode step, for roofline
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL, e.g. http://127.0.0.1:8000/metrics")
+        return v
+
+    def version_of(self, model: str) -> str:
+        """The deployed version of ``model`` from deployment metadata, or "unknown"."""
+        return self.model_versions.get(model) or self.model_version or "unknown"
+
+
+class PricesConfig(_Frozen):
+    """Where prices come from and how a GPU shared by engines is split."""
+
+    book: Path | None = None  # None = the bundled example book (override it!)
+    share_policy: Literal["equal", "tokens"] = "equal"
+
+
+class PrometheusExporterConfig(_Frozen):
+    """The /metrics and /healthz endpoint."""
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = Field(9464, ge=0, le=65535)  # 0 = pick a free port
+
+
+class OtlpExporterConfig(_Frozen):
+    """Push to an OpenTelemetry Collector over OTLP/HTTP."""
+
+    endpoint: str | None = None  # e.g. http://otel-collector:4318/v1/metrics; None = off
+    interval_seconds: float = Field(60.0, gt=0)
+    timeout_seconds: float = Field(5.0, gt=0)
+
+
+class ExportersConfig(_Frozen):
+    """Exporters of the current snapshot."""
+
+    prometheus: PrometheusExporterConfig = PrometheusExporterConfig()
+    otlp: OtlpExporterConfig = OtlpExporterConfig()
+
+
+class StoreConfig(_Frozen):
+    """Embedded SQLite history."""
+
+    retention_days: float = Field(35.0, gt=0)  # why 35: a month plus the week a weekly report looks back
+
+
+class SlackConfig(_Frozen):
+    """Slack incoming webhook."""
+
+    webhook_url: SecretRef
+    channel: str | None = None
+    min_interval_seconds: float = Field(1.0, ge=0)  # Slack allows about 1 message per second per webhook
+
+
+class PagerDutyConfig(_Frozen):
+    """PagerDuty Events API v2."""
+
+    routing_key: SecretRef
+    url: str = "https://events.pagerduty.com/v2/enqueue"
+    max_events_per_minute: int = Field(120, gt=0)  # PagerDuty's documented per-routing-key limit
+
+
+class WebhookConfig(_Frozen):
+    """A generic receiver in Alertmanager's webhook JSON shape."""
+
+    url: SecretRef
+
+
+class AlertsConfig(_Frozen):
+    """Rules and where alerts go."""
+
+    rules_dirs: tuple[Path, ...] = ()  # empty = the bundled default rules
+    external_url: str | None = None  # link put in alerts (e.g. a Grafana dashboard)
+    slack: SlackConfig | None = None
+    pagerduty: PagerDutyConfig | None = None
+    webhook: WebhookConfig | None = None
+
+
+class Config(_Frozen):
+    """The whole agent configuration."""
+
+    node: str = Field(default_factory=socket.gethostname)
+    state_dir: Path = Path("/var/lib/infercost")
+    intervals: IntervalsConfig = IntervalsConfig()
+    nvml: NvmlConfig = NvmlConfig()
+    engines: tuple[EngineConfig, ...] = ()
+    prices: PricesConfig = PricesConfig()
+    exporters: ExportersConfig = ExportersConfig()
+    store: StoreConfig = StoreConfig()
+    alerts: AlertsConfig = AlertsConfig()
+
+    @model_validator(mode="after")
+    def _unique_engines(self) -> Config:
+        seen: set[str] = set()
+        for e in self.engines:
+            if e.name in seen:
+                raise ValueError(f"engine name {e.name!r} is used twice; give each engine a unique name")
+            seen.add(e.name)
+        return self
+
+
+def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
+    node = tree
+    for key in path[:-1]:
+        nxt = node.get(key)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            node[key] = nxt
+        node = nxt
+    node[path[-1]] = value
+
+
+def apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """Overlay ``INFERCOST_*`` variables on a raw config tree (a new tree is returned)."""
+    tree = dict(raw)
+    if environ.get("INFERCOST_NODE"):
+        tree["node"] = environ["INFERCOST_NODE"]
+    if environ.get("INFERCOST_STATE_DIR"):
+        tree["state_dir"] = environ["INFERCOST_STATE_DIR"]
+    for name, value in environ.items():
+        if name.startswith("INFERCOST__"):
+            path = [p.lower() for p in name[len("INFERCOST__") :].split("__") if p]
+            if path:
+                _set_path(tree, path, yaml.safe_load(value))
+    return tree
+
+
+def format_validation_error(source: str, err: ValidationError) -> str:
+    """One line per problem: file, dotted key, what is wrong and how to fix it."""
+    lines = [f"{source}: invalid configuration"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            fix = "remove it or check its spelling (see README 'Configuration')"
+            msg = "unknown key"
+        elif e["type"] == "missing":
+            fix = "add it"
+            msg = "required key is missing"
+        else:
+            fix = "correct the value"
+            msg = e["msg"]
+        lines.append(f"  {source}: key '{key}': {msg} (got {e.get('input')!r}); fix: {fix}")
+    return "\n".join(lines)
+
+
+def parse_config(raw: Any, source: str, environ: Mapping[str, str] | None = None) -> Config:
+    """Validate a raw tree (from YAML) into a :class:`Config`; raise ConfigError on any problem."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of keys (node, engines, ...)")
+    tree = apply_env(raw, os.environ if environ is None else environ)
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(source, err)) from None
+
+
+def load_yaml(path: Path) -> Any:
+    """Read a YAML file, turning I/O and syntax errors into ConfigError naming the file."""
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read: {err.strerror}; fix: check the path") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{where}: {getattr(err, 'problem', err)}") from None
+
+
+def load_config(path: Path | None, environ: Mapping[str, str] | None = None) -> Config:
+    """Load a config file (None = defaults plus environment)."""
+    if path is None:
+        return parse_config({}, "(defaults)", environ)
+    return parse_config(load_yaml(path), str(path), environ)

@@ -1,0 +1,160 @@
+"""Typed values that flow along the data path (sources → window join → cost → store → detectors).
+
+Every numeric field carries its unit. ``None`` means "not exposed / not supported": absent,
+never zero. These are the contracts between modules; they hold no behaviour beyond trivial
+helpers and import nothing from the rest of the agent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+# ---------------------------------------------------------------------------------------------
+# NVML source
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One NVML reading of one GPU (or MIG instance) at one instant."""
+
+    index: int  # NVML device index; for a MIG instance, the parent's index
+    uuid: str  # "GPU-…" or "MIG-…"
+    name: str  # as NVML reports it, e.g. "NVIDIA H100 80GB HBM3"
+    timestamp: float  # seconds since the epoch (injected clock)
+    up: bool = True  # False when the GPU is lost / unreadable; all readings below are then None
+    mig_parent_uuid: str | None = None  # set for MIG instances
+    util_gpu_ratio: float | None = None  # 0–1, time a kernel was running (nvmlDeviceGetUtilizationRates.gpu)
+    util_memory_ratio: float | None = None  # 0–1, time memory was busy (.memory; not bandwidth)
+    dram_bw_ratio: float | None = None  # 0–1, GPM DRAM bandwidth utilisation (Hopper+)
+    sm_active_ratio: float | None = None  # 0–1, GPM SM utilisation (Hopper+)
+    power_watts: float | None = None  # watts
+    energy_joules: float | None = None  # joules, cumulative counter since driver load
+    memory_used_bytes: float | None = None  # bytes
+    memory_total_bytes: float | None = None  # bytes
+    sm_clock_hz: float | None = None  # hertz
+    mem_clock_hz: float | None = None  # hertz
+    temperature_celsius: float | None = None  # degrees Celsius
+    error: str | None = None  # why up is False
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlRound:
+    """One batched NVML round over every device on the node."""
+
+    timestamp: float  # seconds since the epoch
+    up: bool  # False when the library / driver is unavailable (then gpus is empty)
+    gpus: tuple[GpuSample, ...] = ()
+    driver_version: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuLoad:
+    """What a simulated engine makes a fake GPU do (the fake NVML backend reads this)."""
+
+    util_gpu_ratio: float  # 0–1
+    dram_bw_ratio: float  # 0–1
+    memory_used_bytes: float  # bytes
+
+
+# ---------------------------------------------------------------------------------------------
+# Engine source
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """A cumulative Prometheus histogram as scraped: buckets in ``le`` order, +Inf last."""
+
+    buckets: tuple[tuple[float, float], ...]  # (upper bound `le` in the metric's unit, cumulative count)
+    sum: float  # in the metric's unit
+    count: float  # observations
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSignals:
+    """The common signals of one served model in one scrape (cumulative values as read)."""
+
+    model: str  # served model name (engine label, or from config for engines without one)
+    prompt_tokens_total: float | None = None  # tokens, counter
+    generation_tokens_total: float | None = None  # tokens, counter
+    requests_running: float | None = None  # gauge
+    requests_waiting: float | None = None  # gauge
+    kv_cache_usage_ratio: float | None = None  # 0–1
+    preemptions_total: float | None = None  # counter
+    requests_finished_total: Mapping[str, float] = field(default_factory=dict)  # by finish reason
+    ttft_seconds: Histogram | None = None  # time to first token
+    itl_seconds: Histogram | None = None  # inter-token latency
+    e2e_seconds: Histogram | None = None  # end-to-end request latency
+    prefill_seconds_total: float | None = None  # seconds, counter (sum of prefill time)
+    decode_seconds_total: float | None = None  # seconds, counter (sum of decode time)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineScrape:
+    """One scrape of one engine endpoint, already mapped onto the common signals."""
+
+    engine: str  # configured engine name (unique per node)
+    kind: str  # vllm | sglang | tgi | triton | trtllm | llamacpp
+    timestamp: float  # seconds since the epoch, when the scrape completed
+    up: bool
+    duration_seconds: float  # seconds the scrape took
+    models: tuple[ModelSignals, ...] = ()
+    error: str | None = None  # why up is False
+    size_bytes: int = 0  # bytes of the page
+
+
+# ---------------------------------------------------------------------------------------------
+# Window join and cost
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class UsageWindow:
+    """What one (engine, model, model_version) did over one interval: deltas, never cumulatives."""
+
+    node: str
+    engine: str
+    model: str
+    model_version: str  # "unknown" when no deployment metadata says
+    start: float  # seconds since the epoch
+    end: float  # seconds since the epoch
+    prompt_tokens: float  # tokens in the interval (≥ 0, counter resets handled)
+    generation_tokens: float  # tokens in the interval (≥ 0)
+    gpu_seconds: float  # GPU-seconds attributed to this model (share of each GPU × Δt)
+    energy_joules: float | None  # joules attributed (None when no GPU reports energy or power)
+    gpu_util_ratio: float | None = None  # 0–1, mean over the engine's GPUs
+    mem_bw_ratio: float | None = None  # 0–1, GPM DRAM bandwidth when available, else NVML .memory
+    power_watts: float | None = None  # watts attributed (mean)
+    requests_running: float | None = None  # mean of the gauge
+    kv_cache_usage_ratio: float | None = None  # 0–1, last value
+    preemptions: float | None = None  # count in the interval
+    ttft_p99_seconds: float | None = None  # seconds
+    itl_p99_seconds: float | None = None  # seconds
+    prefill_seconds: float | None = None  # seconds (sum over requests, for the time split)
+    decode_seconds: float | None = None  # seconds
+
+    @property
+    def duration(self) -> float:
+        """Seconds the window covers."""
+        return self.end - self.start
+
+
+@dataclass(frozen=True, slots=True)
+class CostWindow:
+    """A usage window priced: the record the store keeps and the detectors read."""
+
+    usage: UsageWindow
+    gpu_time_usd: float  # dollars for GPU (or node / CPU) time
+    energy_usd: float  # dollars for energy (0 when the book does not price power)
+    usd_per_1m_output: float | None  # None when the window produced no output tokens
+    usd_per_1m_total: float | None  # None when the window processed no tokens
+    idle_usd: float  # the whole cost when no tokens were produced, else 0
+    roofline_ratio: float | None = None  # observed decode tok/s ÷ bandwidth ceiling (0–1+)
+
+    @property
+    def cost_usd(self) -> float:
+        """Total dollars of the window."""
+        return self.gpu_time_usd + self.energy_usd

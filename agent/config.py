@@ -92,6 +92,8 @@ class EngineConfig(_Frozen):
     model: str | None = None  # model name for engines whose metrics carry none (TGI, llama.cpp)
     model_version: str | None = None  # version of every model this engine serves
     model_versions: dict[str, str] = Field(default_factory=dict)  # per served model name
+    version_file: Path | None = None  # a downward-API labels file (lines key="value"), re-read each window
+    version_label: str = "app.kubernetes.io/version"  # the key to read from version_file
     timeout_seconds: float = Field(2.0, gt=0)
     max_bytes: int = Field(8 * 1024 * 1024, gt=0)  # larger pages are refused (hostile endpoints)
     weights_bytes: float | None = Field(None, gt=0)  # model weights read per decode step, for roofline

@@ -1,0 +1,319 @@
+"""The window join: NVML rounds + engine scrapes + prices → priced usage windows, one tick at a time.
+
+Pure and deterministic: it holds the previous cumulative readings (so counter resets are handled
+once, here) but reads no clock and does no I/O — the supervisor passes in the tick's time, the
+scrapes, the NVML rounds and each model's deployed version.
+
+Attribution, per tick of Δt seconds:
+- each GPU costs price × Δt / 3600 (+ energy where the book prices power); a GPU listed by several
+  engines is split by the share policy (``equal`` by default, or ``tokens``); a GPU no engine lists is
+  node idle cost;
+- an engine's cost is split among the models it serves by their share of tokens (equally when no
+  model produced any); a CPU-only engine is priced per hour from the book's ``engines`` section;
+- a model with no tokens in the tick has its whole cost reported as idle cost;
+- while an engine is down its GPUs still cost money: the cost goes, as idle, to the models it served
+  before; tokens counted while it was down appear in the tick it comes back (counter deltas).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from agent.config import EngineConfig
+from agent.cost.model import (
+    bandwidth_of,
+    decode_ceiling_tokens_per_second,
+    energy_cost,
+    energy_from_counter,
+    gpu_time_cost,
+    roofline_efficiency,
+    split_shares,
+    usd_per_million,
+)
+from agent.cost.quantiles import counter_delta, histogram_delta, quantile
+from agent.samples import CostWindow, EngineScrape, GpuSample, Histogram, ModelSignals, NvmlRound, UsageWindow
+from agent.sources.prices import PriceBook
+
+logger = logging.getLogger(__name__)
+
+P99 = 0.99
+
+
+@dataclass(frozen=True, slots=True)
+class GpuTick:
+    """What one GPU did and cost over one tick."""
+
+    sample: GpuSample  # the last reading in the tick
+    seconds: float  # seconds covered
+    usd_per_hour: float | None  # price, None when the book does not price this GPU
+    cost_usd: float  # dollars (time + energy)
+    idle_usd: float  # dollars of that not used to make tokens
+    energy_joules: float | None  # joules used in the tick
+    util_ratio: float | None  # mean utilisation 0–1
+    bw_ratio: float | None  # mean DRAM bandwidth 0–1 (GPM), else memory-busy ratio
+    power_watts: float | None  # mean watts
+
+
+@dataclass(frozen=True, slots=True)
+class TickResult:
+    """Everything one tick produced."""
+
+    start: float  # epoch seconds
+    end: float  # epoch seconds
+    windows: tuple[CostWindow, ...] = ()
+    gpus: tuple[GpuTick, ...] = ()
+
+
+@dataclass(slots=True)
+class _GpuAcc:
+    samples: list[GpuSample] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _ModelPrev:
+    signals: ModelSignals
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    xs = [v for v in values if v is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+class WindowJoiner:
+    """Turns a stream of samples into priced windows. Feed NVML rounds with :meth:`add_round`, then
+    close each tick with :meth:`close_tick`."""
+
+    def __init__(self, node: str, engines: Sequence[EngineConfig], book: PriceBook, share_policy: str = "equal"):
+        self.node = node
+        self.engines = tuple(engines)
+        self.book = book
+        self.share_policy = share_policy
+        self._last_tick: float | None = None
+        self._acc: dict[str, _GpuAcc] = {}
+        self._last_energy: dict[str, float] = {}  # uuid → joules at the end of the previous tick
+        self._prev: dict[tuple[str, str], ModelSignals] = {}  # (engine, model) → last signals
+        self._known_models: dict[str, tuple[str, ...]] = {}  # engine → models seen
+        self._unpriced_logged: set[str] = set()
+
+    # ------------------------------------------------------------------ inputs
+    def add_round(self, rnd: NvmlRound) -> None:
+        """Accumulate one NVML round into the current tick."""
+        if not rnd.up:
+            return
+        for g in rnd.gpus:
+            self._acc.setdefault(g.uuid, _GpuAcc()).samples.append(g)
+
+    # ------------------------------------------------------------------ helpers
+    def _engine_gpus(self, eng: EngineConfig, gpus: Mapping[str, GpuSample]) -> list[str]:
+        out: list[str] = []
+        for ref in eng.gpus:
+            for uuid, s in gpus.items():
+                if (isinstance(ref, str) and ref == uuid) or (
+                    isinstance(ref, int) and s.index == ref and s.mig_parent_uuid is None
+                ):
+                    out.append(uuid)
+        return out
+
+    def _model_deltas(self, eng: EngineConfig, scrape: EngineScrape | None) -> dict[str, tuple[ModelSignals | None, ModelSignals | None]]:
+        """(previous, current) signals per model of an engine; current None when the engine is down."""
+        out: dict[str, tuple[ModelSignals | None, ModelSignals | None]] = {}
+        if scrape is not None and scrape.up:
+            names = tuple(m.model for m in scrape.models)
+            if names:
+                self._known_models[eng.name] = names
+            for m in scrape.models:
+                out[m.model] = (self._prev.get((eng.name, m.model)), m)
+        else:
+            for name in self._known_models.get(eng.name, ()):
+                out[name] = (self._prev.get((eng.name, name)), None)
+        return out
+
+    # ------------------------------------------------------------------ the tick
+    def close_tick(
+        self,
+        now: float,
+        scrapes: Mapping[str, EngineScrape],
+        versions: Mapping[tuple[str, str], str] | None = None,
+    ) -> TickResult:
+        """Close the tick ending at ``now`` (epoch seconds) and price it.
+
+        ``scrapes``: the latest scrape per engine name taken during this tick (missing = not scraped).
+        ``versions``: (engine, model) → deployed version, overriding the engine config.
+        The first call only sets the baselines and returns no windows.
+        """
+        versions = versions or {}
+        start = self._last_tick
+        last: dict[str, GpuSample] = {u: a.samples[-1] for u, a in self._acc.items() if a.samples}
+        if start is None or now <= start:
+            self._last_tick = now
+            self._remember(scrapes, last)
+            self._acc = {}
+            return TickResult(start=now, end=now)
+        dt = now - start
+
+        # ---- per GPU: time + energy cost
+        gpu_cost: dict[str, float] = {}
+        gpu_info: dict[str, tuple[float | None, float | None, float | None, float | None, float | None]] = {}
+        power = self.book.power
+        for uuid, acc in self._acc.items():
+            s = acc.samples[-1]
+            price = self.book.gpu_usd_per_hour(s.name, self.node, now)
+            if price is None and uuid not in self._unpriced_logged:
+                self._unpriced_logged.add(uuid)
+                logger.warning("GPU %s (%s) has no price in %s: its cost counts as 0", uuid, s.name, self.book.source_path)
+            mean_power = _mean(x.power_watts for x in acc.samples)
+            joules = energy_from_counter(self._last_energy.get(uuid), s.energy_joules, mean_power, dt)
+            cost = gpu_time_cost(price or 0.0, dt)
+            if power is not None and joules is not None:
+                cost += energy_cost(joules, power.usd_per_kwh, power.pue)
+            gpu_cost[uuid] = cost
+            bw = _mean(x.dram_bw_ratio for x in acc.samples)
+            if bw is None:
+                bw = _mean(x.util_memory_ratio for x in acc.samples)
+            gpu_info[uuid] = (price, joules, _mean(x.util_gpu_ratio for x in acc.samples), bw, mean_power)
+
+        # ---- per engine: which GPUs, which models, how many tokens
+        eng_gpus = {e.name: self._engine_gpus(e, last) for e in self.engines}
+        eng_models = {e.name: self._model_deltas(e, scrapes.get(e.name)) for e in self.engines}
+        model_tokens: dict[tuple[str, str], tuple[float, float]] = {}
+        for e in self.engines:
+            for model, (prev, cur) in eng_models[e.name].items():
+                p = counter_delta(prev.prompt_tokens_total if prev else None, cur.prompt_tokens_total if cur else None)
+                g = counter_delta(
+                    prev.generation_tokens_total if prev else None, cur.generation_tokens_total if cur else None
+                )
+                model_tokens[(e.name, model)] = (p or 0.0, g or 0.0)
+        eng_tokens = {
+            e.name: sum(p + g for (en, _), (p, g) in model_tokens.items() if en == e.name) for e in self.engines
+        }
+
+        users: dict[str, list[str]] = {}
+        for e in self.engines:
+            for u in eng_gpus[e.name]:
+                users.setdefault(u, []).append(e.name)
+        shares = {u: split_shares(us, self.share_policy, eng_tokens) for u, us in users.items()}
+
+        # ---- price each model
+        windows: list[CostWindow] = []
+        gpu_used_usd: dict[str, float] = {u: 0.0 for u in gpu_cost}
+        for e in self.engines:
+            models = eng_models[e.name]
+            if not models:
+                continue
+            tok = {m: sum(model_tokens[(e.name, m)]) for m in models}
+            mshare = split_shares(list(models), "tokens", tok)
+            eng_gpu_list = eng_gpus[e.name]
+            cpu_price = self.book.engine_usd_per_hour(e.name)
+            for model, (prev, cur) in models.items():
+                ms = mshare[model]
+                p_tok, g_tok = model_tokens[(e.name, model)]
+                time_usd = energy_usd = gpu_seconds = 0.0
+                joules_sum: float | None = None
+                power_sum: float | None = None
+                for u in eng_gpu_list:
+                    f = shares[u][e.name] * ms
+                    price, joules, _util, _bw, watts = gpu_info[u]
+                    t_usd = gpu_time_cost(price or 0.0, dt) * f
+                    time_usd += t_usd
+                    e_usd = (gpu_cost[u] - gpu_time_cost(price or 0.0, dt)) * f
+                    energy_usd += e_usd
+                    gpu_seconds += dt * f
+                    if joules is not None:
+                        joules_sum = (joules_sum or 0.0) + joules * f
+                    if watts is not None:
+                        power_sum = (power_sum or 0.0) + watts * f
+                    if p_tok + g_tok > 0:
+                        gpu_used_usd[u] += t_usd + e_usd
+                if cpu_price is not None:
+                    time_usd += gpu_time_cost(cpu_price, dt) * ms
+                usage = UsageWindow(
+                    node=self.node,
+                    engine=e.name,
+                    model=model,
+                    model_version=versions.get((e.name, model)) or e.version_of(model),
+                    start=start,
+                    end=now,
+                    prompt_tokens=p_tok,
+                    generation_tokens=g_tok,
+                    gpu_seconds=gpu_seconds,
+                    energy_joules=joules_sum,
+                    gpu_util_ratio=_mean(gpu_info[u][2] for u in eng_gpu_list),
+                    mem_bw_ratio=_mean(gpu_info[u][3] for u in eng_gpu_list),
+                    power_watts=power_sum,
+                    requests_running=cur.requests_running if cur else None,
+                    kv_cache_usage_ratio=cur.kv_cache_usage_ratio if cur else None,
+                    preemptions=counter_delta(
+                        prev.preemptions_total if prev else None, cur.preemptions_total if cur else None
+                    ),
+                    ttft_p99_seconds=self._p99(prev.ttft_seconds if prev else None, cur.ttft_seconds if cur else None),
+                    itl_p99_seconds=self._p99(prev.itl_seconds if prev else None, cur.itl_seconds if cur else None),
+                    prefill_seconds=counter_delta(
+                        prev.prefill_seconds_total if prev else None, cur.prefill_seconds_total if cur else None
+                    ),
+                    decode_seconds=counter_delta(
+                        prev.decode_seconds_total if prev else None, cur.decode_seconds_total if cur else None
+                    ),
+                )
+                windows.append(self._price(usage, time_usd, energy_usd, e, last))
+
+        gpus: list[GpuTick] = []
+        for u, cost in gpu_cost.items():
+            price, joules, util, bw, watts = gpu_info[u]
+            gpus.append(
+                GpuTick(
+                    sample=last[u],
+                    seconds=dt,
+                    usd_per_hour=price,
+                    cost_usd=cost,
+                    idle_usd=max(0.0, cost - gpu_used_usd.get(u, 0.0)),
+                    energy_joules=joules,
+                    util_ratio=util,
+                    bw_ratio=bw,
+                    power_watts=watts,
+                )
+            )
+
+        self._last_tick = now
+        self._remember(scrapes, last)
+        self._acc = {}
+        return TickResult(start=start, end=now, windows=tuple(windows), gpus=tuple(gpus))
+
+    # ------------------------------------------------------------------ internals
+    def _remember(self, scrapes: Mapping[str, EngineScrape], last: Mapping[str, GpuSample]) -> None:
+        for name, sc in scrapes.items():
+            if sc.up:
+                for m in sc.models:
+                    self._prev[(name, m.model)] = m
+        for uuid, s in last.items():
+            if s.energy_joules is not None:
+                self._last_energy[uuid] = s.energy_joules
+
+    @staticmethod
+    def _p99(prev: Histogram | None, cur: Histogram | None) -> float | None:
+        if cur is None:
+            return None
+        delta = histogram_delta(prev, cur)
+        return None if delta is None else quantile(delta, P99)
+
+    def _price(
+        self, usage: UsageWindow, time_usd: float, energy_usd: float, eng: EngineConfig, last: Mapping[str, GpuSample]
+    ) -> CostWindow:
+        cost = time_usd + energy_usd
+        tokens = usage.prompt_tokens + usage.generation_tokens
+        roof: float | None = None
+        if eng.weights_bytes and usage.generation_tokens > 0 and usage.duration > 0:
+            bw = sum(bandwidth_of(last[u].name) or 0.0 for u in self._engine_gpus(eng, last))
+            if bw > 0:
+                ceiling = decode_ceiling_tokens_per_second(bw, eng.weights_bytes, usage.requests_running or 1.0)
+                roof = roofline_efficiency(usage.generation_tokens / usage.duration, ceiling)
+        return CostWindow(
+            usage=usage,
+            gpu_time_usd=time_usd,
+            energy_usd=energy_usd,
+            usd_per_1m_output=usd_per_million(cost, usage.generation_tokens),
+            usd_per_1m_total=usd_per_million(cost, tokens),
+            idle_usd=cost if tokens <= 0 else 0.0,
+            roofline_ratio=roof,
+        )

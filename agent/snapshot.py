@@ -1,0 +1,246 @@
+"""The ledger: cumulative counters and current gauges built from each tick, and the immutable
+snapshot that exporters (Prometheus, OTLP) and the demo view read at their own pace.
+
+Gauges such as $ per 1M tokens are computed over a trailing window of ticks as a ratio of sums,
+so a quiet 5-second tick does not make the gauge flicker.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from agent.cost.model import usd_per_million
+from agent.cost.window import TickResult
+from agent.samples import CostWindow, EngineScrape, GpuSample, NvmlRound
+
+ModelKey = tuple[str, str, str]  # (engine, model, model_version)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuState:
+    """One GPU's latest reading and its cumulative cost."""
+
+    sample: GpuSample
+    usd_per_hour: float | None = None  # dollars per GPU-hour, None when unpriced
+    cost_usd_total: float = 0.0  # dollars since the agent started
+    idle_cost_usd_total: float = 0.0  # dollars of GPU time that made no tokens
+
+    @property
+    def gpu(self) -> str:
+        """The `gpu` label: NVML index, or the MIG UUID for a MIG instance."""
+        return self.sample.uuid if self.sample.mig_parent_uuid else str(self.sample.index)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineState:
+    """One engine endpoint's health."""
+
+    engine: str
+    kind: str
+    up: bool
+    scrape_duration_seconds: float  # seconds
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelState:
+    """One (engine, model, model_version): cumulative counters and gauges over the trailing window."""
+
+    engine: str
+    model: str
+    model_version: str
+    prompt_tokens_total: float = 0.0  # tokens
+    generation_tokens_total: float = 0.0  # tokens
+    cost_usd_total: float = 0.0  # dollars
+    energy_cost_usd_total: float = 0.0  # dollars
+    idle_cost_usd_total: float = 0.0  # dollars
+    gpu_seconds_total: float = 0.0  # GPU-seconds
+    energy_joules_total: float = 0.0  # joules
+    prompt_tokens_per_second: float | None = None  # tokens/s over the trailing window
+    generation_tokens_per_second: float | None = None  # tokens/s
+    usd_per_1m_output_tokens: float | None = None  # dollars per 1M output tokens
+    usd_per_1m_tokens: float | None = None  # dollars per 1M prompt + output tokens
+    cost_usd_per_hour: float | None = None  # dollars per hour
+    gpu_utilization_ratio: float | None = None  # 0–1
+    memory_bandwidth_ratio: float | None = None  # 0–1
+    power_watts: float | None = None  # watts
+    roofline_efficiency_ratio: float | None = None  # 0–1+
+    kv_cache_usage_ratio: float | None = None  # 0–1
+    requests_running: float | None = None  # requests
+    ttft_p99_seconds: float | None = None  # seconds
+    itl_p99_seconds: float | None = None  # seconds
+    idle_cost_usd_per_hour: float | None = None  # dollars per hour idle over the trailing window
+    anomaly_score: float | None = None  # > 1 means anomalous
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything the exporters publish, at one instant."""
+
+    node: str
+    version: str
+    timestamp: float  # epoch seconds of the last tick
+    nvml_up: bool | None = None  # None: no NVML backend configured
+    gpus: tuple[GpuState, ...] = ()
+    engines: tuple[EngineState, ...] = ()
+    models: tuple[ModelState, ...] = ()
+    alerts_firing: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (rule, severity) → count
+    outbox_pending: Mapping[str, int] = field(default_factory=dict)  # sink → undelivered messages
+
+
+def _wmean(pairs: list[tuple[float | None, float]]) -> float | None:
+    num = den = 0.0
+    for v, w in pairs:
+        if v is not None and w > 0:
+            num += v * w
+            den += w
+    return num / den if den > 0 else None
+
+
+class Ledger:
+    """Accumulates ticks into counters and trailing gauges; hands out immutable snapshots."""
+
+    def __init__(self, node: str, version: str, trailing_seconds: float = 60.0) -> None:
+        self.node = node
+        self.version = version
+        self.trailing_seconds = trailing_seconds
+        self._gpus: dict[str, GpuState] = {}
+        self._engines: dict[str, EngineState] = {}
+        self._models: dict[ModelKey, ModelState] = {}
+        self._recent: dict[ModelKey, deque[CostWindow]] = {}
+        self._nvml_up: bool | None = None
+        self._timestamp = 0.0
+        self._alerts: Mapping[tuple[str, str], int] = {}
+        self._outbox: Mapping[str, int] = {}
+        self._scores: dict[ModelKey, float] = {}
+
+    def observe_nvml(self, rnd: NvmlRound | None) -> None:
+        """Record the latest NVML round (None: no backend)."""
+        if rnd is None:
+            self._nvml_up = None
+            return
+        self._nvml_up = rnd.up
+        for g in rnd.gpus:
+            prev = self._gpus.get(g.uuid)
+            self._gpus[g.uuid] = replace(prev, sample=g) if prev else GpuState(sample=g)
+
+    def observe_scrape(self, sc: EngineScrape) -> None:
+        """Record an engine's latest scrape health."""
+        self._engines[sc.engine] = EngineState(sc.engine, sc.kind, sc.up, sc.duration_seconds, sc.error)
+
+    def set_alerts(self, firing: Mapping[tuple[str, str], int], outbox: Mapping[str, int]) -> None:
+        """Record alert counts and undelivered notifications."""
+        self._alerts = dict(firing)
+        self._outbox = dict(outbox)
+
+    def set_anomaly_score(self, key: ModelKey, score: float | None) -> None:
+        """Record the latest anomaly score of a model version."""
+        if score is None:
+            self._scores.pop(key, None)
+        else:
+            self._scores[key] = score
+
+    def apply(self, tick: TickResult) -> None:
+        """Add one tick's windows and GPU costs."""
+        self._timestamp = tick.end
+        for gt in tick.gpus:
+            prev = self._gpus.get(gt.sample.uuid) or GpuState(sample=gt.sample)
+            self._gpus[gt.sample.uuid] = replace(
+                prev,
+                sample=gt.sample,
+                usd_per_hour=gt.usd_per_hour,
+                cost_usd_total=prev.cost_usd_total + gt.cost_usd,
+                idle_cost_usd_total=prev.idle_cost_usd_total + gt.idle_usd,
+            )
+        for w in tick.windows:
+            u = w.usage
+            key = (u.engine, u.model, u.model_version)
+            recent = self._recent.setdefault(key, deque())
+            recent.append(w)
+            while recent and recent[0].usage.end <= tick.end - self.trailing_seconds:
+                recent.popleft()
+            prev = self._models.get(key) or ModelState(u.engine, u.model, u.model_version)
+            self._models[key] = self._gauges(
+                replace(
+                    prev,
+                    prompt_tokens_total=prev.prompt_tokens_total + u.prompt_tokens,
+                    generation_tokens_total=prev.generation_tokens_total + u.generation_tokens,
+                    cost_usd_total=prev.cost_usd_total + w.cost_usd,
+                    energy_cost_usd_total=prev.energy_cost_usd_total + w.energy_usd,
+                    idle_cost_usd_total=prev.idle_cost_usd_total + w.idle_usd,
+                    gpu_seconds_total=prev.gpu_seconds_total + u.gpu_seconds,
+                    energy_joules_total=prev.energy_joules_total + (u.energy_joules or 0.0),
+                ),
+                recent,
+            )
+        # a model version that produced no window this tick (replaced by a new version) keeps its
+        # counters but loses its gauges once its trailing window is empty
+        for key, recent in self._recent.items():
+            while recent and recent[0].usage.end <= tick.end - self.trailing_seconds:
+                recent.popleft()
+            if not recent and key in self._models:
+                self._models[key] = self._gauges(self._models[key], recent)
+
+    @staticmethod
+    def _gauges(state: ModelState, recent: deque[CostWindow]) -> ModelState:
+        if not recent:
+            return replace(
+                state,
+                prompt_tokens_per_second=None,
+                generation_tokens_per_second=None,
+                usd_per_1m_output_tokens=None,
+                usd_per_1m_tokens=None,
+                cost_usd_per_hour=None,
+                idle_cost_usd_per_hour=None,
+                gpu_utilization_ratio=None,
+                memory_bandwidth_ratio=None,
+                power_watts=None,
+                roofline_efficiency_ratio=None,
+                kv_cache_usage_ratio=None,
+                requests_running=None,
+                ttft_p99_seconds=None,
+                itl_p99_seconds=None,
+            )
+        secs = sum(w.usage.duration for w in recent)
+        cost = sum(w.cost_usd for w in recent)
+        p = sum(w.usage.prompt_tokens for w in recent)
+        g = sum(w.usage.generation_tokens for w in recent)
+        idle = sum(w.idle_usd for w in recent)
+        weights = [(w, w.usage.duration) for w in recent]
+        last = recent[-1].usage
+        return replace(
+            state,
+            prompt_tokens_per_second=p / secs if secs > 0 else None,
+            generation_tokens_per_second=g / secs if secs > 0 else None,
+            usd_per_1m_output_tokens=usd_per_million(cost, g),
+            usd_per_1m_tokens=usd_per_million(cost, p + g),
+            cost_usd_per_hour=cost / secs * 3600 if secs > 0 else None,
+            idle_cost_usd_per_hour=idle / secs * 3600 if secs > 0 else None,
+            gpu_utilization_ratio=_wmean([(w.usage.gpu_util_ratio, d) for w, d in weights]),
+            memory_bandwidth_ratio=_wmean([(w.usage.mem_bw_ratio, d) for w, d in weights]),
+            power_watts=_wmean([(w.usage.power_watts, d) for w, d in weights]),
+            roofline_efficiency_ratio=_wmean([(w.roofline_ratio, d) for w, d in weights]),
+            kv_cache_usage_ratio=last.kv_cache_usage_ratio,
+            requests_running=last.requests_running,
+            ttft_p99_seconds=max((w.usage.ttft_p99_seconds for w in recent if w.usage.ttft_p99_seconds is not None), default=None),
+            itl_p99_seconds=max((w.usage.itl_p99_seconds for w in recent if w.usage.itl_p99_seconds is not None), default=None),
+        )
+
+    def snapshot(self) -> Snapshot:
+        """An immutable view of the current state."""
+        models = tuple(
+            replace(m, anomaly_score=self._scores.get(k)) for k, m in sorted(self._models.items())
+        )
+        return Snapshot(
+            node=self.node,
+            version=self.version,
+            timestamp=self._timestamp,
+            nvml_up=self._nvml_up,
+            gpus=tuple(sorted(self._gpus.values(), key=lambda s: (s.sample.index, s.sample.uuid))),
+            engines=tuple(sorted(self._engines.values(), key=lambda e: e.engine)),
+            models=models,
+            alerts_firing=dict(self._alerts),
+            outbox_pending=dict(self._outbox),
+        )

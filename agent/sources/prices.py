@@ -1,0 +1,113 @@
+"""The price book: $ per GPU-hour by GPU model (with per-node overrides and effective dates), $ per
+hour for CPU-only engines, and optionally $ per kWh and PUE for on-prem power.
+
+A book is a YAML file (see ``agent/data/prices-example.yaml``); a bad book raises ConfigError
+naming the file, the key and the fix.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agent.config import ConfigError, format_validation_error, load_yaml
+
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"  # files shipped inside the package
+EXAMPLE_BOOK = DATA_DIR / "prices-example.yaml"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class GpuPrice(_Frozen):
+    """One price of one GPU model from a date."""
+
+    match: str = Field(min_length=1)  # case-insensitive substring of the NVML name
+    usd_per_hour: float = Field(ge=0)  # dollars per GPU-hour
+    effective_from: dt.date = dt.date(1970, 1, 1)
+
+
+class NodePrice(_Frozen):
+    """A per-node override."""
+
+    usd_per_gpu_hour: float = Field(ge=0)  # dollars per GPU-hour on this node
+
+
+class EnginePrice(_Frozen):
+    """An hourly price for an engine that uses no GPU (or a whole machine)."""
+
+    usd_per_hour: float = Field(ge=0)  # dollars per hour
+
+
+class PowerPrice(_Frozen):
+    """Energy price where the operator pays for power."""
+
+    usd_per_kwh: float = Field(ge=0)  # dollars per kilowatt-hour
+    pue: float = Field(1.0, ge=1.0, le=3.0)  # power usage effectiveness of the data centre
+
+
+class PriceBookModel(_Frozen):
+    """The YAML schema of a price book."""
+
+    currency: str = "USD"
+    as_of: dt.date | None = None
+    source: str | None = None
+    gpus: tuple[GpuPrice, ...] = ()
+    nodes: dict[str, NodePrice] = Field(default_factory=dict)
+    engines: dict[str, EnginePrice] = Field(default_factory=dict)
+    power: PowerPrice | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PriceBook:
+    """Lookups over a validated book. Pure: the time of the lookup is passed in."""
+
+    model: PriceBookModel
+    source_path: str
+
+    def gpu_usd_per_hour(self, gpu_name: str, node: str, at: float) -> float | None:
+        """$ per GPU-hour of a GPU named ``gpu_name`` on ``node`` at epoch time ``at``; None if unpriced."""
+        override = self.model.nodes.get(node)
+        if override is not None:
+            return override.usd_per_gpu_hour
+        day = dt.datetime.fromtimestamp(at, tz=dt.UTC).date()
+        name = gpu_name.lower()
+        best: GpuPrice | None = None
+        for p in self.model.gpus:
+            if p.match.lower() not in name or p.effective_from > day:
+                continue
+            if best is None or (len(p.match), p.effective_from) > (len(best.match), best.effective_from):
+                best = p
+        return None if best is None else best.usd_per_hour
+
+    def engine_usd_per_hour(self, engine: str) -> float | None:
+        """$ per hour of a CPU-only (or whole-machine) engine, or None."""
+        p = self.model.engines.get(engine)
+        return None if p is None else p.usd_per_hour
+
+    @property
+    def power(self) -> PowerPrice | None:
+        """The energy price, when the book prices power."""
+        return self.model.power
+
+
+def parse_price_book(raw: Any, source: str) -> PriceBook:
+    """Validate a raw tree into a PriceBook, or raise ConfigError."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: a price book must be a mapping (gpus, nodes, engines, power)")
+    try:
+        return PriceBook(PriceBookModel.model_validate(raw), source)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(source, err)) from None
+
+
+def load_price_book(path: Path | None) -> PriceBook:
+    """Load a book from a file, or the bundled example when ``path`` is None."""
+    if path is None:
+        return parse_price_book(load_yaml(EXAMPLE_BOOK), f"(bundled example) {EXAMPLE_BOOK}")
+    return parse_price_book(load_yaml(path), str(path))

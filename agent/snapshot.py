@@ -8,9 +8,11 @@ so a quiet 5-second tick does not make the gauge flicker.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
+from agent.catalog import MetricSpec
 from agent.cost.model import usd_per_million
 from agent.cost.window import TickResult
 from agent.samples import CostWindow, EngineScrape, GpuSample, NvmlRound
@@ -224,15 +226,18 @@ class Ledger:
             roofline_efficiency_ratio=_wmean([(w.roofline_ratio, d) for w, d in weights]),
             kv_cache_usage_ratio=last.kv_cache_usage_ratio,
             requests_running=last.requests_running,
-            ttft_p99_seconds=max((w.usage.ttft_p99_seconds for w in recent if w.usage.ttft_p99_seconds is not None), default=None),
-            itl_p99_seconds=max((w.usage.itl_p99_seconds for w in recent if w.usage.itl_p99_seconds is not None), default=None),
+            ttft_p99_seconds=max(
+                (w.usage.ttft_p99_seconds for w in recent if w.usage.ttft_p99_seconds is not None),
+                default=None,
+            ),
+            itl_p99_seconds=max(
+                (w.usage.itl_p99_seconds for w in recent if w.usage.itl_p99_seconds is not None), default=None
+            ),
         )
 
     def snapshot(self) -> Snapshot:
         """An immutable view of the current state."""
-        models = tuple(
-            replace(m, anomaly_score=self._scores.get(k)) for k, m in sorted(self._models.items())
-        )
+        models = tuple(replace(m, anomaly_score=self._scores.get(k)) for k, m in sorted(self._models.items()))
         return Snapshot(
             node=self.node,
             version=self.version,
@@ -244,3 +249,34 @@ class Ledger:
             alerts_firing=dict(self._alerts),
             outbox_pending=dict(self._outbox),
         )
+
+
+def series(spec: MetricSpec, snap: Snapshot) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """(label values, value) pairs of one catalogue row over a snapshot."""
+    node = snap.node
+    if spec.source == "node":
+        yield (node,), getattr(snap, spec.field)
+    elif spec.source == "gpu":
+        for g in snap.gpus:
+            s = g.sample
+            if spec.field == "info":
+                yield (node, g.gpu, s.uuid, s.name, s.mig_parent_uuid or ""), 1.0
+            elif spec.field == "up":
+                yield (node, g.gpu), s.up
+            elif hasattr(g, spec.field):
+                yield (node, g.gpu), getattr(g, spec.field)
+            else:
+                yield (node, g.gpu), getattr(s, spec.field)
+    elif spec.source == "engine":
+        for e in snap.engines:
+            labels = (node, e.engine, e.kind) if "kind" in spec.labels else (node, e.engine)
+            yield labels, getattr(e, spec.field)
+    elif spec.source == "model":
+        for m in snap.models:
+            yield (node, m.engine, m.model, m.model_version), getattr(m, spec.field)
+    elif spec.source == "alert":
+        for (rule, severity), n in snap.alerts_firing.items():
+            yield (node, rule, severity), n
+    elif spec.source == "outbox":
+        for sink, n in snap.outbox_pending.items():
+            yield (node, sink), n

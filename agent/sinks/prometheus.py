@@ -5,48 +5,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from agent.catalog import CATALOG, MetricSpec
-from agent.snapshot import Snapshot
+from agent.catalog import CATALOG
+from agent.snapshot import Snapshot, series
 
 logger = logging.getLogger(__name__)
-
-
-def _items(spec: MetricSpec, snap: Snapshot) -> Iterator[tuple[tuple[str, ...], Any]]:
-    """(label values, value) pairs of one catalogue row over a snapshot."""
-    node = snap.node
-    if spec.source == "node":
-        yield (node,), getattr(snap, spec.field)
-    elif spec.source == "gpu":
-        for g in snap.gpus:
-            s = g.sample
-            if spec.field == "info":
-                yield (node, g.gpu, s.uuid, s.name, s.mig_parent_uuid or ""), 1.0
-            elif spec.field == "up":
-                yield (node, g.gpu), s.up
-            elif hasattr(g, spec.field):
-                yield (node, g.gpu), getattr(g, spec.field)
-            else:
-                yield (node, g.gpu), getattr(s, spec.field)
-    elif spec.source == "engine":
-        for e in snap.engines:
-            labels = (node, e.engine, e.kind) if "kind" in spec.labels else (node, e.engine)
-            yield labels, getattr(e, spec.field)
-    elif spec.source == "model":
-        for m in snap.models:
-            yield (node, m.engine, m.model, m.model_version), getattr(m, spec.field)
-    elif spec.source == "alert":
-        for (rule, severity), n in snap.alerts_firing.items():
-            yield (node, rule, severity), n
-    elif spec.source == "outbox":
-        for sink, n in snap.outbox_pending.items():
-            yield (node, sink), n
 
 
 def families(snap: Snapshot) -> list[Metric]:
@@ -59,7 +27,7 @@ def families(snap: Snapshot) -> list[Metric]:
             fam = CounterMetricFamily(spec.full_name.removesuffix("_total"), spec.help, labels=spec.labels)
         else:
             fam = GaugeMetricFamily(spec.full_name, spec.help, labels=spec.labels)
-        for labels, value in _items(spec, snap):
+        for labels, value in series(spec, snap):
             if value is None:
                 continue
             fam.add_metric(list(labels), float(value))
@@ -88,7 +56,9 @@ def render(snap: Snapshot) -> bytes:
 class PrometheusServer:
     """aiohttp server for /metrics and /healthz on the event loop."""
 
-    def __init__(self, get: Callable[[], Snapshot], healthy: Callable[[], bool], host: str, port: int) -> None:
+    def __init__(
+        self, get: Callable[[], Snapshot], healthy: Callable[[], bool], host: str, port: int
+    ) -> None:
         self._get = get
         self._healthy = healthy
         self.host = host

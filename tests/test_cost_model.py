@@ -51,8 +51,9 @@ def test_energy_cost_kwh_and_pue() -> None:
         (None, None, None, 5.0, None),  # nothing known → absent
     ],
 )
-def test_energy_from_counter(prev: float | None, cur: float | None, power: float | None, secs: float,
-                             expected: float | None) -> None:
+def test_energy_from_counter(
+    prev: float | None, cur: float | None, power: float | None, secs: float, expected: float | None
+) -> None:
     assert cm.energy_from_counter(prev, cur, power, secs) == expected
 
 

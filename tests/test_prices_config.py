@@ -31,12 +31,16 @@ def test_bundled_book_prices_the_example_gpus_with_effective_dates() -> None:
 
 
 def test_node_override_and_cpu_engine_and_power(tmp_path: Path) -> None:
-    p = _write(tmp_path, "book.yaml", """
+    p = _write(
+        tmp_path,
+        "book.yaml",
+        """
 gpus: [{match: H100, usd_per_hour: 2.0}]
 nodes: {reserved-1: {usd_per_gpu_hour: 1.1}}
 engines: {llama-cpu: {usd_per_hour: 0.25}}
 power: {usd_per_kwh: 0.1, pue: 1.4}
-""")
+""",
+    )
     book = load_price_book(p)
     assert book.gpu_usd_per_hour("NVIDIA H100 80GB HBM3", "reserved-1", T_2026_07) == 1.1
     assert book.gpu_usd_per_hour("NVIDIA H100 80GB HBM3", "other", T_2026_07) == 2.0
@@ -85,7 +89,9 @@ def test_bad_config_names_file_key_and_fix(tmp_path: Path, text: str, needles: l
 
 def test_environment_overrides(tmp_path: Path) -> None:
     p = _write(tmp_path, "node.yaml", "node: from-file\nintervals: {scrape_seconds: 10}\n")
-    cfg = load_config(p, environ={"INFERCOST_NODE": "from-env", "INFERCOST__INTERVALS__SCRAPE_SECONDS": "2.5"})
+    cfg = load_config(
+        p, environ={"INFERCOST_NODE": "from-env", "INFERCOST__INTERVALS__SCRAPE_SECONDS": "2.5"}
+    )
     assert cfg.node == "from-env"
     assert cfg.intervals.scrape_seconds == 2.5
 

@@ -62,7 +62,9 @@ def usd_per_million(cost_usd: float, tokens: float) -> float | None:
     return cost_usd / tokens * PER_MILLION
 
 
-def split_shares(users: Sequence[str], policy: str, tokens: Mapping[str, float] | None = None) -> dict[str, float]:
+def split_shares(
+    users: Sequence[str], policy: str, tokens: Mapping[str, float] | None = None
+) -> dict[str, float]:
     """How a GPU used by several engines is split among them; the shares sum to 1.
 
     ``equal``: each user pays 1/n (the default: a GPU held is a GPU paid for, whoever uses it more).

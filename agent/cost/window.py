@@ -85,7 +85,9 @@ class WindowJoiner:
     """Turns a stream of samples into priced windows. Feed NVML rounds with :meth:`add_round`, then
     close each tick with :meth:`close_tick`."""
 
-    def __init__(self, node: str, engines: Sequence[EngineConfig], book: PriceBook, share_policy: str = "equal"):
+    def __init__(
+        self, node: str, engines: Sequence[EngineConfig], book: PriceBook, share_policy: str = "equal"
+    ):
         self.node = node
         self.engines = tuple(engines)
         self.book = book
@@ -116,7 +118,9 @@ class WindowJoiner:
                     out.append(uuid)
         return out
 
-    def _model_deltas(self, eng: EngineConfig, scrape: EngineScrape | None) -> dict[str, tuple[ModelSignals | None, ModelSignals | None]]:
+    def _model_deltas(
+        self, eng: EngineConfig, scrape: EngineScrape | None
+    ) -> dict[str, tuple[ModelSignals | None, ModelSignals | None]]:
         """(previous, current) signals per model of an engine; current None when the engine is down."""
         out: dict[str, tuple[ModelSignals | None, ModelSignals | None]] = {}
         if scrape is not None and scrape.up:
@@ -162,7 +166,12 @@ class WindowJoiner:
             price = self.book.gpu_usd_per_hour(s.name, self.node, now)
             if price is None and uuid not in self._unpriced_logged:
                 self._unpriced_logged.add(uuid)
-                logger.warning("GPU %s (%s) has no price in %s: its cost counts as 0", uuid, s.name, self.book.source_path)
+                logger.warning(
+                    "GPU %s (%s) has no price in %s: its cost counts as 0",
+                    uuid,
+                    s.name,
+                    self.book.source_path,
+                )
             mean_power = _mean(x.power_watts for x in acc.samples)
             joules = energy_from_counter(self._last_energy.get(uuid), s.energy_joules, mean_power, dt)
             cost = gpu_time_cost(price or 0.0, dt)
@@ -180,13 +189,17 @@ class WindowJoiner:
         model_tokens: dict[tuple[str, str], tuple[float, float]] = {}
         for e in self.engines:
             for model, (prev, cur) in eng_models[e.name].items():
-                p = counter_delta(prev.prompt_tokens_total if prev else None, cur.prompt_tokens_total if cur else None)
+                p = counter_delta(
+                    prev.prompt_tokens_total if prev else None, cur.prompt_tokens_total if cur else None
+                )
                 g = counter_delta(
-                    prev.generation_tokens_total if prev else None, cur.generation_tokens_total if cur else None
+                    prev.generation_tokens_total if prev else None,
+                    cur.generation_tokens_total if cur else None,
                 )
                 model_tokens[(e.name, model)] = (p or 0.0, g or 0.0)
         eng_tokens = {
-            e.name: sum(p + g for (en, _), (p, g) in model_tokens.items() if en == e.name) for e in self.engines
+            e.name: sum(p + g for (en, _), (p, g) in model_tokens.items() if en == e.name)
+            for e in self.engines
         }
 
         users: dict[str, list[str]] = {}
@@ -247,10 +260,15 @@ class WindowJoiner:
                     preemptions=counter_delta(
                         prev.preemptions_total if prev else None, cur.preemptions_total if cur else None
                     ),
-                    ttft_p99_seconds=self._p99(prev.ttft_seconds if prev else None, cur.ttft_seconds if cur else None),
-                    itl_p99_seconds=self._p99(prev.itl_seconds if prev else None, cur.itl_seconds if cur else None),
+                    ttft_p99_seconds=self._p99(
+                        prev.ttft_seconds if prev else None, cur.ttft_seconds if cur else None
+                    ),
+                    itl_p99_seconds=self._p99(
+                        prev.itl_seconds if prev else None, cur.itl_seconds if cur else None
+                    ),
                     prefill_seconds=counter_delta(
-                        prev.prefill_seconds_total if prev else None, cur.prefill_seconds_total if cur else None
+                        prev.prefill_seconds_total if prev else None,
+                        cur.prefill_seconds_total if cur else None,
                     ),
                     decode_seconds=counter_delta(
                         prev.decode_seconds_total if prev else None, cur.decode_seconds_total if cur else None
@@ -298,7 +316,12 @@ class WindowJoiner:
         return None if delta is None else quantile(delta, P99)
 
     def _price(
-        self, usage: UsageWindow, time_usd: float, energy_usd: float, eng: EngineConfig, last: Mapping[str, GpuSample]
+        self,
+        usage: UsageWindow,
+        time_usd: float,
+        energy_usd: float,
+        eng: EngineConfig,
+        last: Mapping[str, GpuSample],
     ) -> CostWindow:
         cost = time_usd + energy_usd
         tokens = usage.prompt_tokens + usage.generation_tokens
@@ -306,7 +329,9 @@ class WindowJoiner:
         if eng.weights_bytes and usage.generation_tokens > 0 and usage.duration > 0:
             bw = sum(bandwidth_of(last[u].name) or 0.0 for u in self._engine_gpus(eng, last))
             if bw > 0:
-                ceiling = decode_ceiling_tokens_per_second(bw, eng.weights_bytes, usage.requests_running or 1.0)
+                ceiling = decode_ceiling_tokens_per_second(
+                    bw, eng.weights_bytes, usage.requests_running or 1.0
+                )
                 roof = roofline_efficiency(usage.generation_tokens / usage.duration, ceiling)
         return CostWindow(
             usage=usage,

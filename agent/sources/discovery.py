@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 import aiohttp
 
@@ -51,7 +50,9 @@ class VersionReader:
             except OSError as err:
                 if e.name not in self._failing:
                     self._failing.add(e.name)
-                    logger.warning("engine %s: cannot read version file %s: %s", e.name, e.version_file, err.strerror)
+                    logger.warning(
+                        "engine %s: cannot read version file %s: %s", e.name, e.version_file, err.strerror
+                    )
                 continue
             self._failing.discard(e.name)
             version = labels.get(e.version_label)

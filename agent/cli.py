@@ -1,10 +1,10 @@
 """The command line: the only place that parses argv, sets up logging and exits.
 
-    infercost demo                       a simulated 8×H100 node, the real pipeline, a live view
-    infercost run [--config node.yaml]   the daemon
-    infercost check --config node.yaml   validate config, price book and rules (exit 2 when bad)
-    infercost bench overhead|detection|parse
-    infercost report --store DIR | --prometheus URL [--format md|html|csv]
+infercost demo                       a simulated 8×H100 node, the real pipeline, a live view
+infercost run [--config node.yaml]   the daemon
+infercost check --config node.yaml   validate config, price book and rules (exit 2 when bad)
+infercost bench overhead|detection|parse
+infercost report --store DIR | --prometheus URL [--format md|html|csv]
 """
 
 from __future__ import annotations
@@ -68,12 +68,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     book = load_price_book(cfg.prices.book)
     print(f"config {args.config or '(defaults)'}: ok — node {cfg.node}, {len(cfg.engines)} engine(s)")
-    print(f"price book {book.source_path}: ok — {len(book.model.gpus)} GPU price(s), as of {book.model.as_of}")
+    print(
+        f"price book {book.source_path}: ok — {len(book.model.gpus)} GPU price(s), as of {book.model.as_of}"
+    )
     try:
         from agent.detect.rules import load_rules
     except ImportError:  # rules engine not built into this install
         return EXIT_OK
-    rules = load_rules(list(cfg.alerts.rules_dirs) or None)
+    rules = load_rules(cfg.alerts.rules_dirs)
     print(f"rules: ok — {len(rules)} rule(s)")
     return EXIT_OK
 
@@ -92,7 +94,9 @@ async def _run(cfg: Config) -> int:
     if not engines:
         engines = await discover_local_engines()
         if engines:
-            logger.info("found engines on default ports: %s", ", ".join(f"{e.name} at {e.url}" for e in engines))
+            logger.info(
+                "found engines on default ports: %s", ", ".join(f"{e.name} at {e.url}" for e in engines)
+            )
         else:
             logger.info("no engine answered on the default local ports; GPU cost is reported as idle")
     hooks = _build_hooks(cfg, clock)
@@ -130,7 +134,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Run the simulated node with the real pipeline and a live terminal view."""
     from agent.demo import run_demo
 
-    return asyncio.run(run_demo(seconds=args.seconds, speed=args.speed, port=args.port, live=not args.no_view))
+    return asyncio.run(
+        run_demo(seconds=args.seconds, speed=args.speed, port=args.port, live=not args.no_view)
+    )
 
 
 # ---------------------------------------------------------------------------------------- bench
@@ -171,7 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seconds", type=float, default=60.0, help="real seconds to run (0 = until Ctrl-C)")
     d.add_argument("--speed", type=float, default=30.0, help="simulated seconds per real second")
     d.add_argument("--port", type=int, default=9464, help="Prometheus endpoint port on 127.0.0.1 (0 = any)")
-    d.add_argument("--no-view", action="store_true", help="print a summary table at the end instead of a live view")
+    d.add_argument(
+        "--no-view", action="store_true", help="print a summary table at the end instead of a live view"
+    )
     d.set_defaults(func=cmd_demo)
 
     r = sub.add_parser("run", help="run the agent")

@@ -148,13 +148,13 @@ class Ledger:
         """Add one tick's windows and GPU costs."""
         self._timestamp = tick.end
         for gt in tick.gpus:
-            prev = self._gpus.get(gt.sample.uuid) or GpuState(sample=gt.sample)
+            gprev = self._gpus.get(gt.sample.uuid) or GpuState(sample=gt.sample)
             self._gpus[gt.sample.uuid] = replace(
-                prev,
+                gprev,
                 sample=gt.sample,
                 usd_per_hour=gt.usd_per_hour,
-                cost_usd_total=prev.cost_usd_total + gt.cost_usd,
-                idle_cost_usd_total=prev.idle_cost_usd_total + gt.idle_usd,
+                cost_usd_total=gprev.cost_usd_total + gt.cost_usd,
+                idle_cost_usd_total=gprev.idle_cost_usd_total + gt.idle_usd,
             )
         for w in tick.windows:
             u = w.usage

@@ -99,9 +99,13 @@ class Agent:
                 scrapers = [EngineScraper(e, session, self.clock) for e in self.engines]
                 async with asyncio.TaskGroup() as tg:
                     if self.sampler is not None:
-                        tg.create_task(self._every(stop, self.cfg.intervals.nvml_seconds, self._nvml_once, "nvml"))
+                        tg.create_task(
+                            self._every(stop, self.cfg.intervals.nvml_seconds, self._nvml_once, "nvml")
+                        )
                     tg.create_task(
-                        self._every(stop, self.cfg.intervals.scrape_seconds, lambda: self._tick_once(scrapers), "tick")
+                        self._every(
+                            stop, self.cfg.intervals.scrape_seconds, lambda: self._tick_once(scrapers), "tick"
+                        )
                     )
                     if self.hooks.pipeline is not None:
                         tg.create_task(
@@ -122,7 +126,9 @@ class Agent:
             logger.info("agent stopped")
 
     # ------------------------------------------------------------------ loops
-    async def _every(self, stop: asyncio.Event, interval: float, body: Callable[[], Awaitable[None]], name: str) -> None:
+    async def _every(
+        self, stop: asyncio.Event, interval: float, body: Callable[[], Awaitable[None]], name: str
+    ) -> None:
         """Run ``body`` at each multiple of ``interval`` of the clock until stop; failures are logged."""
         while not stop.is_set():
             try:
@@ -152,7 +158,12 @@ class Agent:
         for r in results:
             self.ledger.observe_scrape(r)
         by_engine = self.versions.read()
-        versions = {(r.engine, m.model): by_engine[r.engine] for r in results if r.engine in by_engine for m in r.models}
+        versions = {
+            (r.engine, m.model): by_engine[r.engine]
+            for r in results
+            if r.engine in by_engine
+            for m in r.models
+        }
         tick = self.joiner.close_tick(self.clock.now(), scrapes, versions)
         self.ledger.apply(tick)
         if self.hooks.store is not None and tick.windows:

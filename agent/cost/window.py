@@ -124,9 +124,6 @@ class WindowJoiner:
         """(previous, current) signals per model of an engine; current None when the engine is down."""
         out: dict[str, tuple[ModelSignals | None, ModelSignals | None]] = {}
         if scrape is not None and scrape.up:
-            names = tuple(m.model for m in scrape.models)
-            if names:
-                self._known_models[eng.name] = names
             for m in scrape.models:
                 out[m.model] = (self._prev.get((eng.name, m.model)), m)
         else:
@@ -302,6 +299,8 @@ class WindowJoiner:
     def _remember(self, scrapes: Mapping[str, EngineScrape], last: Mapping[str, GpuSample]) -> None:
         for name, sc in scrapes.items():
             if sc.up:
+                if sc.models:
+                    self._known_models[name] = tuple(m.model for m in sc.models)
                 for m in sc.models:
                     self._prev[(name, m.model)] = m
         for uuid, s in last.items():

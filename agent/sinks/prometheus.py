@@ -49,7 +49,7 @@ class SnapshotCollector:
 def render(snap: Snapshot) -> bytes:
     """The Prometheus text exposition of one snapshot."""
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(SnapshotCollector(lambda: snap))  # type: ignore[arg-type]
+    reg.register(SnapshotCollector(lambda: snap))
     return generate_latest(reg)
 
 
@@ -74,9 +74,8 @@ class PrometheusServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
-        server = site._server
-        if server is not None and getattr(server, "sockets", None):
-            self.port = server.sockets[0].getsockname()[1]
+        for addr in self._runner.addresses:
+            self.port = int(addr[1])
         logger.info("serving /metrics on http://%s:%d", self.host, self.port)
 
     async def _metrics(self, _req: web.Request) -> web.Response:

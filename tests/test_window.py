@@ -1,0 +1,142 @@
+"""The window join: attribution of GPU cost to engines and models, hand-computed."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.config import EngineConfig
+from agent.cost.window import WindowJoiner
+from agent.samples import EngineScrape, GpuSample, ModelSignals, NvmlRound
+from agent.sources.prices import parse_price_book
+
+T0 = 1_780_000_000.0
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def book(power: bool = False):  # type: ignore[no-untyped-def]
+    raw: dict = {
+        "gpus": [{"match": "H100", "usd_per_hour": 3.6}],
+        "engines": {"cpu-engine": {"usd_per_hour": 0.36}},
+    }
+    if power:
+        raw["power"] = {"usd_per_kwh": 0.10, "pue": 1.5}
+    return parse_price_book(raw, "test-book")
+
+
+def gpu(i: int, t: float, energy_j: float = 0.0, util: float = 0.5, power: float = 400.0) -> GpuSample:
+    return GpuSample(
+        index=i,
+        uuid=f"GPU-{i}",
+        name=H100,
+        timestamp=t,
+        util_gpu_ratio=util,
+        power_watts=power,
+        energy_joules=energy_j,
+        dram_bw_ratio=util / 2,
+    )
+
+
+def rnd(t: float, energies: tuple[float, ...] = (0.0, 0.0, 0.0)) -> NvmlRound:
+    return NvmlRound(timestamp=t, up=True, gpus=tuple(gpu(i, t, e) for i, e in enumerate(energies)))
+
+
+def scrape(engine: str, t: float, *models: tuple[str, float, float], up: bool = True) -> EngineScrape:
+    return EngineScrape(
+        engine=engine,
+        kind="vllm",
+        timestamp=t,
+        up=up,
+        duration_seconds=0.01,
+        models=tuple(
+            ModelSignals(model=m, prompt_tokens_total=p, generation_tokens_total=g) for m, p, g in models
+        ),
+    )
+
+
+ENGINES = (
+    EngineConfig(name="a", url="http://x/metrics", gpus=(0, 1), model_version="v1"),
+    EngineConfig(name="b", url="http://y/metrics", gpus=(1,), model_versions={"small": "s2"}),
+)
+
+
+def test_shared_gpu_split_equally_unused_gpu_is_idle_and_no_tokens_is_idle() -> None:
+    j = WindowJoiner("n1", ENGINES, book())
+    j.add_round(rnd(T0))
+    j.close_tick(T0, {"a": scrape("a", T0, ("big", 0, 0)), "b": scrape("b", T0, ("small", 0, 0))})
+    j.add_round(rnd(T0 + 10))
+    res = j.close_tick(
+        T0 + 10, {"a": scrape("a", T0 + 10, ("big", 500, 1000)), "b": scrape("b", T0 + 10, ("small", 0, 0))}
+    )
+    per_gpu = 3.6 * 10 / 3600  # $0.01 per GPU per tick
+    w = {x.usage.engine: x for x in res.windows}
+    assert w["a"].cost_usd == pytest.approx(per_gpu * 1.5)  # GPU0 + half of GPU1
+    assert w["a"].usd_per_1m_output == pytest.approx(per_gpu * 1.5 / 1000 * 1e6)  # $15 per 1M
+    assert w["a"].usd_per_1m_total == pytest.approx(per_gpu * 1.5 / 1500 * 1e6)
+    assert w["a"].idle_usd == 0.0
+    assert w["a"].usage.model_version == "v1"
+    assert w["a"].usage.gpu_seconds == pytest.approx(15.0)
+    assert w["b"].usd_per_1m_output is None and w["b"].usd_per_1m_total is None
+    assert w["b"].idle_usd == pytest.approx(per_gpu * 0.5)
+    assert w["b"].usage.model_version == "s2"
+    g = {t.sample.uuid: t for t in res.gpus}
+    assert g["GPU-2"].idle_usd == pytest.approx(per_gpu)  # no engine lists GPU 2
+    assert g["GPU-1"].idle_usd == pytest.approx(per_gpu * 0.5)  # b's half made nothing
+    assert g["GPU-0"].idle_usd == pytest.approx(0.0)
+    assert sum(t.cost_usd for t in res.gpus) == pytest.approx(sum(x.cost_usd for x in res.windows) + per_gpu)
+
+
+def test_counter_reset_counts_the_new_value_not_a_negative() -> None:
+    j = WindowJoiner("n1", ENGINES[:1], book())
+    j.close_tick(T0, {"a": scrape("a", T0, ("big", 1000, 5000))})
+    res = j.close_tick(T0 + 5, {"a": scrape("a", T0 + 5, ("big", 10, 40))})  # the engine restarted
+    (w,) = res.windows
+    assert w.usage.prompt_tokens == 10 and w.usage.generation_tokens == 40
+
+
+def test_energy_priced_from_the_counter_with_pue() -> None:
+    j = WindowJoiner("n1", ENGINES[:1], book(power=True))
+    j.add_round(rnd(T0, (1000.0, 2000.0, 0.0)))
+    j.close_tick(T0, {"a": scrape("a", T0, ("big", 0, 0))})
+    j.add_round(rnd(T0 + 10, (1000.0 + 3.6e6, 2000.0 + 3.6e6, 0.0)))  # 1 kWh each in 10 s
+    res = j.close_tick(T0 + 10, {"a": scrape("a", T0 + 10, ("big", 0, 100))})
+    (w,) = res.windows
+    assert w.energy_usd == pytest.approx(2 * 0.10 * 1.5)  # 2 kWh × $0.10 × PUE 1.5
+    assert w.usage.energy_joules == pytest.approx(2 * 3.6e6)
+
+
+def test_cpu_only_engine_priced_per_hour() -> None:
+    eng = EngineConfig(name="cpu-engine", url="http://z/metrics", model="tiny")
+    j = WindowJoiner("n1", (eng,), book())
+    j.close_tick(T0, {"cpu-engine": scrape("cpu-engine", T0, ("tiny", 0, 0))})
+    res = j.close_tick(T0 + 100, {"cpu-engine": scrape("cpu-engine", T0 + 100, ("tiny", 20, 80))})
+    (w,) = res.windows
+    assert w.cost_usd == pytest.approx(0.36 * 100 / 3600)
+    assert w.usd_per_1m_output == pytest.approx(0.01 / 80 * 1e6)
+
+
+def test_engine_down_its_gpus_cost_as_idle_then_tokens_come_back() -> None:
+    j = WindowJoiner("n1", ENGINES[:1], book())
+    j.add_round(rnd(T0))
+    j.close_tick(T0, {"a": scrape("a", T0, ("big", 0, 100))})
+    j.add_round(rnd(T0 + 5))
+    down = j.close_tick(T0 + 5, {"a": scrape("a", T0 + 5, up=False)})
+    (w,) = down.windows
+    assert w.usage.model == "big" and w.usage.generation_tokens == 0
+    assert w.idle_usd == pytest.approx(2 * 3.6 * 5 / 3600)
+    j.add_round(rnd(T0 + 10))
+    back = j.close_tick(T0 + 10, {"a": scrape("a", T0 + 10, ("big", 0, 400))})
+    assert back.windows[0].usage.generation_tokens == 300
+
+
+def test_tokens_share_policy() -> None:
+    j = WindowJoiner("n1", ENGINES, book(), share_policy="tokens")
+    j.add_round(rnd(T0))
+    j.close_tick(T0, {"a": scrape("a", T0, ("big", 0, 0)), "b": scrape("b", T0, ("small", 0, 0))})
+    j.add_round(rnd(T0 + 10))
+    res = j.close_tick(
+        T0 + 10, {"a": scrape("a", T0 + 10, ("big", 0, 300)), "b": scrape("b", T0 + 10, ("small", 0, 100))}
+    )
+    w = {x.usage.engine: x for x in res.windows}
+    per_gpu = 0.01
+    assert w["a"].cost_usd == pytest.approx(per_gpu + per_gpu * 0.75)
+    assert w["b"].cost_usd == pytest.approx(per_gpu * 0.25)

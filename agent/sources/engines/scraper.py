@@ -1,0 +1,153 @@
+"""The shared engine scraper: one GET of an engine's ``/metrics``, mapped by the engine's adapter.
+
+:meth:`EngineScraper.scrape` never raises. Whatever goes wrong (timeout, refused or dropped
+connection, HTTP error, a page over ``max_bytes``, an endless or slow stream, a binary or
+non-UTF-8 body, the wrong content type, an unparsable wanted line, an unrecognisable engine) gives
+an :class:`EngineScrape` with ``up=False`` and the reason; the log gets one line when the state
+changes (down with a new reason, or back up), not one per scrape.
+
+Values are cumulative, as read. Counter resets are handled downstream, in the window join
+(:func:`agent.cost.quantiles.counter_delta`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import aiohttp
+
+from agent.clock import Clock
+from agent.config import EngineConfig
+from agent.samples import EngineScrape
+from agent.sources.engines.base import Adapter
+from agent.sources.engines.parser import ParseError
+from agent.sources.engines.registry import ADAPTERS, detect_kind
+
+logger = logging.getLogger(__name__)
+
+# Media types of the Prometheus text format (0.0.4) and OpenMetrics text. A missing header is
+# accepted (hand-written servers omit it); anything else (HTML, JSON, octet-stream) is refused.
+ACCEPTED_TYPES = ("text/plain", "application/openmetrics-text")
+ACCEPT_HEADER = "text/plain;version=0.0.4;q=1,application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1"
+CHUNK_BYTES = 64 * 1024  # read size; the max_bytes cap is checked after each chunk
+
+
+class ScrapeFailed(Exception):
+    """Why a scrape is down (the message becomes ``EngineScrape.error``)."""
+
+
+class EngineScraper:
+    """Scrapes one configured engine endpoint with a shared HTTP session and the injected clock.
+
+    With ``kind: auto`` the engine is detected from the first page that can be read and kept
+    from then on.
+    """
+
+    def __init__(self, cfg: EngineConfig, session: aiohttp.ClientSession, clock: Clock) -> None:
+        self.cfg = cfg
+        self.session = session
+        self.clock = clock
+        self.kind: str | None = None if cfg.kind == "auto" else cfg.kind
+        self._state: str | None = None  # "up" or the last error, for log-once-per-change
+
+    @property
+    def adapter(self) -> Adapter | None:
+        """The adapter in use (None until ``kind: auto`` has seen a page)."""
+        return ADAPTERS.get(self.kind) if self.kind else None
+
+    async def scrape(self) -> EngineScrape:
+        """One scrape; never raises (see the module docstring)."""
+        t0 = time.perf_counter()
+        size = 0
+        try:
+            body = await asyncio.wait_for(self._fetch(), timeout=self.cfg.timeout_seconds)
+            size = len(body)
+            text = self._decode(body)
+            adapter = self._adapter_for(text)
+            models = adapter.parse(text, self.cfg.model)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            reason = self._reason(err)
+            self._note(reason)
+            return EngineScrape(
+                engine=self.cfg.name,
+                kind=self.kind or "unknown",
+                timestamp=self.clock.now(),
+                up=False,
+                duration_seconds=time.perf_counter() - t0,
+                error=reason,
+                size_bytes=size,
+            )
+        self._note("up")
+        return EngineScrape(
+            engine=self.cfg.name,
+            kind=adapter.kind,
+            timestamp=self.clock.now(),
+            up=True,
+            duration_seconds=time.perf_counter() - t0,
+            models=models,
+            size_bytes=size,
+        )
+
+    async def _fetch(self) -> bytes:
+        async with self.session.get(self.cfg.url, headers={"Accept": ACCEPT_HEADER}) as resp:
+            if resp.status != 200:
+                raise ScrapeFailed(f"HTTP {resp.status}")
+            ctype = resp.headers.get("Content-Type")
+            if ctype is not None and not ctype.strip().lower().startswith(ACCEPTED_TYPES):
+                raise ScrapeFailed(f"wrong content type {ctype!r} (want text/plain)")
+            declared = resp.content_length
+            if declared is not None and declared > self.cfg.max_bytes:
+                raise ScrapeFailed(f"page too large: {declared} bytes > max_bytes {self.cfg.max_bytes}")
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in resp.content.iter_chunked(CHUNK_BYTES):
+                size += len(chunk)
+                if size > self.cfg.max_bytes:
+                    raise ScrapeFailed(f"page too large: over max_bytes {self.cfg.max_bytes}")
+                chunks.append(chunk)
+            return b"".join(chunks)
+
+    @staticmethod
+    def _decode(body: bytes) -> str:
+        if b"\x00" in body:
+            raise ScrapeFailed("binary body (NUL bytes), not exposition text")
+        try:
+            return body.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ScrapeFailed(f"body is not UTF-8 (byte {err.start})") from None
+
+    def _adapter_for(self, text: str) -> Adapter:
+        if self.kind is None:
+            kind = detect_kind(text)
+            if kind is None:
+                raise ScrapeFailed("no known engine series on the page (kind: auto)")
+            logger.info("engine %s: detected kind %s", self.cfg.name, kind)
+            self.kind = kind
+        return ADAPTERS[self.kind]
+
+    def _reason(self, err: BaseException) -> str:
+        if isinstance(err, ScrapeFailed):
+            return str(err)
+        if isinstance(err, TimeoutError):
+            return f"timeout after {self.cfg.timeout_seconds:g} s"
+        if isinstance(err, ParseError):
+            return f"unparsable page: {err}"
+        if isinstance(err, aiohttp.ClientConnectorError):
+            return f"connection failed: {err.os_error.strerror or err.os_error}"
+        if isinstance(err, aiohttp.ClientError):
+            return f"{type(err).__name__}: {err}"
+        return f"unexpected {type(err).__name__}: {err}"
+
+    def _note(self, state: str) -> None:
+        if state == self._state:
+            return
+        previous, self._state = self._state, state
+        if state == "up":
+            if previous is not None:
+                logger.info("engine %s (%s) is up again", self.cfg.name, self.cfg.url)
+        else:
+            logger.warning("engine %s (%s) is down: %s", self.cfg.name, self.cfg.url, state)

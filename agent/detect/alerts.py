@@ -1,0 +1,259 @@
+"""Alert lifecycle: findings → pending → firing → resolved, with stable dedup keys (pure).
+
+``AlertManager(rules).step(findings, now) -> list[AlertEvent]`` is called once per evaluated
+minute with every finding of that minute (a rule/series without a finding is "false"):
+
+- false → true: the alert is *pending* from that minute (event ``pending``);
+- true for ``for`` seconds (``now - active_since >= for``): *firing* (event ``firing``);
+- pending and false again: dropped silently;
+- firing and false for longer than ``keep_firing_for`` seconds after the last true minute:
+  *resolved* (event ``resolved``), then dropped.
+
+The dedup key is a hash of the rule id and the series labels only, so it is stable across
+restarts, severity edits and annotation changes; PagerDuty's ``dedup_key`` and Alertmanager's
+``fingerprint`` come from it, which makes duplicate deliveries harmless. The state can be
+snapshotted and restored (the pipeline keeps it in the store), so a restart neither re-pages nor
+forgets to resolve.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from agent.detect.rules import SIGNALS, Finding, Labels, Rule, RuleSet
+
+logger = logging.getLogger(__name__)
+
+State = Literal["pending", "firing", "resolved"]
+
+
+def dedup_key(rule_id: str, labels: Labels) -> str:
+    """A stable key for one alert: sha256 of the rule id and the sorted series labels (hex)."""
+    text = rule_id + "\x00" + "\x00".join(f"{k}={v}" for k, v in sorted(labels))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def iso(t: float) -> str:
+    """RFC 3339 UTC with milliseconds, as Alertmanager writes times."""
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{int(t * 1000) % 1000:03d}Z"
+
+
+@dataclass(frozen=True, slots=True)
+class DeployInfo:
+    """A model version change that an alert is attributed to."""
+
+    node: str
+    engine: str
+    model: str
+    from_version: str
+    to_version: str
+    at: float  # epoch seconds
+    # The previous and new version's value of the rule's signal at like load (None when unknown).
+    previous_value: float | None = None
+    new_value: float | None = None
+
+    def describe(self) -> str:
+        """One line for annotations."""
+        text = f"{self.model} {self.from_version} → {self.to_version} at {iso(self.at)}"
+        if self.previous_value is not None and self.new_value is not None:
+            text += f" (at like load: {self.previous_value:.4g} before, {self.new_value:.4g} after"
+            if self.previous_value > 0:
+                text += f", {(self.new_value / self.previous_value - 1) * 100:+.1f} %"
+            text += ")"
+        return text
+
+
+# A hook the pipeline provides: (rule, finding) → the deploy the alert follows, if any.
+DeployLookup = Callable[[Rule, Finding], DeployInfo | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """One alert instance (rule × series)."""
+
+    rule_id: str
+    dedup_key: str
+    severity: str
+    state: State
+    labels: Mapping[str, str]  # series labels + alertname + severity + the rule's extra labels
+    annotations: Mapping[str, str]
+    active_since: float  # epoch seconds: first minute the condition held
+    last_true_at: float  # epoch seconds
+    value: float  # latest value, in the signal's unit
+    threshold: float
+    baseline: float | None = None
+    fired_at: float | None = None  # epoch seconds
+    resolved_at: float | None = None  # epoch seconds
+    deploy: DeployInfo | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AlertEvent:
+    """A lifecycle transition; ``firing`` and ``resolved`` are the ones notifiers deliver."""
+
+    kind: State
+    alert: Alert
+    at: float  # epoch seconds
+
+
+def _fmt(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.4g}"
+
+
+@dataclass(slots=True)
+class _Annotator:
+    external_url: str | None = None
+
+    def annotate(self, rule: Rule, f: Finding, since: float, deploy: DeployInfo | None) -> dict[str, str]:
+        labels = dict(f.labels)
+        change = None
+        if f.baseline is not None and f.baseline != 0:
+            change = (f.value / f.baseline - 1.0) * 100.0
+        ctx: dict[str, str] = {k: "" for k in ("node", "engine", "model", "model_version", "gpu")}
+        ctx.update(labels)
+        ctx.update(
+            value=_fmt(f.value),
+            baseline=_fmt(f.baseline),
+            threshold=_fmt(f.threshold),
+            change_pct="n/a" if change is None else f"{change:+.1f} %",
+            since=iso(since),
+            deploy=deploy.describe() if deploy else "none",
+            rule_id=rule.id,
+            severity=rule.severity,
+            unit=SIGNALS[rule.signal].unit,
+        )
+        ann = {
+            "summary": rule.summary.format_map(ctx),
+            "description": rule.description.format_map(ctx),
+            "value": _fmt(f.value),
+            "threshold": _fmt(f.threshold),
+            "since": iso(since),
+        }
+        if f.baseline is not None:
+            ann["baseline"] = _fmt(f.baseline)
+            ann["baseline_minutes"] = str(f.baseline_minutes)
+        if change is not None:
+            ann["change_pct"] = f"{change:+.1f}"
+        if deploy is not None:
+            ann["deploy"] = deploy.describe()
+        if rule.runbook_url:
+            ann["runbook_url"] = rule.runbook_url
+        if self.external_url:
+            ann["link"] = self.external_url
+        return ann
+
+
+class AlertManager:
+    """The pending → firing → resolved state machine over findings (see the module docstring)."""
+
+    def __init__(
+        self,
+        rules: RuleSet | Iterable[Rule],
+        external_url: str | None = None,
+        deploy_lookup: DeployLookup | None = None,
+    ) -> None:
+        self._rules = {r.id: r for r in rules}
+        self._annotator = _Annotator(external_url)
+        self._deploy_lookup = deploy_lookup
+        self._alerts: dict[str, Alert] = {}
+
+    def step(self, findings: Iterable[Finding], now: float) -> list[AlertEvent]:
+        """Advance every alert to ``now`` (epoch seconds) given this minute's findings."""
+        events: list[AlertEvent] = []
+        seen: set[str] = set()
+        for f in findings:
+            rule = self._rules.get(f.rule_id)
+            if rule is None:
+                continue
+            key = dedup_key(rule.id, f.labels)
+            seen.add(key)
+            cur = self._alerts.get(key)
+            if cur is None:
+                deploy = self._deploy_lookup(rule, f) if self._deploy_lookup else None
+                cur = Alert(
+                    rule_id=rule.id,
+                    dedup_key=key,
+                    severity=rule.severity,
+                    state="pending",
+                    labels={**dict(f.labels), **rule.labels, "alertname": rule.id, "severity": rule.severity},
+                    annotations=self._annotator.annotate(rule, f, f.at, deploy),
+                    active_since=f.at,
+                    last_true_at=now,
+                    value=f.value,
+                    threshold=f.threshold,
+                    baseline=f.baseline,
+                    deploy=deploy,
+                )
+                events.append(AlertEvent("pending", cur, now))
+            else:
+                cur = replace(
+                    cur,
+                    last_true_at=now,
+                    value=f.value,
+                    threshold=f.threshold,
+                    baseline=f.baseline,
+                    annotations=self._annotator.annotate(rule, f, cur.active_since, cur.deploy)
+                    if cur.state == "pending"
+                    else cur.annotations,
+                )
+            if cur.state == "pending" and now - cur.active_since >= rule.for_:
+                cur = replace(cur, state="firing", fired_at=now)
+                events.append(AlertEvent("firing", cur, now))
+            self._alerts[key] = cur
+        for key in list(self._alerts):
+            if key in seen:
+                continue
+            cur = self._alerts[key]
+            rule = self._rules.get(cur.rule_id)
+            keep = rule.keep_firing_for if rule is not None else 0.0
+            if cur.state == "pending":
+                del self._alerts[key]
+            elif cur.state == "firing" and now - cur.last_true_at > keep:
+                done = replace(cur, state="resolved", resolved_at=now)
+                events.append(AlertEvent("resolved", done, now))
+                del self._alerts[key]
+        return events
+
+    def active(self) -> list[Alert]:
+        """Pending and firing alerts."""
+        return list(self._alerts.values())
+
+    def firing(self) -> list[Alert]:
+        """Firing alerts (including those held by keep_firing_for)."""
+        return [a for a in self._alerts.values() if a.state == "firing"]
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """The state as JSON-able dicts (for the store)."""
+        return [asdict(a) for a in self._alerts.values()]
+
+    def restore(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Replace the state with a snapshot taken earlier."""
+        self._alerts.clear()
+        for row in rows:
+            a = alert_from_dict(row)
+            self._alerts[a.dedup_key] = a
+
+
+def alert_from_dict(d: Mapping[str, Any]) -> Alert:
+    """An Alert from :func:`dataclasses.asdict` output (outbox payloads)."""
+    x = dict(d)
+    dep = x.get("deploy")
+    x["deploy"] = DeployInfo(**dep) if isinstance(dep, Mapping) else None
+    return Alert(**x)
+
+
+__all__ = [
+    "Alert",
+    "AlertEvent",
+    "AlertManager",
+    "DeployInfo",
+    "DeployLookup",
+    "alert_from_dict",
+    "dedup_key",
+    "iso",
+]

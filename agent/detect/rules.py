@@ -1,0 +1,729 @@
+"""Threshold rules over 1-minute records: schema, loader and a pure, incremental evaluator.
+
+API (pure: no clock, no I/O except reading rule files in :func:`load_rules`)::
+
+    rules = load_rules([Path("rules/agent")])     # files or folders of *.yaml; raises RuleError
+    rules = load_default_rules()                  # the bundled set (agent/data/rules/agent/)
+    ev = RuleEvaluator(rules)
+    for minute in minutes:                        # epoch seconds, start of each minute, ascending
+        findings = ev.step(minute + 60, records_of_that_minute)   # list[Finding]
+    # then the lifecycle: agent.detect.alerts.AlertManager(rules).step(findings, now)
+
+A :class:`MinuteRecord` is one minute of one series, as *sums* (seconds, tokens, dollars, and
+value × seconds / seconds pairs for gauges), so that any window's value is a ratio of sums.
+Build one from a priced window with :func:`record_from_cost_window`, or directly (benchmarks).
+Kinds and their labels: ``model`` (node, engine, model, model_version), ``engine`` (node, engine),
+``gpu`` (node, gpu), ``node`` (node).
+
+A rule (YAML, ``rules:`` list; the full schema is in ``rules/agent/README.md``)::
+
+    - id: cost_per_token_regression          # [a-z][a-z0-9_]*, unique across files
+      signal: usd_per_1m_output_tokens       # one of SIGNALS (the catalogue's names, no prefix)
+      over: 5m                               # the current value is the signal over this window
+      op: ">"                                # > >= < <=
+      threshold: 50                          # either an absolute threshold ...
+      baseline:                              # ... or factor × a trailing baseline
+        window: 7d
+        stat: mean                           # mean (ratio of sums) | median | p90 | p99 ...
+        like_load: {band_ratio: 2.0, min_tokens_per_second: 5}
+        same_hour_of_week: false
+        across_versions: true                # the model's history across versions (deploys)
+        min_minutes: 60
+      factor: 1.5
+      where: [{signal: generation_tokens_per_second, op: ">=", value: 5}]
+      match: {model: "llama-.*"}             # optional: only series whose labels fully match
+      group_by: [node]                       # optional: sum the records of these labels first
+      for: 15m
+      keep_firing_for: 10m
+      severity: warning                      # critical | error | warning | info
+      summary: "$/1M output tokens of {model} {model_version} is {value} ({change_pct} vs baseline)"
+      description: "..."
+      runbook_url: https://...
+
+A finding is emitted for each series whose condition holds at that minute; the alert lifecycle
+(``for``, ``keep_firing_for``) lives in :mod:`agent.detect.alerts`. Evaluating one minute costs
+O(rules × series): weeks of minutes evaluate in seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import re
+import string
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from agent.detect.baselines import TrailingBaseline, hour_of_week, load_band
+from agent.samples import CostWindow
+
+logger = logging.getLogger(__name__)
+
+MINUTE = 60.0  # seconds; the rollup and evaluation granularity
+
+Kind = Literal["model", "engine", "gpu", "node"]
+Labels = tuple[tuple[str, str], ...]
+
+KIND_LABELS: Mapping[str, tuple[str, ...]] = {
+    "model": ("node", "engine", "model", "model_version"),
+    "engine": ("node", "engine"),
+    "gpu": ("node", "gpu"),
+    "node": ("node",),
+}
+
+# ---------------------------------------------------------------------------------------------
+# Records
+# ---------------------------------------------------------------------------------------------
+
+# Gauges are kept as a pair "<name>.s" (value × seconds) and "<name>.w" (seconds with a value),
+# so a window's mean is time-weighted and a minute without the value does not drag it to zero.
+MODEL_GAUGES: Mapping[str, str] = {
+    "gpu_util": "gpu_util_ratio",
+    "mem_bw": "mem_bw_ratio",
+    "power": "power_watts",
+    "running": "requests_running",
+    "kv": "kv_cache_usage_ratio",
+    "ttft_p99": "ttft_p99_seconds",
+    "itl_p99": "itl_p99_seconds",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class MinuteRecord:
+    """One minute of one series as additive sums (see the module docstring for the fields)."""
+
+    kind: Kind
+    labels: Labels  # in KIND_LABELS order
+    minute: float  # epoch seconds, start of the minute
+    sums: Mapping[str, float] = field(default_factory=dict)
+
+    def label(self, name: str) -> str:
+        """The value of one label ("" when absent)."""
+        for k, v in self.labels:
+            if k == name:
+                return v
+        return ""
+
+
+def _gauge(sums: dict[str, float], name: str, value: float | None, seconds: float) -> None:
+    if value is not None:
+        sums[name + ".s"] = sums.get(name + ".s", 0.0) + value * seconds
+        sums[name + ".w"] = sums.get(name + ".w", 0.0) + seconds
+
+
+def model_sums(cw: CostWindow) -> dict[str, float]:
+    """The additive sums of one priced window (seconds, tokens, dollars, gauge pairs)."""
+    u = cw.usage
+    secs = u.duration
+    sums: dict[str, float] = {
+        "seconds": secs,
+        "prompt_tokens": u.prompt_tokens,
+        "generation_tokens": u.generation_tokens,
+        "cost_usd": cw.cost_usd,
+        "gpu_time_usd": cw.gpu_time_usd,
+        "energy_usd": cw.energy_usd,
+        "idle_usd": cw.idle_usd,
+        "gpu_seconds": u.gpu_seconds,
+        "energy_joules": u.energy_joules or 0.0,
+        "preemptions": u.preemptions or 0.0,
+    }
+    for short, attr in MODEL_GAUGES.items():
+        _gauge(sums, short, getattr(u, attr), secs)
+    _gauge(sums, "roofline", cw.roofline_ratio, secs)
+    return sums
+
+
+def record_from_cost_window(cw: CostWindow) -> MinuteRecord:
+    """A MinuteRecord from one priced window (a window belongs to the minute it starts in)."""
+    u = cw.usage
+    minute = (u.start // MINUTE) * MINUTE
+    labels = (("node", u.node), ("engine", u.engine), ("model", u.model), ("model_version", u.model_version))
+    return MinuteRecord("model", labels, minute, model_sums(cw))
+
+
+def merge_sums(into: dict[str, float], more: Mapping[str, float]) -> None:
+    """Add ``more`` into ``into`` (every field is additive)."""
+    for k, v in more.items():
+        into[k] = into.get(k, 0.0) + v
+
+
+# ---------------------------------------------------------------------------------------------
+# Signals: the catalogue's names (without the infercost_ prefix) as formulas over sums
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Signal:
+    """A signal rules can use: which kind of record, which sums it needs, and how to compute it."""
+
+    name: str
+    kind: Kind
+    inputs: tuple[str, ...]
+    fn: Callable[[Sequence[float]], float | None]
+    unit: str  # for messages: "USD", "ratio", "seconds", ...
+
+
+def _per_1m(s: Sequence[float]) -> float | None:
+    return s[0] / s[1] * 1e6 if s[1] > 0 else None
+
+
+def _per_1m_total(s: Sequence[float]) -> float | None:
+    tokens = s[1] + s[2]
+    return s[0] / tokens * 1e6 if tokens > 0 else None
+
+
+def _rate(s: Sequence[float]) -> float | None:
+    return s[0] / s[1] if s[1] > 0 else None
+
+
+def _per_hour(s: Sequence[float]) -> float | None:
+    return s[0] / s[1] * 3600.0 if s[1] > 0 else None
+
+
+def _total(s: Sequence[float]) -> float | None:
+    return s[0]
+
+
+def _mean(name: str, kind: Kind, short: str, unit: str) -> Signal:
+    return Signal(name, kind, (short + ".s", short + ".w"), _rate, unit)
+
+
+_SIGNAL_LIST: tuple[Signal, ...] = (
+    Signal("usd_per_1m_output_tokens", "model", ("cost_usd", "generation_tokens"), _per_1m, "USD"),
+    Signal(
+        "usd_per_1m_tokens", "model", ("cost_usd", "prompt_tokens", "generation_tokens"), _per_1m_total, "USD"
+    ),
+    Signal("generation_tokens_per_second", "model", ("generation_tokens", "seconds"), _rate, "tokens/s"),
+    Signal("prompt_tokens_per_second", "model", ("prompt_tokens", "seconds"), _rate, "tokens/s"),
+    Signal("cost_usd_per_hour", "model", ("cost_usd", "seconds"), _per_hour, "USD/h"),
+    Signal("cost_usd", "model", ("cost_usd",), _total, "USD"),
+    Signal("energy_cost_usd", "model", ("energy_usd",), _total, "USD"),
+    Signal("idle_cost_usd", "model", ("idle_usd",), _total, "USD"),
+    Signal("idle_cost_usd_per_hour", "model", ("idle_usd", "seconds"), _per_hour, "USD/h"),
+    Signal("gpu_seconds", "model", ("gpu_seconds",), _total, "seconds"),
+    Signal("energy_joules", "model", ("energy_joules",), _total, "joules"),
+    Signal("preemptions", "model", ("preemptions",), _total, "count"),
+    Signal("preemptions_per_second", "model", ("preemptions", "seconds"), _rate, "1/s"),
+    _mean("model_gpu_utilization_ratio", "model", "gpu_util", "ratio"),
+    _mean("model_memory_bandwidth_ratio", "model", "mem_bw", "ratio"),
+    _mean("model_power_watts", "model", "power", "watts"),
+    _mean("roofline_efficiency_ratio", "model", "roofline", "ratio"),
+    _mean("kv_cache_usage_ratio", "model", "kv", "ratio"),
+    _mean("requests_running", "model", "running", "requests"),
+    _mean("ttft_p99_seconds", "model", "ttft_p99", "seconds"),
+    _mean("itl_p99_seconds", "model", "itl_p99", "seconds"),
+    _mean("anomaly_score", "model", "anomaly", "score"),
+    _mean("engine_up", "engine", "up", "ratio"),
+    _mean("engine_scrape_duration_seconds", "engine", "scrape", "seconds"),
+    _mean("nvml_up", "node", "nvml_up", "ratio"),
+    _mean("gpu_up", "gpu", "up", "ratio"),
+    _mean("gpu_utilization_ratio", "gpu", "gpu_util", "ratio"),
+    _mean("gpu_memory_busy_ratio", "gpu", "mem_busy", "ratio"),
+    _mean("gpu_dram_bandwidth_ratio", "gpu", "mem_bw", "ratio"),
+    _mean("gpu_sm_active_ratio", "gpu", "sm_active", "ratio"),
+    _mean("gpu_power_watts", "gpu", "power", "watts"),
+)
+SIGNALS: Mapping[str, Signal] = {s.name: s for s in _SIGNAL_LIST}
+
+# ---------------------------------------------------------------------------------------------
+# Schema
+# ---------------------------------------------------------------------------------------------
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$")
+_UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+Op = Literal[">", ">=", "<", "<="]
+OPS: Mapping[str, Callable[[float, float], bool]] = {
+    ">": operator.gt,
+    ">=": operator.ge,
+    "<": operator.lt,
+    "<=": operator.le,
+}
+SEVERITIES = ("critical", "error", "warning", "info")
+
+
+class RuleError(Exception):
+    """A rule file is unusable; the message names the file, the rule id and the fix."""
+
+
+def parse_duration(v: Any) -> float:
+    """Seconds from "90s", "15m", "1h", "7d", "1w" or a number of seconds."""
+    if isinstance(v, bool):
+        raise ValueError("a duration like 15m, 1h or 7d")
+    if isinstance(v, int | float):
+        if v < 0:
+            raise ValueError("a duration must be ≥ 0")
+        return float(v)
+    if isinstance(v, str):
+        m = _DURATION.match(v)
+        if m:
+            return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+    raise ValueError(f"{v!r} is not a duration; write it like 30s, 15m, 1h or 7d")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class Guard(_Frozen):
+    """A condition that must also hold over the rule's window (e.g. a minimum traffic)."""
+
+    signal: str
+    op: Op
+    value: float
+
+
+class LikeLoad(_Frozen):
+    """Compare like with like: only baseline minutes at a similar generation load count."""
+
+    # Why bands of ×2: cost per token falls steeply with batch size, so a night at a tenth of the
+    # day's load is not comparable, while a factor of two keeps enough minutes in each band.
+    band_ratio: float | None = Field(2.0, gt=1.0)  # width of a load band (ratio); None = no bands
+    min_tokens_per_second: float | None = Field(None, ge=0)  # tokens/s, both now and in the baseline
+
+
+class BaselineSpec(_Frozen):
+    """Which trailing baseline a rule compares against."""
+
+    window: float = 7 * 86400.0  # seconds (write 7d, 1d, 28d ...)
+    stat: str = "mean"  # mean | median | pNN
+    like_load: LikeLoad | None = None
+    same_hour_of_week: bool = False
+    across_versions: bool = True  # the model's history across versions, so a deploy shows up
+    # Why 60: fewer than an hour of comparable minutes is noise, not a baseline.
+    min_minutes: int = Field(60, ge=1)
+
+    @field_validator("window", mode="before")
+    @classmethod
+    def _dur(cls, v: Any) -> float:
+        return parse_duration(v)
+
+    @field_validator("stat")
+    @classmethod
+    def _stat(cls, v: str) -> str:
+        if v in ("mean", "median") or re.fullmatch(r"p\d{1,2}(\.\d+)?", v):
+            return v
+        raise ValueError("stat must be mean, median or a percentile like p90")
+
+    @property
+    def quantile(self) -> float | None:
+        """The quantile (0–1) for median / pNN, None for mean."""
+        if self.stat == "mean":
+            return None
+        if self.stat == "median":
+            return 0.5
+        return float(self.stat[1:]) / 100.0
+
+
+TEMPLATE_FIELDS = frozenset(
+    {"value", "baseline", "threshold", "change_pct", "since", "deploy", "rule_id", "severity", "unit"}
+    | {lbl for labels in KIND_LABELS.values() for lbl in labels}
+)
+
+
+class Rule(_Frozen):
+    """One threshold rule (see the module docstring and rules/agent/README.md)."""
+
+    id: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    signal: str
+    over: float = 300.0  # seconds
+    op: Op
+    threshold: float | None = None
+    baseline: BaselineSpec | None = None
+    factor: float | None = Field(None, gt=0)
+    where: tuple[Guard, ...] = ()
+    match: dict[str, str] = Field(default_factory=dict)  # label -> regex (full match), e.g. model: "llama-.*"
+    group_by: tuple[str, ...] | None = None
+    for_: float = Field(0.0, alias="for")  # seconds
+    keep_firing_for: float = 0.0  # seconds
+    severity: Literal["critical", "error", "warning", "info"]
+    summary: str
+    description: str = ""
+    runbook_url: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("over", "for_", "keep_firing_for", mode="before")
+    @classmethod
+    def _dur(cls, v: Any) -> float:
+        return parse_duration(v)
+
+    @property
+    def kind(self) -> Kind:
+        """The kind of records the rule reads (from its signal)."""
+        return SIGNALS[self.signal].kind
+
+    @model_validator(mode="after")
+    def _check(self) -> Rule:
+        if self.signal not in SIGNALS:
+            raise ValueError(f"unknown signal {self.signal!r}; use one of: {', '.join(sorted(SIGNALS))}")
+        kind = SIGNALS[self.signal].kind
+        if self.over < MINUTE:
+            raise ValueError("'over' must be at least 1m (records are 1-minute rollups)")
+        for g in self.where:
+            if g.signal not in SIGNALS:
+                raise ValueError(
+                    f"unknown signal {g.signal!r} in 'where'; use one of: {', '.join(sorted(SIGNALS))}"
+                )
+            if SIGNALS[g.signal].kind != kind:
+                raise ValueError(
+                    f"'where' signal {g.signal!r} is per {SIGNALS[g.signal].kind}, but {self.signal!r} is "
+                    f"per {kind}; use signals of the same kind"
+                )
+        if (self.threshold is None) == (self.baseline is None):
+            raise ValueError("give exactly one of 'threshold' (absolute) or 'baseline' (with 'factor')")
+        if self.baseline is not None:
+            if self.factor is None:
+                raise ValueError("a 'baseline' rule needs 'factor' (e.g. 1.5 for 50 % above the baseline)")
+            if self.baseline.like_load is not None and kind != "model":
+                raise ValueError("'like_load' needs a per-model signal (it reads tokens/s)")
+        elif self.factor is not None:
+            raise ValueError("'factor' only applies with 'baseline'; remove it or add a baseline")
+        for lbl, rx in self.match.items():
+            if lbl not in KIND_LABELS[kind]:
+                raise ValueError(
+                    f"match label {lbl!r} is not a label of {kind} series; use some of {KIND_LABELS[kind]}"
+                )
+            try:
+                re.compile(rx)
+            except re.error as err:
+                raise ValueError(f"match.{lbl}: {rx!r} is not a valid regular expression ({err})") from None
+        if self.group_by is not None:
+            bad = [g for g in self.group_by if g not in KIND_LABELS[kind]]
+            if bad:
+                raise ValueError(
+                    f"group_by {bad} are not labels of {kind} series; use some of {KIND_LABELS[kind]}"
+                )
+        for name, text in (("summary", self.summary), ("description", self.description)):
+            try:
+                fields = {f for _, f, _, _ in string.Formatter().parse(text) if f is not None}
+            except ValueError as err:
+                raise ValueError(f"{name}: bad template ({err}); escape braces as {{{{ }}}}") from None
+            unknown = fields - TEMPLATE_FIELDS
+            if unknown:
+                raise ValueError(
+                    f"{name} uses unknown placeholders {sorted(unknown)}; "
+                    f"use some of {sorted(TEMPLATE_FIELDS)}"
+                )
+        return self
+
+    def group_labels(self) -> tuple[str, ...]:
+        """The labels that identify one series of this rule."""
+        return self.group_by if self.group_by is not None else KIND_LABELS[self.kind]
+
+
+@dataclass(frozen=True, slots=True)
+class RuleSet:
+    """Validated rules in load order, with the file each came from."""
+
+    rules: tuple[Rule, ...]
+    sources: Mapping[str, str] = field(default_factory=dict)  # rule id -> file
+
+    def __iter__(self) -> Any:
+        return iter(self.rules)
+
+    def __len__(self) -> int:
+        return len(self.rules)
+
+    def get(self, rule_id: str) -> Rule | None:
+        """The rule with this id, if any."""
+        for r in self.rules:
+            if r.id == rule_id:
+                return r
+        return None
+
+
+_FIXES = {
+    "extra_forbidden": "remove it or check its spelling (see rules/agent/README.md)",
+    "missing": "add it",
+    "literal_error": "use one of the allowed values",
+}
+
+
+def _rule_error(source: str, rule_id: str, err: ValidationError) -> RuleError:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(rule)"
+        key = key.replace("for_", "for")
+        msg = e["msg"].removeprefix("Value error, ")
+        fix = _FIXES.get(e["type"], "correct the value")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif e["type"] == "missing":
+            msg = "required key is missing"
+        lines.append(f"{source}: rule '{rule_id}': key '{key}': {msg}; fix: {fix}")
+    return RuleError("\n".join(lines))
+
+
+def parse_rules(raw: Any, source: str) -> list[Rule]:
+    """Validate the parsed YAML of one rule file; raise RuleError naming file, rule and fix."""
+    if raw is None:
+        return []
+    if not isinstance(raw, dict) or set(raw) - {"rules"} or not isinstance(raw.get("rules", []), list):
+        raise RuleError(
+            f"{source}: the top level must be a mapping with one key 'rules:' holding a list of rules"
+        )
+    out: list[Rule] = []
+    for i, item in enumerate(raw.get("rules") or []):
+        rule_id = item.get("id", f"#{i + 1}") if isinstance(item, dict) else f"#{i + 1}"
+        if not isinstance(item, dict):
+            raise RuleError(
+                f"{source}: rule '{rule_id}': a rule must be a mapping; fix: see rules/agent/README.md"
+            )
+        try:
+            out.append(Rule.model_validate(item))
+        except ValidationError as err:
+            raise _rule_error(source, str(rule_id), err) from None
+    return out
+
+
+def _rule_files(paths: Iterable[Path]) -> list[Path]:
+    files: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            files.extend(sorted(f for f in p.iterdir() if f.suffix in (".yaml", ".yml") and f.is_file()))
+        elif p.exists():
+            files.append(p)
+        else:
+            raise RuleError(f"{p}: no such rule file or folder; fix: check alerts.rules_dirs")
+    return files
+
+
+def load_rules(paths: Iterable[Path]) -> RuleSet:
+    """Load and validate rule files (folders: their *.yaml / *.yml). Ids must be unique."""
+    rules: list[Rule] = []
+    sources: dict[str, str] = {}
+    for f in _rule_files(paths):
+        try:
+            raw = yaml.safe_load(f.read_text())
+        except OSError as err:
+            raise RuleError(f"{f}: cannot read: {err.strerror}; fix: check the path") from None
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            raise RuleError(f"{f}: not valid YAML{where}: {getattr(err, 'problem', err)}") from None
+        for r in parse_rules(raw, str(f)):
+            if r.id in sources:
+                raise RuleError(
+                    f"{f}: rule '{r.id}': the id is already used in {sources[r.id]}; "
+                    "fix: give each rule a unique id"
+                )
+            sources[r.id] = str(f)
+            rules.append(r)
+    return RuleSet(tuple(rules), sources)
+
+
+def default_rules_dir() -> Path:
+    """The bundled default rule set (agent/data/rules/agent → rules/agent in a checkout)."""
+    return Path(__file__).resolve().parent.parent / "data" / "rules" / "agent"
+
+
+def load_default_rules() -> RuleSet:
+    """The bundled default rules."""
+    return load_rules([default_rules_dir()])
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A rule's condition holds for one series at one minute."""
+
+    rule_id: str
+    labels: Labels  # the series (the rule's group labels)
+    at: float  # epoch seconds: end of the evaluated minute
+    value: float  # the signal over the rule's window, in the signal's unit
+    threshold: float  # what it was compared with (absolute, or factor × baseline)
+    baseline: float | None = None  # the baseline itself (None for absolute rules)
+    baseline_minutes: int = 0  # minutes the baseline was computed from
+    tokens_per_second: float | None = None  # generation load of the window (model rules)
+
+
+class _Window:
+    __slots__ = ("entries", "sums")
+
+    def __init__(self, n: int) -> None:
+        self.entries: deque[tuple[float, tuple[float, ...]]] = deque()
+        self.sums = [0.0] * n
+
+
+class _CompiledRule:
+    """One rule with its input indexes, windows per series and baseline accumulator."""
+
+    def __init__(self, rule: Rule) -> None:
+        self.rule = rule
+        self.kind = rule.kind
+        self.group = rule.group_labels()
+        sig = SIGNALS[rule.signal]
+        names: list[str] = []
+
+        def idx(sig_inputs: Sequence[str]) -> tuple[int, ...]:
+            out = []
+            for n in sig_inputs:
+                if n not in names:
+                    names.append(n)
+                out.append(names.index(n))
+            return tuple(out)
+
+        self.sig_fn = sig.fn
+        self.sig_idx = idx(sig.inputs)
+        self.guards = [
+            (SIGNALS[g.signal].fn, idx(SIGNALS[g.signal].inputs), OPS[g.op], g.value) for g in rule.where
+        ]
+        self.load_idx = idx(("generation_tokens", "seconds")) if self.kind == "model" else ()
+        self.names = tuple(names)
+        self.n = len(names)
+        self.cmp = OPS[rule.op]
+        self.windows: dict[Labels, _Window] = {}
+        self.match = [(lbl, re.compile(rx)) for lbl, rx in rule.match.items()]
+        b = rule.baseline
+        self.baseline: TrailingBaseline | None = None
+        if b is not None:
+            self.baseline = TrailingBaseline(b.window, sig.fn, len(sig.inputs), b.quantile is not None)
+
+    def _load(self, v: Sequence[float]) -> float | None:
+        if not self.load_idx:
+            return None
+        g, s = v[self.load_idx[0]], v[self.load_idx[1]]
+        return g / s if s > 0 else None
+
+    def _bucket(self, tps: float | None, minute: float) -> tuple[Any, ...] | None:
+        b = self.rule.baseline
+        assert b is not None
+        band: int | None = None
+        if b.like_load is not None:
+            if tps is None:
+                return None
+            if b.like_load.min_tokens_per_second is not None and tps < b.like_load.min_tokens_per_second:
+                return None
+            if b.like_load.band_ratio is not None:
+                band = load_band(tps, b.like_load.band_ratio)
+                if band is None:
+                    return None
+        how = hour_of_week(minute) if b.same_hour_of_week else None
+        return (band, how)
+
+    def _baseline_key(self, key: Labels) -> Labels:
+        b = self.rule.baseline
+        if b is not None and b.across_versions:
+            return tuple(kv for kv in key if kv[0] != "model_version")
+        return key
+
+    def step(self, now: float, records: Sequence[MinuteRecord]) -> list[Finding]:
+        rule = self.rule
+        # 1. this minute's vectors per series (grouped when the rule says so)
+        current: dict[Labels, list[float]] = {}
+        names = self.names
+        group = self.group
+        minute = now - MINUTE
+        for rec in records:
+            if rec.kind != self.kind:
+                continue
+            if self.match and not all(rx.fullmatch(rec.label(lbl)) for lbl, rx in self.match):
+                continue
+            key = rec.labels if rule.group_by is None else tuple((g, rec.label(g)) for g in group)
+            vec = current.get(key)
+            if vec is None:
+                vec = [0.0] * self.n
+                current[key] = vec
+            s = rec.sums
+            for i, n in enumerate(names):
+                vec[i] += s.get(n, 0.0)
+        # 2. push into the windows
+        horizon = now - rule.over
+        for key, vec in current.items():
+            w = self.windows.get(key)
+            if w is None:
+                w = _Window(self.n)
+                self.windows[key] = w
+            tv = tuple(vec)
+            w.entries.append((minute, tv))
+            for i, v in enumerate(tv):
+                w.sums[i] += v
+        # 3. evaluate every series with data in its window
+        findings: list[Finding] = []
+        for key in list(self.windows):
+            w = self.windows[key]
+            while w.entries and w.entries[0][0] < horizon:
+                _, old = w.entries.popleft()
+                for i, v in enumerate(old):
+                    w.sums[i] -= v
+            if not w.entries:
+                del self.windows[key]
+                continue
+            f = self._evaluate(key, w.sums, now)
+            if f is not None:
+                findings.append(f)
+        # 4. this minute joins the baselines (after evaluation: a minute is never its own baseline)
+        if self.baseline is not None:
+            for key, vec in current.items():
+                value = self.sig_fn([vec[i] for i in self.sig_idx])
+                if value is None:
+                    continue
+                bucket = self._bucket(self._load(vec), minute)
+                if bucket is None:
+                    continue
+                inputs = tuple(vec[i] for i in self.sig_idx)
+                self.baseline.add((self._baseline_key(key), bucket), minute, inputs, value)
+        return findings
+
+    def _evaluate(self, key: Labels, sums: Sequence[float], now: float) -> Finding | None:
+        rule = self.rule
+        value = self.sig_fn([sums[i] for i in self.sig_idx])
+        if value is None:
+            return None
+        for fn, gidx, cmp, limit in self.guards:
+            gv = fn([sums[i] for i in gidx])
+            if gv is None or not cmp(gv, limit):
+                return None
+        tps = self._load(sums)
+        if rule.threshold is not None:
+            return (
+                Finding(rule.id, key, now, value, rule.threshold, tokens_per_second=tps)
+                if self.cmp(value, rule.threshold)
+                else None
+            )
+        assert self.baseline is not None and rule.baseline is not None and rule.factor is not None
+        bucket = self._bucket(tps, now - MINUTE)
+        if bucket is None:
+            return None
+        bkey = (self._baseline_key(key), bucket)
+        q = rule.baseline.quantile
+        if q is None:
+            base, n = self.baseline.mean(bkey, now)
+        else:
+            base, n = self.baseline.quantile(bkey, now, q)
+        if base is None or n < rule.baseline.min_minutes:
+            return None
+        limit = rule.factor * base
+        if not self.cmp(value, limit):
+            return None
+        return Finding(rule.id, key, now, value, limit, base, n, tps)
+
+
+class RuleEvaluator:
+    """Steps a rule set minute by minute over 1-minute records, keeping trailing windows and
+    baselines in memory. Feed every minute in ascending order; a minute with no records is fine."""
+
+    def __init__(self, rules: RuleSet | Sequence[Rule]) -> None:
+        self.rules = tuple(rules)
+        self._compiled = [_CompiledRule(r) for r in self.rules]
+
+    def step(self, now: float, records: Iterable[MinuteRecord]) -> list[Finding]:
+        """Evaluate the minute ending at ``now`` (epoch seconds) given that minute's records."""
+        recs = list(records)
+        out: list[Finding] = []
+        for c in self._compiled:
+            out.extend(c.step(now, recs))
+        return out
+
+    def warm(self, now: float, records: Iterable[MinuteRecord]) -> None:
+        """Feed history without caring about findings (start-up: rebuild baselines from the store)."""
+        self.step(now, records)

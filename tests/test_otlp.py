@@ -6,10 +6,10 @@ import asyncio
 
 from aiohttp import web
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from test_exporter import _snapshot
 
 from agent.config import OtlpExporterConfig
 from agent.sinks.otlp import OtlpExporter
-from tests.test_exporter import _snapshot
 
 
 async def test_otlp_push_carries_semconv_names_values_and_resource() -> None:

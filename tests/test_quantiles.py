@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -51,7 +52,7 @@ def test_histogram_delta_reset_gives_cur_layout_change_gives_none() -> None:
 
 def test_deltas_never_negative_over_a_restart_sequence() -> None:
     readings = [0.0, 10.0, 25.0, 3.0, 8.0, 8.0, 0.0, 4.0]
-    deltas = [counter_delta(a, b) for a, b in zip(readings, readings[1:], strict=False)]
+    deltas = [counter_delta(a, b) for a, b in itertools.pairwise(readings)]
     assert deltas == [10.0, 15.0, 3.0, 5.0, 0.0, 0.0, 4.0]
 
 

@@ -109,7 +109,7 @@ NOT_SUPPORTED_TABLE = [
     ("nvmlDeviceGetUtilizationRates", {"util_gpu_ratio", "util_memory_ratio"}),
     ("nvmlDeviceGetMemoryInfo", {"memory_used_bytes", "memory_total_bytes"}),
     ("nvmlDeviceGetClockInfo", {"sm_clock_hz", "mem_clock_hz"}),
-    ("nvmlDeviceGetTemperature", {"temperature_celsius"}),
+    ("nvmlDeviceGetTemperatureV", {"temperature_celsius"}),
     ("nvmlGpmQueryDeviceSupport", {"dram_bw_ratio", "sm_active_ratio"}),
     ("nvmlGpmSampleGet", {"dram_bw_ratio", "sm_active_ratio"}),
 ]
@@ -151,6 +151,38 @@ def test_other_field_errors_are_absent_too(code: int) -> None:
     backend.open()
     g = rounds(backend, clock, 2)[1].gpus[0]
     assert g.up and g.power_watts is None and g.energy_joules is not None
+
+
+TEMPERATURE_TABLE = [
+    # missing (FunctionNotFound) on this driver, temperature read?
+    ((), True),
+    (("nvmlDeviceGetTemperatureV",), True),  # an older driver: the legacy call answers
+    (("nvmlDeviceGetTemperature",), True),  # a newer one without the deprecated call
+    (("nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature"), False),
+]
+
+
+@pytest.mark.parametrize(("missing", "present"), TEMPERATURE_TABLE)
+def test_versioned_temperature_call_falls_back(missing: tuple[str, ...], present: bool) -> None:
+    fake, backend, clock = rig("A100-80GB", count=2)
+    for function in missing:
+        fake.set_not_supported(function, code=pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+    for r in rounds(backend, clock, 3):
+        for g in r.gpus:
+            assert g.up and g.power_watts is not None
+            assert g.temperature_celsius == (round(30 + 45 * 0.631) if present else None)
+
+
+def test_library_mismatch_error_is_absent() -> None:
+    class Mismatched(FakeNvml):
+        def nvmlDeviceGetMemoryInfo(self, handle: object, version: object = None) -> object:
+            raise pynvml.NVMLLibraryMismatchError("Unversioned function called")
+
+    clock = ManualClock()
+    backend = NvmlBackend(Mismatched("H100-SXM", 1, constant(HALF), clock=clock.now))
+    backend.open()
+    g = backend.read_round(clock.now()).gpus[0]
+    assert g.up and g.memory_used_bytes is None and g.memory_total_bytes is None and g.power_watts
 
 
 # -- GPU lost: that GPU down, the others carry on --------------------------------------------------

@@ -48,6 +48,10 @@ _ABSENT_CODES = frozenset(
         pynvml.NVML_ERROR_NOT_FOUND,
     }
 )
+# Codes that mean "this driver lacks that call" (probe a versioned call, fall back to the old one).
+_NO_SUCH_CALL_CODES = frozenset(
+    {pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH}
+)
 # Codes that mean "this device is unreadable": the whole GpuSample is down.
 _DEVICE_DOWN_CODES = frozenset(
     {
@@ -78,6 +82,10 @@ class NvmlUnavailable(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class _NeverRaised(Exception):
+    """Stands in for NVMLLibraryMismatchError in bindings that lack it."""
 
 
 class _DeviceDown(Exception):
@@ -111,6 +119,8 @@ class NvmlBackend:
     def __init__(self, lib: Any = None) -> None:
         self._lib: Any = pynvml if lib is None else lib
         self._lock = threading.Lock()
+        # Raised by pynvml itself (not an NVMLError) when the driver lacks a struct version.
+        self._mismatch: type[Exception] = getattr(self._lib, "NVMLLibraryMismatchError", _NeverRaised)
         self._open = False
         self._driver_version: str | None = None
         self._gpm: dict[str, _GpmState] = {}  # by device UUID
@@ -118,6 +128,7 @@ class NvmlBackend:
         self._down: dict[int, str] = {}  # device index → error, while a device is down
         self._names: dict[int, tuple[str, str]] = {}  # index → (uuid, name), for down devices
         self._round_error: str | None = None  # last round-level error (for transition logs)
+        self._temperature_v: bool | None = None  # versioned temperature call present (None: not probed)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -234,6 +245,11 @@ class NvmlBackend:
         lib = self._lib
         try:
             return fn()
+        except self._mismatch as err:  # pynvml's own "struct version unknown to this driver"
+            if (key, field) not in self._logged:
+                self._logged.add((key, field))
+                logger.info("NVML %s absent on %s: %s", field, key, err)
+            return None
         except lib.NVMLError as err:
             self._classify(err)
             if (key, field) not in self._logged:
@@ -326,9 +342,7 @@ class NvmlBackend:
         mem_mhz = self._call(
             uuid, "mem_clock", lambda: lib.nvmlDeviceGetClockInfo(handle, lib.NVML_CLOCK_MEM)
         )
-        temp = self._call(
-            uuid, "temperature", lambda: lib.nvmlDeviceGetTemperature(handle, lib.NVML_TEMPERATURE_GPU)
-        )
+        temp = self._call(uuid, "temperature", lambda: self._temperature(handle))
         dram, sm = self._read_gpm(gpm_key, handle, parent)
         return GpuSample(
             index=index,
@@ -348,6 +362,23 @@ class NvmlBackend:
             mem_clock_hz=mem_mhz * MHZ if mem_mhz is not None else None,
             temperature_celsius=float(temp) if temp is not None else None,
         )
+
+    def _temperature(self, handle: Any) -> Any:
+        """GPU temperature: the versioned call where the driver has it (probed once, cached),
+        else the legacy one (deprecated in NVML 13, gone in CUDA 14)."""
+        lib = self._lib
+        if self._temperature_v is not False and hasattr(lib, "nvmlDeviceGetTemperatureV"):
+            try:
+                value = lib.nvmlDeviceGetTemperatureV(handle, lib.NVML_TEMPERATURE_GPU)
+            except lib.NVMLError as err:
+                if self._temperature_v or getattr(err, "value", None) not in _NO_SUCH_CALL_CODES:
+                    raise
+                logger.info("nvmlDeviceGetTemperatureV not in this driver; using nvmlDeviceGetTemperature")
+                self._temperature_v = False
+            else:
+                self._temperature_v = True
+                return value
+        return lib.nvmlDeviceGetTemperature(handle, lib.NVML_TEMPERATURE_GPU)
 
     # -- GPM (Hopper and newer) -------------------------------------------------------------------
 

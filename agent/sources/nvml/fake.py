@@ -130,7 +130,7 @@ class _Device:
     calls: int = 0  # NVML calls that touched this device
     lost_after: int | None = None  # calls left before it is lost (0 = lost now)
     lost_code: int = _nv.NVML_ERROR_GPU_IS_LOST
-    not_supported: set[str] = field(default_factory=set)
+    not_supported: dict[str, int] = field(default_factory=dict)  # function → NVML error code
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +194,7 @@ class FakeNvml:
                 uuid=_uuid("GPU", prof.name, i),
                 profile=prof,
                 mig_instances=mig_instances,
-                not_supported=set(unsupported),
+                not_supported=dict.fromkeys(unsupported, _nv.NVML_ERROR_NOT_SUPPORTED),
             )
             for i in range(count)
         ]
@@ -232,13 +232,15 @@ class FakeNvml:
         """The UUID the fake gives MIG instance ``slot`` of GPU ``index``."""
         return _uuid("MIG", self._devices[index].uuid, slot)
 
-    def set_not_supported(self, function: str, index: int | None = None) -> None:
-        """Make ``function`` (e.g. ``"nvmlDeviceGetPowerUsage"``) raise NotSupported on a device
-        (``index``) or on all devices (None)."""
+    def set_not_supported(
+        self, function: str, index: int | None = None, code: int = _nv.NVML_ERROR_NOT_SUPPORTED
+    ) -> None:
+        """Make ``function`` (e.g. ``"nvmlDeviceGetPowerUsage"``) fail with ``code`` (NotSupported;
+        FunctionNotFound for an older driver, NoPermission, ...) on device ``index`` or on all (None)."""
         with self._lock:
             for dev in self._devices:
                 if index is None or dev.index == index:
-                    dev.not_supported.add(function)
+                    dev.not_supported[function] = code
 
     def lose_gpu(self, index: int, after_calls: int = 0, code: int = _nv.NVML_ERROR_GPU_IS_LOST) -> None:
         """GPU ``index`` fails every call with ``code`` (GpuIsLost by default) once
@@ -278,7 +280,7 @@ class FakeNvml:
         if handle.mig_slot is not None and handle.mig_slot >= dev.mig_instances:
             raise _nv.NVMLError(_nv.NVML_ERROR_INVALID_ARGUMENT)
         if function in dev.not_supported:
-            raise _nv.NVMLError(_nv.NVML_ERROR_NOT_SUPPORTED)
+            raise _nv.NVMLError(dev.not_supported[function])
         return dev
 
     def _touch(self, dev: _Device) -> None:
@@ -440,16 +442,24 @@ class FakeNvml:
             return dev.profile.max_sm_clock_mhz if busy else dev.profile.idle_sm_clock_mhz
         raise _nv.NVMLError(_nv.NVML_ERROR_NOT_SUPPORTED)
 
-    @_api
-    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
-        """GPU core temperature in degrees Celsius."""
-        dev = self._device(handle, "nvmlDeviceGetTemperature")
+    def _temperature(self, handle: Any, sensor: int, function: str) -> int:
+        dev = self._device(handle, function)
         self._not_on_mig(handle)
         if sensor != _nv.NVML_TEMPERATURE_GPU:
             raise _nv.NVMLError(_nv.NVML_ERROR_INVALID_ARGUMENT)
         self._advance(dev)
         share = model_power_watts(dev.profile, dev.load) / dev.profile.tdp_watts
         return round(AMBIENT_CELSIUS + HOT_CELSIUS * share)
+
+    @_api
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
+        """GPU core temperature in degrees Celsius (the legacy call)."""
+        return self._temperature(handle, sensor, "nvmlDeviceGetTemperature")
+
+    @_api
+    def nvmlDeviceGetTemperatureV(self, handle: Any, sensor: int) -> int:
+        """GPU core temperature in degrees Celsius (the versioned call of newer drivers)."""
+        return self._temperature(handle, sensor, "nvmlDeviceGetTemperatureV")
 
     @_api
     def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:

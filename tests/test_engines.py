@@ -1,0 +1,190 @@
+"""Every engine adapter over recorded and source-shaped expositions: golden ModelSignals.
+
+Run with ``UPDATE_GOLDEN=1`` to rewrite ``tests/fixtures/golden/*.json`` after a deliberate
+change, then review the diff. Targeted tests below check the mapping rules by hand-computed
+values (sums over data-parallel ranks, absent signals, unit scaling, placeholder model names).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.samples import Histogram, ModelSignals
+from agent.sources.engines import ADAPTERS, detect_kind
+from agent.sources.engines.pagegen import make_vllm_page
+
+FIXTURES = Path(__file__).parent / "fixtures"
+PAGES = sorted((FIXTURES / "expositions").glob("*.txt"))
+GOLDEN = FIXTURES / "golden"
+UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _render(kind: str, models: tuple[ModelSignals, ...]) -> str:
+    doc = {"kind": kind, "models": [_jsonable(dataclasses.asdict(m)) for m in models]}
+    return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: p.name)
+def test_golden_model_signals(path: Path) -> None:
+    text = path.read_text()
+    kind = detect_kind(text)
+    assert kind is not None, "every fixture is some engine's page"
+    got = _render(kind, ADAPTERS[kind].parse(text, None))
+    golden = GOLDEN / (path.stem + ".json")
+    if UPDATE or not golden.exists():
+        if not UPDATE:
+            pytest.fail(f"no golden file {golden.name}; run with UPDATE_GOLDEN=1 and review it")
+        golden.write_text(got)
+    assert got == golden.read_text()
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("ref_vllm.txt", "vllm"),
+        ("vllm_v1_dp2.txt", "vllm"),
+        ("ref_sglang.txt", "sglang"),
+        ("sglang_v05.txt", "sglang"),
+        ("tgi.txt", "tgi"),
+        ("ref_triton_trtllm.txt", "triton"),
+        ("triton_trtllm_full.txt", "triton"),
+        ("trtllm_serve.txt", "trtllm"),
+        ("ref_llamacpp_real.txt", "llamacpp"),
+    ],
+)
+def test_detect_kind(name: str, kind: str) -> None:
+    assert detect_kind((FIXTURES / "expositions" / name).read_text()) == kind
+
+
+def test_detect_kind_ignores_comments_and_unknown_pages() -> None:
+    assert detect_kind("# HELP vllm:x y\n# TYPE vllm:x gauge\nprocess_cpu_seconds_total 1\n") is None
+    assert detect_kind('{"json": true}') is None
+    assert detect_kind("process_open_fds 3\nvllm:num_requests_running 1\n") == "vllm"
+
+
+def _signals(name: str, model: str | None = None) -> dict[str, ModelSignals]:
+    text = (FIXTURES / "expositions" / name).read_text()
+    kind = detect_kind(text)
+    assert kind
+    return {m.model: m for m in ADAPTERS[kind].parse(text, model)}
+
+
+def test_vllm_sums_data_parallel_engines_and_averages_kv_usage() -> None:
+    m = _signals("vllm_v1_dp2.txt")["meta-llama/Llama-3.1-8B-Instruct"]
+    assert m.prompt_tokens_total == 1_234_567 + 765_433
+    assert m.generation_tokens_total == 400_000 + 350_000
+    assert m.requests_running == 12 + 9
+    assert m.requests_waiting == 2
+    assert m.kv_cache_usage_ratio == pytest.approx((0.5 + 0.25) / 2)
+    assert m.preemptions_total == 4
+    assert m.requests_finished_total == {"stop": 1750, "length": 140, "abort": 8, "error": 1}
+    assert m.prefill_seconds_total == pytest.approx(61.5 * 1.5)
+    assert m.decode_seconds_total == pytest.approx(2300.75 * 1.5)
+    assert m.ttft_seconds is not None and m.ttft_seconds.count == 986 + 913
+    assert m.ttft_seconds.buckets[-1] == (math.inf, 1899.0)
+    assert m.itl_seconds is not None and m.itl_seconds.count == 399_000 + 349_000
+
+
+def test_vllm_generated_page_sums_match_prometheus_client() -> None:
+    """On a generated multi-model DP page, our per-model sums equal sums over the oracle's samples."""
+    models = ["a/one", "b/two", "c/three"]
+    text = make_vllm_page(models, seed=11, engines=3)
+    ours = {m.model: m for m in ADAPTERS["vllm"].parse(text)}
+    assert sorted(ours) == sorted(models)
+    want: dict[tuple[str, str], float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name in {"vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_count"}:
+                key = (s.labels["model_name"], s.name)
+                want[key] = want.get(key, 0.0) + s.value
+    for model in models:
+        assert ours[model].generation_tokens_total == want[(model, "vllm:generation_tokens_total")]
+        ttft = ours[model].ttft_seconds
+        assert ttft is not None and ttft.count == want[(model, "vllm:time_to_first_token_seconds_count")]
+        assert ours[model].kv_cache_usage_ratio is not None  # V1 name preferred, legacy also present
+
+
+def test_vllm_legacy_names_are_used_when_new_ones_are_missing() -> None:
+    page = (
+        'vllm:gpu_cache_usage_perc{model_name="m"} 0.7\n'
+        'vllm:time_per_output_token_seconds_bucket{model_name="m",le="0.1"} 3\n'
+        'vllm:time_per_output_token_seconds_bucket{model_name="m",le="+Inf"} 4\n'
+        'vllm:time_per_output_token_seconds_sum{model_name="m"} 0.5\n'
+        'vllm:time_per_output_token_seconds_count{model_name="m"} 4\n'
+    )
+    (m,) = ADAPTERS["vllm"].parse(page)
+    assert m.kv_cache_usage_ratio == 0.7
+    assert m.itl_seconds == Histogram(buckets=((0.1, 3.0), (math.inf, 4.0)), sum=0.5, count=4.0)
+
+
+def test_absent_signals_are_none_never_zero() -> None:
+    m = _signals("ref_llamacpp_real.txt")["default"]
+    assert m.kv_cache_usage_ratio is None and m.ttft_seconds is None and m.preemptions_total is None
+    assert m.requests_finished_total == {}
+    tgi = _signals("tgi.txt")["default"]
+    assert tgi.ttft_seconds is None and tgi.kv_cache_usage_ratio is None
+    sg = _signals("sglang_v05.txt")["Qwen/Qwen2.5-7B-Instruct"]
+    assert sg.prefill_seconds_total is None and sg.e2e_seconds is None
+
+
+def test_llamacpp_counters_only_and_prompt_includes_cached() -> None:
+    m = _signals("ref_llamacpp_real.txt", model="tiny-llama")["tiny-llama"]
+    assert m.prompt_tokens_total == 283 + 91
+    assert m.generation_tokens_total == 1950
+    assert m.prefill_seconds_total == 0.023081 and m.decode_seconds_total == 1.16288
+    assert m.requests_running == 0 and m.requests_waiting == 0
+
+
+def test_tgi_tokens_from_histogram_sums_and_model_from_config() -> None:
+    m = _signals("tgi.txt", model="bigcode/starcoder2")["bigcode/starcoder2"]
+    assert m.prompt_tokens_total == 81234
+    assert m.generation_tokens_total == 250321
+    assert m.requests_running == 14 and m.requests_waiting == 3
+    assert m.requests_finished_total == {"success": 1000, "validation": 25, "overloaded": 5}
+    assert m.prefill_seconds_total == 40.5 and m.decode_seconds_total == 1800.25
+
+
+def test_triton_ms_histogram_scaled_to_seconds_and_versions_summed() -> None:
+    sig = _signals("triton_trtllm_full.txt")
+    trt = sig["tensorrt_llm"]
+    assert trt.prompt_tokens_total == 41000 and trt.generation_tokens_total == 38000
+    assert trt.requests_running == 6 and trt.requests_waiting == 1
+    assert trt.kv_cache_usage_ratio == 0.4875
+    assert trt.ttft_seconds is not None
+    assert [le for le, _ in trt.ttft_seconds.buckets] == [0.1, 0.5, 2.0, 5.0, math.inf]
+    assert trt.ttft_seconds.sum == pytest.approx(61.0)
+    ensemble = sig["ensemble"]
+    assert ensemble.requests_waiting == 4  # falls back to nv_inference_pending_request_count
+    assert ensemble.prompt_tokens_total is None
+
+
+def test_trtllm_undefined_model_label_becomes_configured_model() -> None:
+    assert list(_signals("trtllm_serve.txt", model="llama-3-70b")) == ["llama-3-70b"]
+    m = _signals("trtllm_serve.txt")["default"]
+    assert m.requests_finished_total == {"stop": 95, "length": 5}
+    assert m.itl_seconds is not None and m.itl_seconds.count == 100
+
+
+def test_adapters_reject_unknown_fields() -> None:
+    from agent.sources.engines.base import Adapter, Series
+
+    with pytest.raises(ValueError, match="unknown ModelSignals fields"):
+        Adapter(kind="x", prefixes=("x_",), model_label=None, scalars={"tokens": (Series("x_t"),)})

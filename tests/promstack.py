@@ -1,0 +1,273 @@
+"""Test helper: real Prometheus and Alertmanager on free loopback ports, and a small real exporter
+that serves every series of the catalogue (``agent.catalog.CATALOG``).
+
+Processes are started with :class:`subprocess.Popen`, log to files in the test's temp dir, and are
+stopped by their own PID (terminate, then kill) — nothing outlives the test. Missing binaries are
+a failure, not a skip: CI's ``.ci/run`` installs them.
+
+Quirks handled here (see the shared PROMETHEUS_RIG notes): Prometheus 2.42 throttles discovery
+for 5 s, so the first scrape lands about 5–6 s after start; Alertmanager gets
+``--cluster.listen-address=`` so it opens no gossip port.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prometheus_client import start_http_server
+from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
+
+from agent.catalog import CATALOG, MetricSpec
+
+READY_TIMEOUT_S = 15.0  # seconds; Prometheus is ready in ~0.4 s, Alertmanager in ~0.6 s
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def binary(name: str) -> str:
+    """Path of a tool CI installs; fails (not skips) when it is missing."""
+    path = shutil.which(name)
+    assert path, f"{name} not found: apt-get install prometheus prometheus-alertmanager (CI's .ci/run does)"
+    return path
+
+
+def http_get_json(url: str, timeout: float = 5.0) -> Any:
+    """GET a URL and decode its JSON body."""
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+# ---------------------------------------------------------------------------------------------
+# The catalogue exporter
+# ---------------------------------------------------------------------------------------------
+
+NODES = {"node-a": "NVIDIA H100 80GB HBM3", "node-b": "NVIDIA A100-SXM4-80GB"}  # node → GPU model
+GPUS = ("0", "1")
+MODELS = (  # (engine, kind, model, model_version)
+    ("vllm-0", "vllm", "llama-3-70b", "v1"),
+    ("vllm-1", "vllm", "llama-3-70b", "v2"),
+    ("sglang-0", "sglang", "qwen2-7b", "2024-06"),
+)
+
+
+def label_sets(spec: MetricSpec) -> Iterator[dict[str, str]]:
+    """Plausible label values for every label set a catalogue family can carry."""
+    for node, gpu_model in NODES.items():
+        if spec.source == "node":
+            yield {"node": node}
+        elif spec.source == "gpu":
+            for gpu in GPUS:
+                base = {"node": node, "gpu": gpu}
+                extra = {"uuid": f"GPU-{node}-{gpu}", "gpu_model": gpu_model, "mig_parent": ""}
+                yield {k: ({**base, **extra})[k] for k in spec.labels}
+        elif spec.source == "engine":
+            for engine, kind, _, _ in MODELS:
+                yield {k: {"node": node, "engine": engine, "kind": kind}[k] for k in spec.labels}
+        elif spec.source == "model":
+            for engine, _, model, version in MODELS:
+                yield {"node": node, "engine": engine, "model": model, "model_version": version}
+        elif spec.source == "alert":
+            yield {"node": node, "rule": "cost_per_token_regression", "severity": "page"}
+        elif spec.source == "outbox":
+            yield {"node": node, "sink": "slack"}
+
+
+def _rate(spec: MetricSpec, labels: Mapping[str, str]) -> float:
+    """A per-second increase for counters, a level for gauges; deterministic per label set."""
+    spread = 1.0 + (sum(map(ord, "".join(labels.values()))) % 7) / 10.0
+    if "tokens" in spec.name:
+        return 200.0 * spread  # tokens/s
+    if "usd" in spec.name:
+        return 0.0008 * spread  # $/s ≈ $2.9/h
+    if "joules" in spec.name or "watts" in spec.name:
+        return 350.0 * spread  # W (= J/s)
+    if "bytes" in spec.name:
+        return 40e9 * spread  # bytes
+    if spec.name.endswith("_up") or spec.name == "gpu_info":
+        return 1.0
+    if "seconds" in spec.name:
+        return 0.05 * spread  # s (latencies, GPU-seconds per second)
+    return 0.1 * spread  # ratios, counts, scores
+
+
+class CatalogueCollector:
+    """A prometheus_client collector that emits every catalogue family with synthetic values:
+    counters grow linearly from the collector's start, gauges hold steady."""
+
+    def __init__(self) -> None:
+        self._t0 = time.time()
+
+    def collect(self) -> Iterator[Metric]:
+        """Build the families at scrape time."""
+        elapsed = time.time() - self._t0 + 1.0  # seconds
+        for spec in CATALOG:
+            fam: GaugeMetricFamily | CounterMetricFamily
+            if spec.kind == "counter":
+                fam = CounterMetricFamily(spec.full_name, spec.help, labels=spec.labels)
+            else:
+                fam = GaugeMetricFamily(spec.full_name, spec.help, labels=spec.labels)
+            for labels in label_sets(spec):
+                rate = _rate(spec, labels)
+                value = rate * elapsed if spec.kind == "counter" else rate
+                fam.add_metric([labels[k] for k in spec.labels], value)
+            yield fam
+
+
+class CatalogueExporter:
+    """A real HTTP /metrics endpoint (prometheus_client's server) serving the catalogue."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(CatalogueCollector())
+        self._server, self._thread = start_http_server(0, addr="127.0.0.1", registry=self.registry)
+        self.port = int(self._server.server_address[1])
+
+    @property
+    def target(self) -> str:
+        """host:port for a scrape config."""
+        return f"127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        """Stop serving."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Prometheus and Alertmanager processes
+# ---------------------------------------------------------------------------------------------
+
+
+class _Process:
+    """A server process with a log file, stopped by its own PID."""
+
+    def __init__(self, argv: Sequence[str], log: Path, ready_url: str) -> None:
+        self.log = log
+        self._fh = log.open("wb")
+        self.proc = subprocess.Popen(list(argv), stdout=self._fh, stderr=subprocess.STDOUT)
+        self._wait_ready(ready_url)
+
+    def _wait_ready(self, url: str) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            try:
+                with urllib.request.urlopen(url, timeout=1) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.1)
+        self.close()
+        raise AssertionError(f"{url} not ready; log:\n{self.log.read_text(errors='replace')[-3000:]}")
+
+    def close(self) -> None:
+        """Terminate (then kill) the process and wait for it."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self._fh.close()
+
+
+def test_copy_of_rules(src: Path, dest: Path) -> Path:
+    """Copy a rule file with every group's ``interval`` removed, so all groups run at the test
+    config's 1 s evaluation interval (a 5 m group would not evaluate within a test)."""
+    doc = yaml.safe_load(src.read_text())
+    for group in doc["groups"]:
+        group.pop("interval", None)
+    dest.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return dest
+
+
+test_copy_of_rules.__test__ = False  # type: ignore[attr-defined]  # not a pytest test
+
+
+class Prometheus(_Process):
+    """A real Prometheus on a free loopback port, scraping ``targets`` every second."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        targets: Sequence[str] = (),
+        rule_files: Sequence[Path] = (),
+        alertmanager: str | None = None,
+        data_dir: Path | None = None,
+        retention: str = "90d",
+    ) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config: dict[str, Any] = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(p) for p in rule_files],
+            "scrape_configs": [{"job_name": "infercost", "static_configs": [{"targets": list(targets)}]}],
+        }
+        if alertmanager:
+            config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
+        cfg = workdir / "prometheus.yml"
+        cfg.write_text(yaml.safe_dump(config))
+        argv = [
+            binary("prometheus"),
+            f"--config.file={cfg}",
+            f"--storage.tsdb.path={data_dir or workdir / 'data'}",
+            f"--storage.tsdb.retention.time={retention}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+        ]
+        super().__init__(argv, workdir / "prometheus.log", f"{self.url}/-/ready")
+
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        """Instant query; the result vector (raises on an API error)."""
+        params = {"query": expr}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        body = http_get_json(f"{self.url}/api/v1/query?{urllib.parse.urlencode(params)}")
+        assert body["status"] == "success", body
+        return list(body["data"]["result"])
+
+    def wait_for(self, expr: str, timeout: float = 30.0) -> list[dict[str, Any]]:
+        """Poll until ``expr`` returns at least one series (the 5 s discovery throttle applies)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            result = self.query(expr)
+            if result or time.monotonic() > deadline:
+                return result
+            time.sleep(0.25)
+
+
+class Alertmanager(_Process):
+    """A real Alertmanager on a free loopback port, without cluster gossip."""
+
+    def __init__(self, workdir: Path, config: Path) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = [
+            binary("prometheus-alertmanager"),
+            f"--config.file={config}",
+            f"--storage.path={workdir / 'am-data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--cluster.listen-address=",
+        ]
+        super().__init__(argv, workdir / "alertmanager.log", f"{self.url}/-/ready")

@@ -220,7 +220,7 @@ def _simulate(drv: _Drivers, rng_noise: np.ndarray) -> _Physics:
         out.kv[t] = min(1.0, kv_full)
         out.preemptions[t] = served_rps * MINUTE * 0.3 if saturated and b_max < MAX_NUM_SEQS else 0.0
         queue_wait = waiting / max(served_rps / max(1, ready), 1e-3)
-        out.ttft_p99[t] = 2.5 * (p_len / PREFILL_TOKENS_PER_SECOND + step) / max(0.05, 1 - f) + queue_wait
+        out.ttft_p99[t] = 1.5 * (p_len / PREFILL_TOKENS_PER_SECOND + step) / max(0.05, 1 - f) + queue_wait
         out.itl_p99[t] = 1.4 * step * (1 + f)
         ceiling = b * HBM_BYTES_PER_SECOND / (WEIGHTS_BYTES + b * ctx * KV_BYTES_PER_TOKEN)
         out.roofline[t] = (d_served / max(1e-9, 1 - f)) / max(ceiling, 1e-9) if b > 0 else 0.0

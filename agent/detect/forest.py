@@ -1,0 +1,294 @@
+"""Isolation-forest anomaly detector over per-minute cost windows, one fit per model version.
+
+The forest looks at each minute of one (engine, model) as a point in a multivariate space of
+cost, throughput, utilisation, latency and load, plus the hour of the week. Because load and
+time are features, a night or weekend trough (few tokens per GPU, so a high cost per token) is a
+*normal* point: the forest has seen that combination every night. A regression is a point off
+that surface: a high cost per token at a load and hour where it used to be low, or slow decode
+steps at normal load.
+
+Fitting: on the trailing ``training_days`` (default 7) of the model's windows, across versions
+(a version's own few hours could not cover the week's cycle). A new fit happens daily and once a
+newly deployed version has ``version_settle_seconds`` of data; until then the new version is
+scored by the forest of the version before it, which is what catches a regression at the
+deploy. Windows the current forest scores anomalous are left out of the next training set (so a
+regression is not learnt as normal), unless they are more than ``max_clean_fraction`` of it (then
+the change is the new normal and is learnt).
+
+Score: normalised so that 0 is the training median and 1 the training ``quantile``; > 1 is
+anomalous. Export it as ``infercost_anomaly_score{node,engine,model,model_version}`` and use it
+in rules as "score > 1 for N minutes".
+
+Persisted with joblib under the state directory, in a versioned file.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import joblib
+import numpy as np
+import sklearn
+from sklearn.ensemble import IsolationForest
+
+from agent.samples import CostWindow
+
+logger = logging.getLogger(__name__)
+
+STATE_FORMAT = 1  # bump when the persisted layout changes; other formats are ignored on load
+STATE_FILE = f"forest-v{STATE_FORMAT}.joblib"
+
+FEATURE_NAMES: tuple[str, ...] = (
+    "log10_usd_per_1m_output",  # log10 of dollars per 1M output tokens
+    "log10_output_tokens_per_gpu_second",  # log10 of generation tokens / GPU-second
+    "gpu_util_ratio",  # 0–1
+    "mem_bw_ratio",  # 0–1
+    "log10_joules_per_output_token",  # log10 of joules / generation token
+    "log10_ttft_p99_seconds",  # log10 of seconds
+    "log10_itl_p99_seconds",  # log10 of seconds
+    "kv_cache_usage_ratio",  # 0–1
+    "log10_requests_running",  # log10(1 + running requests): the load
+    "hour_of_day_sin",  # sin(2π · hour / 24)
+    "hour_of_day_cos",  # cos(2π · hour / 24)
+    "hour_of_week_sin",  # sin(2π · hour_of_week / 168), hour 0 = Monday 00:00 UTC
+    "hour_of_week_cos",  # cos(2π · hour_of_week / 168)
+)
+N_FEATURES = len(FEATURE_NAMES)
+
+_EPOCH_MONDAY = 345600.0  # seconds: 1970-01-05 00:00 UTC was a Monday
+
+
+def features(window: CostWindow) -> np.ndarray | None:
+    """The feature vector of one window, in :data:`FEATURE_NAMES` order (NaN where absent).
+
+    None when the window has no output tokens or no GPU time: there is no cost per token to judge
+    (an idle or scrape-gap minute is not an anomaly of the model).
+    """
+    u = window.usage
+    if window.usd_per_1m_output is None or u.generation_tokens <= 0 or u.gpu_seconds <= 0:
+        return None
+    nan = math.nan
+
+    def log10(x: float | None) -> float:
+        return math.log10(x) if x is not None and x > 0 else nan
+
+    joules_per_token = u.energy_joules / u.generation_tokens if u.energy_joules is not None else None
+    hours = (u.end - _EPOCH_MONDAY) / 3600.0
+    hod = hours % 24.0
+    how = hours % 168.0
+    return np.array(
+        [
+            log10(window.usd_per_1m_output),
+            log10(u.generation_tokens / u.gpu_seconds),
+            nan if u.gpu_util_ratio is None else u.gpu_util_ratio,
+            nan if u.mem_bw_ratio is None else u.mem_bw_ratio,
+            log10(joules_per_token),
+            log10(u.ttft_p99_seconds),
+            log10(u.itl_p99_seconds),
+            nan if u.kv_cache_usage_ratio is None else u.kv_cache_usage_ratio,
+            nan if u.requests_running is None else math.log10(1.0 + u.requests_running),
+            math.sin(2 * math.pi * hod / 24.0),
+            math.cos(2 * math.pi * hod / 24.0),
+            math.sin(2 * math.pi * how / 168.0),
+            math.cos(2 * math.pi * how / 168.0),
+        ],
+        dtype=float,
+    )
+
+
+@dataclass
+class _Fitted:
+    """One trained forest and its calibration."""
+
+    forest: IsolationForest
+    fill: np.ndarray  # per-feature training medians, used where a feature is absent
+    median: float  # training median of the raw anomaly score (0–1)
+    threshold: float  # training quantile of the raw anomaly score: normalised score 1
+    fitted_at: float  # seconds since the epoch (end of the last training window)
+    version: str  # the model version the fit was made for (the newest in its training set)
+    n_train: int  # windows used
+
+
+SeriesKey = tuple[str, str]  # (engine, model)
+
+
+class ForestDetector:
+    """Per-(engine, model) isolation forests, refitted daily and per model version.
+
+    ``state_dir`` None keeps everything in memory (benchmarks, tests of scoring).
+    """
+
+    def __init__(
+        self,
+        state_dir: Path | None,
+        *,
+        training_days: float = 7.0,
+        refit_seconds: float = 86400.0,
+        version_settle_seconds: float = 6 * 3600.0,
+        min_training_windows: int = 2 * 1440,
+        n_estimators: int = 100,
+        quantile: float = 0.995,
+        max_clean_fraction: float = 0.2,
+        seed: int = 0,
+    ) -> None:
+        """Configure the detector.
+
+        Why these defaults: 7 days covers every hour of the week once; a daily refit follows
+        slow legitimate change; 6 h of a new version spans enough load levels to learn it; 2 days
+        is the least history whose daily cycle the forest has seen twice; the 99.5 % quantile
+        puts about 7 normal minutes a day over 1, which "for N minutes" in a rule absorbs; a
+        change lasting more than 20 % of the training week is treated as the new normal.
+        """
+        self.state_dir = state_dir
+        self.training_seconds = training_days * 86400.0
+        self.refit_seconds = refit_seconds
+        self.version_settle_seconds = version_settle_seconds
+        self.min_training_windows = min_training_windows
+        self.n_estimators = n_estimators
+        self.quantile = quantile
+        self.max_clean_fraction = max_clean_fraction
+        self.seed = seed
+        self._fits: dict[SeriesKey, _Fitted] = {}
+
+    # -- fitting ----------------------------------------------------------------------------
+
+    def fitted(self, engine: str, model: str) -> bool:
+        """Whether a forest exists for this series."""
+        return (engine, model) in self._fits
+
+    def fitted_at(self, engine: str, model: str) -> float | None:
+        """When the series' forest was last fitted (seconds since the epoch), or None."""
+        fit = self._fits.get((engine, model))
+        return None if fit is None else fit.fitted_at
+
+    def needs_refit(
+        self, engine: str, model: str, now: float, last_version_change: float | None = None
+    ) -> bool:
+        """Whether to call :meth:`fit` now: no forest yet, a day has passed, or a new version
+        (deployed at ``last_version_change``, seconds since the epoch) has settled."""
+        fit = self._fits.get((engine, model))
+        if fit is None or now - fit.fitted_at >= self.refit_seconds:
+            return True
+        if last_version_change is None:
+            return False
+        settled = last_version_change + self.version_settle_seconds
+        return fit.fitted_at < settled <= now
+
+    def fit(self, history: Sequence[CostWindow], now: float | None = None) -> list[SeriesKey]:
+        """Fit one forest per (engine, model) in ``history`` on its trailing training window.
+
+        ``now`` (seconds since the epoch) defaults to the end of the newest window. Series with
+        fewer than ``min_training_windows`` usable windows keep their previous forest. Returns
+        the series that were (re)fitted.
+        """
+        by_series: dict[SeriesKey, list[CostWindow]] = {}
+        for w in history:
+            by_series.setdefault((w.usage.engine, w.usage.model), []).append(w)
+        refitted: list[SeriesKey] = []
+        for key, windows in by_series.items():
+            end = max(w.usage.end for w in windows) if now is None else now
+            recent = [w for w in windows if end - self.training_seconds <= w.usage.end <= end]
+            rows = [f for f in (features(w) for w in recent) if f is not None]
+            if len(rows) < self.min_training_windows:
+                logger.debug(
+                    "forest %s/%s: %d usable windows, need %d", *key, len(rows), self.min_training_windows
+                )
+                continue
+            x = np.vstack(rows)
+            previous = self._fits.get(key)
+            if previous is not None:
+                keep = self._normalise(previous, self._raw(previous, x)) <= 1.0
+                if 1.0 - keep.mean() <= self.max_clean_fraction:
+                    x = x[keep]
+            newest = max(recent, key=lambda w: w.usage.end).usage.model_version
+            self._fits[key] = self._train(x, end, newest)
+            refitted.append(key)
+            logger.info("forest %s/%s fitted on %d windows (version %s)", key[0], key[1], len(x), newest)
+        return refitted
+
+    def _train(self, x: np.ndarray, fitted_at: float, version: str) -> _Fitted:
+        fill = np.nanmedian(x, axis=0)
+        fill = np.where(np.isnan(fill), 0.0, fill)
+        x = np.where(np.isnan(x), fill, x)
+        forest = IsolationForest(n_estimators=self.n_estimators, random_state=self.seed, n_jobs=1)
+        forest.fit(x)
+        raw = -forest.score_samples(x)
+        median = float(np.median(raw))
+        threshold = float(np.quantile(raw, self.quantile))
+        if threshold - median < 1e-6:  # degenerate (constant) training data
+            threshold = median + 1e-3
+        return _Fitted(forest, fill, median, threshold, fitted_at, version, len(x))
+
+    # -- scoring ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _raw(fit: _Fitted, x: np.ndarray) -> np.ndarray:
+        x = np.where(np.isnan(x), fit.fill, x)
+        return np.asarray(-fit.forest.score_samples(x))
+
+    @staticmethod
+    def _normalise(fit: _Fitted, raw: np.ndarray) -> np.ndarray:
+        return (raw - fit.median) / (fit.threshold - fit.median)
+
+    def score(self, window: CostWindow) -> float | None:
+        """Normalised anomaly score of one window (> 1 anomalous), or None when there is no
+        forest for its series yet or the window has no tokens to judge."""
+        return self.score_many([window])[0]
+
+    def score_many(self, windows: Sequence[CostWindow]) -> list[float | None]:
+        """:meth:`score` for many windows at once (one vectorised pass per series)."""
+        out: list[float | None] = [None] * len(windows)
+        groups: dict[SeriesKey, tuple[list[int], list[np.ndarray]]] = {}
+        for i, w in enumerate(windows):
+            f = features(w)
+            key = (w.usage.engine, w.usage.model)
+            if f is None or key not in self._fits:
+                continue
+            idx, rows = groups.setdefault(key, ([], []))
+            idx.append(i)
+            rows.append(f)
+        for key, (idx, rows) in groups.items():
+            fit = self._fits[key]
+            scores = self._normalise(fit, self._raw(fit, np.vstack(rows)))
+            for i, s in zip(idx, scores, strict=True):
+                out[i] = float(s)
+        return out
+
+    # -- persistence --------------------------------------------------------------------------
+
+    def save(self) -> Path | None:
+        """Write the forests to ``state_dir`` (atomically); None when there is no state dir."""
+        if self.state_dir is None:
+            return None
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        path = self.state_dir / STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        joblib.dump({"format": STATE_FORMAT, "sklearn": sklearn.__version__, "fits": self._fits}, tmp)
+        tmp.replace(path)
+        return path
+
+    def load(self) -> bool:
+        """Read the forests saved by :meth:`save`; False (and nothing loaded) when absent,
+        unreadable or written by another format or scikit-learn version (then refit)."""
+        if self.state_dir is None:
+            return False
+        path = self.state_dir / STATE_FILE
+        if not path.exists():
+            return False
+        try:
+            state = joblib.load(path)
+        except Exception as err:  # a truncated or foreign file: refit rather than crash
+            logger.warning("forest state %s unreadable (%s); will refit", path, err)
+            return False
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            logger.warning("forest state %s has another format; will refit", path)
+            return False
+        if state.get("sklearn") != sklearn.__version__:
+            logger.info("forest state %s from scikit-learn %s; will refit", path, state.get("sklearn"))
+            return False
+        self._fits = dict(state["fits"])
+        return True

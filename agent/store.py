@@ -1,0 +1,549 @@
+"""Embedded SQLite history: 1-minute rollups, baselines, deploys and alert state.
+
+One file in the state directory (``history.sqlite``), WAL mode, a versioned schema migrated in
+place at open (:data:`MIGRATIONS`), retention (default 35 days) plus a size cap.
+
+Rollups (one row per series and minute; a window belongs to the minute it *starts* in):
+
+- ``model_minutes`` per (node, engine, model, model_version): seconds, tokens, dollars
+  (GPU time, energy, idle), GPU-seconds, joules, preemptions, and time-weighted gauges stored as
+  ``<name>_s`` (value × seconds) / ``<name>_w`` (seconds with a value): utilisation, bandwidth,
+  power, requests running, KV cache, p99 TTFT / ITL, roofline, anomaly score.
+- ``gpu_minutes`` per (node, gpu): NVML samples, sample-weighted gauges, first/last energy.
+- ``engine_minutes`` per (node, engine): scrapes up / total, scrape duration.
+- ``node_minutes`` per node: NVML rounds up / total.
+
+**Idempotent writes.** Each row remembers ``covered_until`` (epoch seconds): the end of the last
+window (or the time of the last sample) merged into it. A window whose start is before that mark
+was already counted and is ignored; a later one is added. So re-writing a window after a restart,
+or writing the same tick twice, never double counts, and several windows per minute (a window
+shorter than 60 s) add up. Windows of one series must arrive in time order, which the window
+join guarantees.
+
+Queries return :class:`agent.detect.rules.MinuteRecord` (sums), so every ratio over a longer
+range is a ratio of sums. Baselines (mean / median / quantiles over 7 d, 1 d, the same hour of the
+week, at like load) come from :meth:`Store.baseline`. SQLite calls are short and synchronous;
+the agent writes at most a few rows per second.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.clock import Clock, SystemClock
+from agent.detect.baselines import hour_of_week, load_band, quantile_of
+from agent.detect.deploys import DeployEvent
+from agent.detect.rules import MINUTE, SIGNALS, Kind, MinuteRecord, model_sums
+from agent.samples import CostWindow, EngineScrape, NvmlRound
+
+logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 2
+# Why 1 GiB: 35 days of 1-minute rows for ~50 series is ~150 MB; the cap only guards a runaway
+# label set from filling the node's disk.
+DEFAULT_MAX_BYTES = 1 << 30
+PRUNE_EVERY_SECONDS = 3600.0  # retention is enforced at most hourly (a DELETE scan is not free)
+EPS = 1e-6  # seconds of tolerance when comparing window edges
+SAMPLE_SPAN = 1e-3  # seconds an instantaneous sample "covers", so re-writing it is recognised
+
+MODEL_SUMS = (
+    "seconds",
+    "prompt_tokens",
+    "generation_tokens",
+    "cost_usd",
+    "gpu_time_usd",
+    "energy_usd",
+    "idle_usd",
+    "gpu_seconds",
+    "energy_joules",
+    "preemptions",
+)
+MODEL_GAUGES = ("gpu_util", "mem_bw", "power", "running", "kv", "ttft_p99", "itl_p99", "roofline", "anomaly")
+GPU_GAUGES = ("up", "gpu_util", "mem_busy", "mem_bw", "sm_active", "power", "mem_used", "mem_total")
+ENGINE_GAUGES = ("up", "scrape")
+NODE_GAUGES = ("nvml_up",)
+
+
+def _gauge_cols(names: Sequence[str]) -> list[str]:
+    return [c for n in names for c in (f"{n}_s", f"{n}_w")]
+
+
+MODEL_COLS = list(MODEL_SUMS) + _gauge_cols(MODEL_GAUGES)
+GPU_COLS = [*_gauge_cols(GPU_GAUGES), "energy_first", "energy_last"]
+ENGINE_COLS = _gauge_cols(ENGINE_GAUGES)
+NODE_COLS = _gauge_cols(NODE_GAUGES)
+
+
+@dataclass(frozen=True, slots=True)
+class _Table:
+    name: str
+    kind: Kind
+    keys: tuple[str, ...]
+    cols: tuple[str, ...]
+
+
+TABLES: Mapping[Kind, _Table] = {
+    "model": _Table(
+        "model_minutes", "model", ("node", "engine", "model", "model_version"), tuple(MODEL_COLS)
+    ),
+    "gpu": _Table("gpu_minutes", "gpu", ("node", "gpu"), tuple(GPU_COLS)),
+    "engine": _Table("engine_minutes", "engine", ("node", "engine"), tuple(ENGINE_COLS)),
+    "node": _Table("node_minutes", "node", ("node",), tuple(NODE_COLS)),
+}
+
+
+def _create(t: _Table, extra: Sequence[str] = ()) -> str:
+    cols = ",\n  ".join(
+        [f"{k} TEXT NOT NULL" for k in t.keys]
+        + ["minute INTEGER NOT NULL", "covered_until REAL NOT NULL"]
+        + list(extra)
+        + [f"{c} REAL NOT NULL DEFAULT 0" for c in t.cols]
+    )
+    pk = ", ".join([*t.keys, "minute"])
+    return f"CREATE TABLE {t.name} (\n  {cols},\n  PRIMARY KEY ({pk})\n) WITHOUT ROWID"
+
+
+# Each entry moves the schema from version i to i + 1. Never edit a released entry: append one.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        _create(TABLES["model"]),
+        f"CREATE INDEX model_minutes_minute ON {TABLES['model'].name} (minute)",
+        _create(TABLES["gpu"], ["uuid TEXT", "gpu_model TEXT"]),
+        _create(TABLES["engine"], ["engine_kind TEXT"]),
+        _create(TABLES["node"]),
+    ),
+    (
+        """CREATE TABLE deploys (
+          id INTEGER PRIMARY KEY AUTOINCREMENT,
+          node TEXT NOT NULL, engine TEXT NOT NULL, model TEXT NOT NULL,
+          from_version TEXT NOT NULL, to_version TEXT NOT NULL, at REAL NOT NULL)""",
+        """CREATE TABLE versions (
+          node TEXT NOT NULL, engine TEXT NOT NULL, model TEXT NOT NULL,
+          version TEXT NOT NULL, minute REAL NOT NULL, PRIMARY KEY (node, engine, model))""",
+        "CREATE TABLE alert_state (dedup_key TEXT PRIMARY KEY, body TEXT NOT NULL)",
+    ),
+)
+assert len(MIGRATIONS) == SCHEMA_VERSION
+
+
+class StoreError(Exception):
+    """The history file is unusable (e.g. written by a newer agent)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Baseline:
+    """A baseline value and how many minutes it came from."""
+
+    value: float | None  # in the signal's unit; None when no comparable minute exists
+    minutes: int
+
+
+def _minute(t: float) -> int:
+    return int(t // MINUTE * MINUTE)
+
+
+class Store:
+    """The SQLite history (see the module docstring)."""
+
+    def __init__(
+        self,
+        path: Path,
+        retention_days: float = 35.0,
+        clock: Clock | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
+        self.path = path
+        self.retention_seconds = retention_days * 86400.0
+        self.max_bytes = max_bytes  # bytes
+        self._clock: Clock = clock or SystemClock()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # only effective on a new file
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a crash of the process loses nothing
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._migrate()
+        self._next_prune = 0.0
+
+    # -- schema ---------------------------------------------------------------------------------
+
+    def _migrate(self) -> None:
+        db = self._db
+        db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        version = int(row[0]) if row else 0
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path}: schema version {version} is newer than this agent's ({SCHEMA_VERSION}); "
+                "fix: upgrade the agent or point state_dir at a new folder"
+            )
+        for v in range(version, SCHEMA_VERSION):
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for stmt in MIGRATIONS[v]:
+                    db.execute(stmt)
+                db.execute(
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (str(v + 1),)
+                )
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            logger.info("history %s: schema migrated to version %d", self.path, v + 1)
+
+    def schema_version(self) -> int:
+        """The schema version of the open file."""
+        row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        return int(row[0])
+
+    def get_meta(self, key: str) -> str | None:
+        """A small value kept with the history (e.g. the last evaluated minute)."""
+        row = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Keep a small value with the history."""
+        self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    def _merge(
+        self,
+        t: _Table,
+        keys: Sequence[str],
+        minute: int,
+        start: float,
+        end: float,
+        add: Mapping[str, float],
+        extra: Mapping[str, Any] | None = None,
+        first_last: Mapping[str, float] | None = None,
+    ) -> bool:
+        """Add ``add`` into the row unless [start, end) was already covered. True when merged."""
+        where = " AND ".join(f"{k}=?" for k in (*t.keys, "minute"))
+        params = (*keys, minute)
+        row = self._db.execute(f"SELECT covered_until FROM {t.name} WHERE {where}", params).fetchone()
+        if row is not None and start < float(row[0]) - EPS:
+            return False
+        if row is None:
+            cols = [*t.keys, "minute", "covered_until", *(extra or {}), *add, *(first_last or {})]
+            fl = first_last or {}
+            vals = [*keys, minute, end, *(extra or {}).values(), *add.values(), *fl.values()]
+            if "energy_last" in fl:
+                cols.append("energy_first")
+                vals.append(fl["energy_last"])
+            marks = ", ".join("?" for _ in cols)
+            self._db.execute(f"INSERT INTO {t.name} ({', '.join(cols)}) VALUES ({marks})", vals)
+        else:
+            sets = ", ".join([f"{c} = {c} + ?" for c in add] + [f"{c} = ?" for c in (first_last or {})])
+            sets = (sets + ", " if sets else "") + "covered_until = ?"
+            self._db.execute(
+                f"UPDATE {t.name} SET {sets} WHERE {where}",
+                (*add.values(), *(first_last or {}).values(), end, *params),
+            )
+        return True
+
+    def write_windows(self, windows: Sequence[CostWindow]) -> int:
+        """Roll priced windows into their minutes (idempotent, see the module docstring).
+
+        Returns how many windows were merged (the rest were already counted). Records a deploy
+        when a (node, engine, model) shows a new model_version.
+        """
+        t = TABLES["model"]
+        merged = 0
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            for cw in windows:
+                u = cw.usage
+                sums = model_sums(cw)
+                add = {k.replace(".", "_"): v for k, v in sums.items()}
+                keys = (u.node, u.engine, u.model, u.model_version)
+                if self._merge(t, keys, _minute(u.start), u.start, u.end, add):
+                    merged += 1
+                    self._note_version(u.node, u.engine, u.model, u.model_version, _minute(u.start))
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._maybe_prune()
+        return merged
+
+    def _note_version(self, node: str, engine: str, model: str, version: str, minute: int) -> None:
+        row = self._db.execute(
+            "SELECT version, minute FROM versions WHERE node=? AND engine=? AND model=?",
+            (node, engine, model),
+        ).fetchone()
+        if row is not None and minute < float(row[1]):
+            return
+        if row is not None and row[0] != version:
+            self._db.execute(
+                "INSERT INTO deploys (node, engine, model, from_version, to_version, at) "
+                "VALUES (?,?,?,?,?,?)",
+                (node, engine, model, row[0], version, float(minute)),
+            )
+            logger.info("deploy recorded: %s on %s/%s %s -> %s", model, node, engine, row[0], version)
+        self._db.execute(
+            "INSERT OR REPLACE INTO versions (node, engine, model, version, minute) VALUES (?,?,?,?,?)",
+            (node, engine, model, version, float(minute)),
+        )
+
+    def write_nvml_round(self, node: str, rnd: NvmlRound) -> None:
+        """Roll one NVML round into the node's and each GPU's minute (a sample counted once)."""
+        minute = _minute(rnd.timestamp)
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            ts = rnd.timestamp
+            up = {"nvml_up_s": float(rnd.up), "nvml_up_w": 1.0}
+            self._merge(TABLES["node"], (node,), minute, ts, ts + SAMPLE_SPAN, up)
+            for g in rnd.gpus:
+                add: dict[str, float] = {"up_s": float(g.up), "up_w": 1.0}
+                for short, v in (
+                    ("gpu_util", g.util_gpu_ratio),
+                    ("mem_busy", g.util_memory_ratio),
+                    ("mem_bw", g.dram_bw_ratio),
+                    ("sm_active", g.sm_active_ratio),
+                    ("power", g.power_watts),
+                    ("mem_used", g.memory_used_bytes),
+                    ("mem_total", g.memory_total_bytes),
+                ):
+                    if v is not None:
+                        add[short + "_s"] = v
+                        add[short + "_w"] = 1.0
+                fl = {"energy_last": g.energy_joules} if g.energy_joules is not None else None
+                extra = {"uuid": g.uuid, "gpu_model": g.name}
+                gpu = str(g.index) if not g.mig_parent_uuid else g.uuid
+                self._merge(TABLES["gpu"], (node, gpu), minute, ts, ts + SAMPLE_SPAN, add, extra, fl)
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
+    def write_engine_scrapes(self, node: str, scrapes: Sequence[EngineScrape]) -> None:
+        """Roll engine scrapes (up, duration) into each engine's minute."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            for s in scrapes:
+                add = {"up_s": float(s.up), "up_w": 1.0, "scrape_s": s.duration_seconds, "scrape_w": 1.0}
+                ts = s.timestamp
+                self._merge(
+                    TABLES["engine"],
+                    (node, s.engine),
+                    _minute(ts),
+                    ts,
+                    ts + SAMPLE_SPAN,
+                    add,
+                    {"engine_kind": s.kind},
+                )
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
+    def write_anomaly_score(
+        self, node: str, engine: str, model: str, model_version: str, minute: float, score: float
+    ) -> None:
+        """Set the anomaly score (0–1) of one model-version minute (the isolation forest's output)."""
+        self._db.execute(
+            "UPDATE model_minutes SET anomaly_s = ? * seconds, anomaly_w = seconds "
+            "WHERE node=? AND engine=? AND model=? AND model_version=? AND minute=?",
+            (score, node, engine, model, model_version, _minute(minute)),
+        )
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def records(
+        self,
+        start: float,
+        end: float,
+        kinds: Iterable[Kind] = ("model", "engine", "gpu", "node"),
+        match: Mapping[str, str] | None = None,
+    ) -> list[MinuteRecord]:
+        """Minute records with start ≤ minute < end (epoch seconds), by minute then series.
+
+        ``match`` keeps only series whose labels equal the given values (e.g. model, node).
+        """
+        out: list[MinuteRecord] = []
+        for kind in kinds:
+            t = TABLES[kind]
+            conds = ["minute >= ?", "minute < ?"]
+            params: list[Any] = [start, end]
+            for k, v in (match or {}).items():
+                if k not in t.keys:
+                    break
+                conds.append(f"{k} = ?")
+                params.append(v)
+            else:
+                cols = ", ".join([*t.keys, "minute", *t.cols])
+                sql = f"SELECT {cols} FROM {t.name} WHERE {' AND '.join(conds)}"
+                nk = len(t.keys)
+                names = [_sum_name(c) for c in t.cols]
+                for row in self._db.execute(sql, params):
+                    labels = tuple(zip(t.keys, row[:nk], strict=True))
+                    sums = {
+                        n: v for n, v in zip(names, row[nk + 1 :], strict=True) if v or not n.endswith(".w")
+                    }
+                    out.append(MinuteRecord(kind, labels, float(row[nk]), _drop_empty_gauges(sums)))
+        out.sort(key=lambda r: (r.minute, r.kind, r.labels))
+        return out
+
+    def series(self, kind: Kind, labels: Mapping[str, str], start: float, end: float) -> list[MinuteRecord]:
+        """One series' (or a label subset's) minute records in [start, end), oldest first."""
+        return self.records(start, end, (kind,), labels)
+
+    def span(self) -> tuple[float, float] | None:
+        """(first minute, last minute) held for model series, or None when empty."""
+        row = self._db.execute("SELECT MIN(minute), MAX(minute) FROM model_minutes").fetchone()
+        return None if row is None or row[0] is None else (float(row[0]), float(row[1]))
+
+    def baseline(
+        self,
+        signal: str,
+        labels: Mapping[str, str],
+        end: float,
+        window: float = 7 * 86400.0,
+        stat: str = "mean",
+        min_tokens_per_second: float | None = None,
+        band_of: float | None = None,
+        band_ratio: float = 2.0,
+        same_hour_of_week_as: float | None = None,
+    ) -> Baseline:
+        """A trailing baseline of ``signal`` over [end - window, end) for the series matching ``labels``.
+
+        ``stat``: ``mean`` (ratio of sums over the comparable minutes), ``median`` or ``pNN``
+        (quantile of per-minute values). Comparable minutes: at least ``min_tokens_per_second``;
+        in the same load band as ``band_of`` tokens/s (bands ``band_ratio`` wide); in the same
+        hour of the week as ``same_hour_of_week_as``. Minutes of several series matching
+        ``labels`` (e.g. all versions of a model) are summed per minute first.
+        """
+        sig = SIGNALS[signal]
+        per_minute: dict[float, dict[str, float]] = {}
+        for r in self.records(end - window, end, (sig.kind,), labels):
+            acc = per_minute.setdefault(r.minute, {})
+            for k, v in r.sums.items():
+                acc[k] = acc.get(k, 0.0) + v
+        want_band = load_band(band_of, band_ratio) if band_of is not None else None
+        want_how = hour_of_week(same_hour_of_week_as) if same_hour_of_week_as is not None else None
+        totals = [0.0] * len(sig.inputs)
+        values: list[float] = []
+        for minute, sums in per_minute.items():
+            vec = [sums.get(n, 0.0) for n in sig.inputs]
+            value = sig.fn(vec)
+            if value is None:
+                continue
+            secs = sums.get("seconds", 0.0)
+            tps = sums.get("generation_tokens", 0.0) / secs if secs > 0 else 0.0
+            if min_tokens_per_second is not None and tps < min_tokens_per_second:
+                continue
+            if band_of is not None and load_band(tps, band_ratio) != want_band:
+                continue
+            if want_how is not None and hour_of_week(minute) != want_how:
+                continue
+            values.append(value)
+            for i, v in enumerate(vec):
+                totals[i] += v
+        if not values:
+            return Baseline(None, 0)
+        if stat == "mean":
+            return Baseline(sig.fn(totals), len(values))
+        q = 0.5 if stat == "median" else float(stat.removeprefix("p")) / 100.0
+        return Baseline(quantile_of(values, q), len(values))
+
+    # -- deploys and alert state ----------------------------------------------------------------
+
+    def deploys(self, since: float = 0.0) -> list[DeployEvent]:
+        """Deploys recorded at or after ``since`` (epoch seconds), oldest first."""
+        rows = self._db.execute(
+            "SELECT node, engine, model, from_version, to_version, at FROM deploys "
+            "WHERE at >= ? ORDER BY at, id",
+            (since,),
+        )
+        return [DeployEvent(*r) for r in rows]
+
+    def current_versions(self) -> list[tuple[str, str, str, str, float]]:
+        """(node, engine, model, version, minute last seen) per model."""
+        return [
+            tuple(r) for r in self._db.execute("SELECT node, engine, model, version, minute FROM versions")
+        ]
+
+    def save_alert_state(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Replace the persisted alert lifecycle state (AlertManager.snapshot())."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.execute("DELETE FROM alert_state")
+            self._db.executemany(
+                "INSERT INTO alert_state (dedup_key, body) VALUES (?, ?)",
+                [(r["dedup_key"], json.dumps(r)) for r in rows],
+            )
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
+    def load_alert_state(self) -> list[dict[str, Any]]:
+        """The persisted alert lifecycle state."""
+        return [json.loads(r[0]) for r in self._db.execute("SELECT body FROM alert_state")]
+
+    # -- retention ------------------------------------------------------------------------------
+
+    def _maybe_prune(self) -> None:
+        now = self._clock.now()
+        if now >= self._next_prune:
+            self._next_prune = now + PRUNE_EVERY_SECONDS
+            self.prune(now)
+
+    def size_bytes(self) -> int:
+        """Bytes used by the database pages (excluding the WAL)."""
+        pages = self._db.execute("PRAGMA page_count").fetchone()[0]
+        free = self._db.execute("PRAGMA freelist_count").fetchone()[0]
+        size = self._db.execute("PRAGMA page_size").fetchone()[0]
+        return int((pages - free) * size)
+
+    def prune(self, now: float | None = None) -> int:
+        """Delete rows older than the retention, then the oldest days while over ``max_bytes``.
+
+        Returns rows deleted.
+        """
+        now = self._clock.now() if now is None else now
+        deleted = self._delete_before(now - self.retention_seconds)
+        for _ in range(64):  # each pass drops the oldest tenth of the span held
+            if self.size_bytes() <= self.max_bytes:
+                break
+            span = self.span()
+            if span is None:
+                break
+            cut = span[0] + max(MINUTE, (span[1] - span[0]) / 10)
+            logger.warning(
+                "history %s over %d bytes: dropping minutes before %.0f", self.path, self.max_bytes, cut
+            )
+            deleted += self._delete_before(cut)
+        self._db.execute("PRAGMA incremental_vacuum")
+        return deleted
+
+    def _delete_before(self, cut: float) -> int:
+        n = 0
+        for t in TABLES.values():
+            n += self._db.execute(f"DELETE FROM {t.name} WHERE minute < ?", (cut,)).rowcount
+        return n
+
+    def close(self) -> None:
+        """Checkpoint the WAL and close the file."""
+        try:
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            self._db.close()
+
+
+def _sum_name(col: str) -> str:
+    if col.endswith("_s") or col.endswith("_w"):
+        return col[:-2] + "." + col[-1]
+    return col
+
+
+def _drop_empty_gauges(sums: dict[str, float]) -> dict[str, float]:
+    """Gauge pairs with no weight are absent (not zero)."""
+    return {k: v for k, v in sums.items() if not k.endswith(".s") or sums.get(k[:-2] + ".w")}

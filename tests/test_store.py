@@ -1,0 +1,198 @@
+"""SQLite history: idempotent 1-minute rollups, restarts, baselines, deploys, retention, schema."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from agent.clock import ManualClock
+from agent.detect.rules import RuleEvaluator, load_default_rules
+from agent.samples import CostWindow, EngineScrape, GpuSample, NvmlRound, UsageWindow
+from agent.store import MIGRATIONS, Store, StoreError
+
+T0 = 1699833600.0  # Monday 00:00 UTC
+KEY = {"node": "n1", "engine": "vllm-a", "model": "llama", "model_version": "v1"}
+
+
+def cw(
+    start: float,
+    dur: float = 60.0,
+    tokens: float = 6000.0,
+    usd: float = 0.03,
+    version: str = "v1",
+    util: float | None = 0.8,
+) -> CostWindow:
+    u = UsageWindow(
+        "n1",
+        "vllm-a",
+        "llama",
+        version,
+        start,
+        start + dur,
+        prompt_tokens=tokens / 2,
+        generation_tokens=tokens,
+        gpu_seconds=dur,
+        energy_joules=dur * 300,
+        gpu_util_ratio=util,
+    )
+    per_1m = usd / tokens * 1e6 if tokens else None
+    return CostWindow(
+        u,
+        gpu_time_usd=usd,
+        energy_usd=0.0,
+        usd_per_1m_output=per_1m,
+        usd_per_1m_total=usd / (1.5 * tokens) * 1e6 if tokens else None,
+        idle_usd=0.0 if tokens else usd,
+    )
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(T0 + 86400)
+
+
+def test_rollup_merges_windows_and_is_idempotent(tmp_path: Path, clock: ManualClock) -> None:
+    st = Store(tmp_path / "h.sqlite", 35, clock)
+    wins = [cw(T0 + i * 20, dur=20, tokens=2000, usd=0.01) for i in range(6)]  # two minutes of 20 s windows
+    assert st.write_windows(wins) == 6
+    assert st.write_windows(wins[2:5]) == 0  # written again (a retry, a restart): ignored
+    recs = st.records(T0, T0 + 120, ("model",))
+    assert [r.minute for r in recs] == [T0, T0 + 60]
+    s = recs[0].sums
+    assert s["generation_tokens"] == 6000 and s["cost_usd"] == pytest.approx(0.03) and s["seconds"] == 60
+    assert s["gpu_util.s"] == pytest.approx(48.0) and s["gpu_util.w"] == 60 and s["energy_joules"] == 18000
+    assert "kv.s" not in s  # never reported: absent, not zero
+    st.close()
+    # a restarted agent re-writes the last window: still no double counting
+    st2 = Store(tmp_path / "h.sqlite", 35, clock)
+    assert st2.write_windows([wins[-1], cw(T0 + 120, dur=20, tokens=2000, usd=0.01)]) == 1
+    recs = st2.records(T0, T0 + 180, ("model",))
+    assert [r.sums["generation_tokens"] for r in recs] == [6000, 6000, 2000]
+    st2.close()
+
+
+def test_gpu_engine_and_node_rollups(tmp_path: Path, clock: ManualClock) -> None:
+    st = Store(tmp_path / "h.sqlite", 35, clock)
+    for i in range(3):
+        t = T0 + i
+        g0 = GpuSample(
+            0,
+            "GPU-0",
+            "NVIDIA H100",
+            t,
+            util_gpu_ratio=0.5 + 0.1 * i,
+            power_watts=300,
+            energy_joules=1000 + 300 * i,
+        )
+        g1 = GpuSample(1, "GPU-1", "NVIDIA H100", t, up=False, error="lost")
+        rnd = NvmlRound(t, True, (g0, g1))
+        st.write_nvml_round("n1", rnd)
+        st.write_nvml_round("n1", rnd)  # the same round twice: counted once
+    st.write_engine_scrapes(
+        "n1",
+        [
+            EngineScrape("vllm-a", "vllm", T0 + 5, True, 0.02),
+            EngineScrape("vllm-a", "vllm", T0 + 10, False, 2.0, error="timeout"),
+        ],
+    )
+    recs = {(r.kind, r.labels): r.sums for r in st.records(T0, T0 + 60)}
+    g0s = recs[("gpu", (("node", "n1"), ("gpu", "0")))]
+    assert g0s["gpu_util.s"] / g0s["gpu_util.w"] == pytest.approx(0.6) and g0s["up.s"] == 3
+    assert g0s["energy_last"] - g0s["energy_first"] == 600
+    g1s = recs[("gpu", (("node", "n1"), ("gpu", "1")))]
+    assert g1s["up.s"] == 0 and g1s["up.w"] == 3 and "gpu_util.s" not in g1s
+    assert recs[("node", (("node", "n1"),))]["nvml_up.w"] == 3
+    eng = recs[("engine", (("node", "n1"), ("engine", "vllm-a")))]
+    assert eng["up.s"] == 1 and eng["up.w"] == 2 and eng["scrape.s"] == pytest.approx(2.02)
+    # the default rules read these records: the lost GPU is found, nothing else
+    ev = RuleEvaluator(load_default_rules())
+    found = ev.step(T0 + 60, st.records(T0, T0 + 60))
+    assert [(f.rule_id, f.labels, f.value) for f in found] == [
+        ("gpu_lost", (("node", "n1"), ("gpu", "1")), 0.0)
+    ]
+    st.close()
+
+
+def test_baselines_ratio_of_sums_quantiles_like_load_and_hour_of_week(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    st = Store(tmp_path / "h.sqlite", 35, clock)
+    wins = []
+    for i in range(24 * 60):  # one day: busy (100 tok/s) from 08:00 to 20:00, quiet (10 tok/s) otherwise
+        busy = 8 * 60 <= i < 20 * 60
+        wins.append(cw(T0 + i * 60, tokens=6000 if busy else 600, usd=0.03))
+    st.write_windows(wins)
+    end = T0 + 86400
+    mean = st.baseline("usd_per_1m_output_tokens", KEY, end, window=86400)
+    # ratio of sums: $43.2 / (720×6000 + 720×600) tokens
+    assert mean.value == pytest.approx(43.2 / (720 * 6600) * 1e6) and mean.minutes == 1440
+    busy = st.baseline("usd_per_1m_output_tokens", KEY, end, window=86400, band_of=100.0)
+    assert busy.value == pytest.approx(5.0) and busy.minutes == 720
+    floor = st.baseline("usd_per_1m_output_tokens", KEY, end, window=86400, min_tokens_per_second=50)
+    assert floor.value == pytest.approx(5.0)
+    med = st.baseline("usd_per_1m_output_tokens", KEY, end, window=86400, stat="p90")
+    assert med.value == pytest.approx(50.0)
+    how = st.baseline(
+        "usd_per_1m_output_tokens", KEY, end, window=7 * 86400, same_hour_of_week_as=T0 + 3 * 3600
+    )
+    assert how.value == pytest.approx(50.0) and how.minutes == 60
+    util = st.baseline("model_gpu_utilization_ratio", KEY, end, window=86400, stat="median")
+    assert util.value == pytest.approx(0.8)
+    none = st.baseline("usd_per_1m_output_tokens", {**KEY, "model": "other"}, end)
+    assert none.value is None and none.minutes == 0
+    st.close()
+
+
+def test_deploys_are_recorded_and_survive_restart(tmp_path: Path, clock: ManualClock) -> None:
+    st = Store(tmp_path / "h.sqlite", 35, clock)
+    st.write_windows([cw(T0), cw(T0 + 60)])
+    st.write_windows([cw(T0 + 120, version="v2")])
+    st.write_windows([cw(T0 + 120, version="v2")])  # rewritten: no second deploy
+    st.close()
+    st = Store(tmp_path / "h.sqlite", 35, clock)
+    (d,) = st.deploys()
+    assert (d.model, d.from_version, d.to_version, d.at) == ("llama", "v1", "v2", T0 + 120)
+    assert st.current_versions() == [("n1", "vllm-a", "llama", "v2", T0 + 120)]
+    st.save_alert_state([{"dedup_key": "k", "state": "firing"}])
+    st.close()
+    st = Store(tmp_path / "h.sqlite", 35, clock)
+    assert st.load_alert_state() == [{"dedup_key": "k", "state": "firing"}]
+    st.close()
+
+
+def test_retention_and_size_cap(tmp_path: Path) -> None:
+    st = Store(tmp_path / "h.sqlite", retention_days=1, clock=ManualClock(T0))
+    st.write_windows([cw(T0 - 3 * 3600 + i * 60) for i in range(240)])  # 4 h ending one hour after T0
+    assert st.prune(now=T0 + 86400 - 60) == 179  # older than one day before "now"
+    assert st.span() == (T0 - 60, T0 + 3600 - 60)
+    st.max_bytes = 1
+    st.prune(now=T0 + 86400)
+    assert st.span() is None  # the cap wins over everything
+    st.close()
+
+
+def test_schema_migrates_and_refuses_newer(tmp_path: Path, clock: ManualClock) -> None:
+    p = tmp_path / "h.sqlite"
+    db = sqlite3.connect(p)  # a file as version 1 of the agent left it, with one row
+    db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    for stmt in MIGRATIONS[0]:
+        db.execute(stmt)
+    db.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+    db.execute(
+        "INSERT INTO model_minutes (node, engine, model, model_version, minute, covered_until, seconds, "
+        "generation_tokens, cost_usd) VALUES ('n1', 'vllm-a', 'llama', 'v1', ?, ?, 60, 6000, 0.03)",
+        (int(T0), T0 + 60),
+    )
+    db.commit()
+    db.close()
+    st = Store(p, 35, clock)
+    assert st.schema_version() == len(MIGRATIONS)
+    assert [r.sums["generation_tokens"] for r in st.records(T0, T0 + 60, ("model",))] == [6000]
+    st.write_windows([cw(T0 + 60, version="v2")])
+    assert len(st.deploys()) == 0  # no version known before the migration
+    st.set_meta("schema_version", "99")
+    st.close()
+    with pytest.raises(StoreError, match="newer than this agent"):
+        Store(p, 35, clock)

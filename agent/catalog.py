@@ -153,6 +153,17 @@ CATALOG: tuple[MetricSpec, ...] = (
         GPU_LABELS,
         "hw.gpu.memory.limit",
     ),
+    _m("gpu_sm_clock_hertz", "gauge", "Hz", "SM clock.", "gpu", "sm_clock_hz", GPU_LABELS),
+    _m("gpu_memory_clock_hertz", "gauge", "Hz", "Memory clock.", "gpu", "mem_clock_hz", GPU_LABELS),
+    _m(
+        "gpu_temperature_celsius",
+        "gauge",
+        "Cel",
+        "GPU core temperature.",
+        "gpu",
+        "temperature_celsius",
+        GPU_LABELS,
+    ),
     _m(
         "gpu_price_usd_per_hour",
         "gauge",

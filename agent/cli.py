@@ -22,6 +22,8 @@ from typing import Any
 
 from agent import __version__
 from agent.config import Config, ConfigError, load_config
+from agent.detect.rules import RuleError
+from agent.sources.nvml.backend import NvmlUnavailable
 from agent.sources.prices import load_price_book
 
 logger = logging.getLogger("agent")
@@ -220,6 +222,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_CONFIG
     except KeyboardInterrupt:
         return EXIT_OK
+    except (NvmlUnavailable, RuleError) as err:
+        print(f"infercost: {err}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
     logger.debug("%s finished in %.1fs", args.cmd, time.monotonic() - t0)
     return rc
 

@@ -10,6 +10,7 @@ random-weight model generated here, scraped by :class:`EngineScraper` while it s
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import re
 from collections.abc import Iterator
@@ -85,7 +86,7 @@ async def _drive(server: LlamaServer, scraper: EngineScraper, n: int, first_seed
 
 def _delta_sums(scrapes: list[EngineScrape]) -> tuple[float, float]:
     prompt = generation = 0.0
-    for prev, cur in zip(scrapes, scrapes[1:], strict=False):
+    for prev, cur in itertools.pairwise(scrapes):
         (p0, g0), (p1, g1) = _tokens(prev), _tokens(cur)
         dp, dg = counter_delta(p0, p1), counter_delta(g0, g1)
         assert dp is not None and dg is not None and dp >= 0 and dg >= 0

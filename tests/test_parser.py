@@ -48,7 +48,8 @@ def _oracle(text: str, families: set[str]) -> list[tuple[object, ...]]:
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             if s.name in names or s.name.removesuffix("_total") in names:
-                out.append(_key(s.name, s.labels, s.value, s.timestamp))
+                ts = None if s.timestamp is None else float(s.timestamp)
+                out.append(_key(s.name, s.labels, s.value, ts))
     return sorted(out, key=repr)
 
 

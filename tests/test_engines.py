@@ -188,3 +188,25 @@ def test_adapters_reject_unknown_fields() -> None:
 
     with pytest.raises(ValueError, match="unknown ModelSignals fields"):
         Adapter(kind="x", prefixes=("x_",), model_label=None, scalars={"tokens": (Series("x_t"),)})
+
+
+def test_pure_layers_import_no_io_libraries() -> None:
+    """The parser, adapters and counter arithmetic stay free of aiohttp (only scraper.py does I/O)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, agent.sources.engines, agent.sources.engines.parser, agent.cost.quantiles;"
+        "bad = {'aiohttp', 'pynvml', 'sklearn'} & set(sys.modules); assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_parse_benchmark_reports_its_figures() -> None:
+    from agent.bench.parse import run
+
+    lines: list[str] = []
+    result = run(print_fn=lines.append, runs=1)
+    assert set(result) == {"page_bytes", "ours_ms", "prometheus_client_ms", "speedup"}
+    assert 80_000 < result["page_bytes"] < 130_000
+    assert len(lines) == 1 and "prometheus_client" in lines[0]

@@ -149,17 +149,26 @@ class Deployment:
         """Bytes moved by one decode step over all GPUs (weights + every sequence's KV cache)."""
         return self.model.weight_bytes + batch * context * self.model.kv_bytes_per_token
 
+    def step_terms(self, context: float) -> tuple[float, float, float, float]:
+        """``(a, b, d, c)`` in seconds with ``step(batch) = max(a + b·batch, d·batch) + c`` at full speed:
+        weights read, KV read per sequence, FLOPs per sequence, and the tensor-parallel sync."""
+        bandwidth = self.tp * self.gpu.hbm_bandwidth_bytes_per_s * self.bandwidth_efficiency
+        compute = self.tp * self.gpu.peak_flops * self.compute_efficiency
+        sync_s = 2 * self.model.layers * self.allreduce_seconds if self.tp > 1 else 0.0
+        return (
+            self.model.weight_bytes / bandwidth,
+            context * self.model.kv_bytes_per_token / bandwidth,
+            self.model.flops_per_token / compute,
+            sync_s,
+        )
+
     def step_seconds(self, batch: float, context: float, throughput_factor: float = 1.0) -> float:
         """Seconds of one decode step of ``batch`` sequences of mean ``context`` tokens.
 
         ``throughput_factor`` < 1 models a slower build (e.g. 0.65: a fused kernel no longer used).
         """
-        bandwidth = self.tp * self.gpu.hbm_bandwidth_bytes_per_s * self.bandwidth_efficiency
-        compute = self.tp * self.gpu.peak_flops * self.compute_efficiency
-        memory_s = self.step_bytes(batch, context) / bandwidth
-        compute_s = self.model.flops_per_token * batch / compute
-        sync_s = 2 * self.model.layers * self.allreduce_seconds if self.tp > 1 else 0.0
-        return (max(memory_s, compute_s) + sync_s) / throughput_factor
+        a, b, d, c = self.step_terms(context)
+        return (max(a + b * batch, d * batch) + c) / throughput_factor
 
     def decode_tokens_per_second(self, batch: float, context: float, throughput_factor: float = 1.0) -> float:
         """Tokens per second of a batch that is always full (``batch`` tokens per step)."""
@@ -281,12 +290,20 @@ class Hist:
         ]
 
 
-def lognormal_bin_probabilities(bounds: np.ndarray, median: float, sigma: float) -> np.ndarray:
-    """Probability of each bucket (``bounds`` plus +Inf) for a log-normal of ``median`` and ``sigma``."""
-    z = (np.log(bounds) - math.log(max(median, 1e-12))) / sigma
-    cdf = 0.5 * (1.0 + np.array([math.erf(x / math.sqrt(2.0)) for x in z]))
-    probs = np.diff(np.concatenate(([0.0], cdf, [1.0])))
-    return np.clip(probs, 0.0, None)
+_Z_GRID = np.linspace(-8.0, 8.0, 4001)
+_PHI_GRID = np.array([0.5 * (1.0 + math.erf(z / math.sqrt(2.0))) for z in _Z_GRID])  # standard normal CDF
+
+
+def lognormal_bin_probabilities(bounds: np.ndarray, medians: np.ndarray, sigma: float) -> np.ndarray:
+    """Probability of each bucket (``bounds`` plus +Inf) for log-normals of ``medians`` and ``sigma``.
+
+    One row per median: shape ``(len(medians), len(bounds) + 1)``, rows summing to 1.
+    """
+    z = (np.log(bounds)[None, :] - np.log(np.maximum(medians, 1e-12))[:, None]) / sigma
+    cdf = np.interp(z, _Z_GRID, _PHI_GRID)
+    ones = np.ones((cdf.shape[0], 1))
+    probs = np.clip(np.diff(np.concatenate((0.0 * ones, cdf, ones), axis=1), axis=1), 0.0, None)
+    return probs / probs.sum(axis=1, keepdims=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,6 +339,7 @@ _PREFILL_BW_RATIO = 0.25  # why: prefill is compute bound; its kernels read the 
 _PREEMPTIONS_PER_COMPLETION_AT_KV_LIMIT = 0.05  # why: illustrative order of vLLM recompute preemptions
 _STEP_JITTER_SIGMA = 0.08  # log-normal shape of per-step time around the model's step time
 _QUEUE_EPS = 1.0  # requests; a fluid queue below one request counts as empty
+_MAX_PENDING = 4096  # ticks of unread histogram records kept before they are binned anyway
 _MAX_PREFILL_SHARE = 0.95  # why: beyond this prefill alone would starve decode; treat as saturated
 
 
@@ -377,7 +395,15 @@ class SimEngine:
         self.created = start
         self.t = start  # seconds since the epoch the state is at
         self._lock = threading.Lock()
-        self._rng = np.random.default_rng(seed)
+        # Two streams: the dynamics, and the sampling of histograms (done when the state is read),
+        # so that how often the engine is observed never changes what it does.
+        self._rng = np.random.default_rng([seed, 0])
+        self._hist_rng = np.random.default_rng([seed, 1])
+        self._pending_requests: list[
+            tuple[int, float, float, float]
+        ] = []  # (n, wait s, step s, prefill s/token)
+        self._pending_itl: list[tuple[int, float]] = []  # (tokens, median inter-token seconds)
+        self._pending_iter: list[tuple[int, float]] = []  # (steps, median tokens per step)
         model = deployment.model
         prompt = self._lognormal(traffic.prompt_mean_tokens, traffic.prompt_sigma, _POOL_SIZE)
         output = self._lognormal(traffic.output_mean_tokens, traffic.output_sigma, _POOL_SIZE)
@@ -386,6 +412,7 @@ class SimEngine:
         self.mean_prompt_tokens = float(self._pool_prompt.mean())  # tokens
         self.mean_output_tokens = float(self._pool_output.mean())  # tokens
         self.mean_context_tokens = self.mean_prompt_tokens + self.mean_output_tokens / 2.0  # tokens
+        self._terms = deployment.step_terms(self.mean_context_tokens)
         # fluid state
         self.running = 0.0  # requests in the running batch (fluid)
         self.waiting = 0.0  # requests queued (fluid)
@@ -442,6 +469,8 @@ class SimEngine:
             dt = elapsed / ticks
             for _ in range(ticks):
                 self._tick(dt)
+            if len(self._pending_iter) + len(self._pending_requests) > _MAX_PENDING:
+                self._flush()
 
     def set_version(self, version: str, throughput_factor: float) -> None:
         """Switch to another build from the current state on (call ``advance_to`` first)."""
@@ -463,6 +492,7 @@ class SimEngine:
     def state(self) -> EngineState:
         """A consistent copy of the counters, gauges and histograms."""
         with self._lock:
+            self._flush()
             return EngineState(
                 t=self.t,
                 created=self.created,
@@ -515,17 +545,24 @@ class SimEngine:
         """A request's decode time at ``running`` concurrency while ``prefill_share`` of GPU time prefills."""
         return self.mean_output_tokens * self._step(running) / (1.0 - prefill_share)
 
-    def _target_running(self, lam: float, prefill_share: float, r_cap: float) -> float:
-        """Little's law fixed point R = λ·S(R); returns ≥ r_cap when the engine is saturated."""
-        r = 0.0
-        for _ in range(40):
-            nxt = lam * self._service_seconds(r, prefill_share)
-            if nxt >= r_cap:
-                return nxt
-            if abs(nxt - r) < 1e-4:
-                return nxt
-            r = nxt
-        return r
+    def _target_running(self, lam: float, prefill_share: float) -> float:
+        """Little's law fixed point ``R = λ·S(R)`` (inf when no finite R keeps up with ``lam``).
+
+        ``S(R) = k·(max(a + b·R, d·R) + c)`` is the maximum of two affine maps of R, so the fixed
+        point is the larger of theirs (each exists when its slope is below 1); below one running
+        request the step is the single-stream step.
+        """
+        a, b, d, c = self._terms
+        k = lam * self.mean_output_tokens / ((1.0 - prefill_share) * self.throughput_factor)
+        single = k * (max(a + b, d) + c)
+        if single <= 1.0:
+            return single
+        best = 0.0
+        for slope, intercept in ((b, a + c), (d, c)):
+            if k * slope >= 1.0:
+                return math.inf
+            best = max(best, k * intercept / (1.0 - k * slope))
+        return best
 
     def _take(self, key: str, amount: float) -> int:
         """Integer part of ``amount`` plus what earlier ticks left over (keeps counters integral)."""
@@ -556,7 +593,7 @@ class SimEngine:
         prefill_gpu_s = self._prefill_gpu_seconds()
         prefill_share = lam * prefill_gpu_s  # fraction of GPU time spent prefilling
         saturated = w0 >= _QUEUE_EPS or prefill_share >= _MAX_PREFILL_SHARE
-        r_star = r_cap if saturated else self._target_running(lam, prefill_share, r_cap)
+        r_star = r_cap if saturated else self._target_running(lam, prefill_share)
         backlog = w0 + arrivals
         aborts = 0.0
         if not saturated and r_star < r_cap:
@@ -616,46 +653,58 @@ class SimEngine:
             self.util_gpu_ratio * ((1.0 - prefill_share) * decode_ratio + prefill_share * _PREFILL_BW_RATIO),
         )
 
-        # per-step histograms
-        steps = busy * dt / step_s
-        n_steps = self._stochastic_round(steps)
+        # histograms: recorded now, binned when the state is read
+        n_steps = self._stochastic_round(busy * dt / step_s)
         if n_steps > 0:
-            per_step = (n_gen + n_prompt - n_hits) / n_steps
-            self._observe_lognormal("iteration_tokens_total", n_steps, max(1.0, per_step), 0.3)
-        n_itl = max(0, n_gen - n_done)
+            self._pending_iter.append((n_steps, max(1.0, (n_gen + n_prompt - n_hits) / n_steps)))
+        n_itl = n_gen - n_done
         if n_itl > 0:
-            self._observe_lognormal("inter_token_latency_seconds", n_itl, step_s, 0.15)
-
-        # per-request histograms
+            self._pending_itl.append((n_itl, step_s))
         if n_done > 0:
-            self._observe_requests(n_done, w_avg, admitted / dt, step_s)
+            mean_wait = w_avg * dt / admitted if w_avg >= _QUEUE_EPS and admitted > 0 else 0.0
+            per_token = self.deployment.prefill_seconds(1.0, self.throughput_factor)
+            self._pending_requests.append((n_done, mean_wait, step_s, per_token))
         self.t += dt
 
-    def _observe_lognormal(self, name: str, n: int, median: float, sigma: float) -> None:
-        hist = self.hists[name]
-        probs = lognormal_bin_probabilities(hist.bounds, median, sigma)
-        counts = self._rng.multinomial(n, probs / probs.sum())
-        mean = median * math.exp(sigma * sigma / 2.0)
-        hist.observe_counts(counts, n * mean)
+    def _flush(self) -> None:
+        """Bin everything recorded since the last read into the histograms (and finish reasons)."""
+        for name, pending, sigma in (
+            ("inter_token_latency_seconds", self._pending_itl, 0.15),  # why: step times vary ~±15 %
+            ("iteration_tokens_total", self._pending_iter, 0.3),  # why: prefill chunks come and go
+        ):
+            if pending:
+                ns = np.array([p[0] for p in pending], dtype=np.int64)
+                medians = np.array([p[1] for p in pending])
+                hist = self.hists[name]
+                probs = lognormal_bin_probabilities(hist.bounds, medians, sigma)
+                counts = self._hist_rng.multinomial(ns, probs)
+                hist.observe_counts(counts.sum(axis=0), float((ns * medians).sum()) * math.exp(sigma**2 / 2))
+                pending.clear()
+        if self._pending_requests:
+            self._observe_requests(self._pending_requests)
+            self._pending_requests.clear()
 
-    def _observe_requests(self, n: int, waiting: float, admit_rps: float, step_s: float) -> None:
-        rng = self._rng
+    def _observe_requests(self, pending: list[tuple[int, float, float, float]]) -> None:
+        """Sample the latencies and lengths of completed requests into the per-request histograms."""
+        rng = self._hist_rng
         tr = self.traffic
-        f = self.throughput_factor
+        counts = np.array([p[0] for p in pending], dtype=np.int64)
+        n = int(counts.sum())
+        wait = np.repeat(np.array([p[1] for p in pending]), counts)
+        step_s = np.repeat(np.array([p[2] for p in pending]), counts)
+        per_token = np.repeat(np.array([p[3] for p in pending]), counts)
         idx = rng.integers(0, _POOL_SIZE, n)
         prompt = self._pool_prompt[idx]
         output = self._pool_output[idx]
         uncached = np.maximum(1.0, np.round(prompt * (1.0 - tr.prefix_cache_hit_ratio)))
-        mean_wait = waiting / admit_rps if waiting >= _QUEUE_EPS and admit_rps > 0 else 0.0
-        queue = rng.exponential(mean_wait, n) if mean_wait > 0 else np.zeros(n)
+        queue = rng.exponential(1.0, n) * wait
         step = step_s * rng.lognormal(0.0, _STEP_JITTER_SIGMA, n)
-        prefill = step + self.deployment.prefill_seconds(1.0, f) * uncached
+        prefill = step + per_token * uncached
         decode = (output - 1.0) * step
         ttft = queue + prefill
-        e2e = ttft + decode
         h = self.hists
         h["time_to_first_token_seconds"].observe(ttft)
-        h["e2e_request_latency_seconds"].observe(e2e)
+        h["e2e_request_latency_seconds"].observe(ttft + decode)
         h["request_queue_time_seconds"].observe(queue)
         h["request_inference_time_seconds"].observe(prefill + decode)
         h["request_prefill_time_seconds"].observe(prefill)

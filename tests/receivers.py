@@ -1,0 +1,199 @@
+"""Local stand-ins for Slack's incoming webhooks, PagerDuty's Events API v2 and an Alertmanager-style
+webhook receiver (aiohttp on 127.0.0.1, a free port).
+
+Each receiver checks every body against the vendor's documented shape and answers like the vendor
+(Slack: 200 "ok"; PagerDuty: 202 with a JSON status, 400 for an invalid event). A test can take it
+down (connection refused) and up again on the same port, or script the next answers (429 with
+Retry-After, 5xx, ...). ``received`` holds the accepted bodies in arrival order.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from aiohttp import web
+
+Kind = Literal["slack", "pagerduty", "webhook"]
+
+SLACK_COLORS = {"good", "warning", "danger"}
+PD_ACTIONS = {"trigger", "acknowledge", "resolve"}
+PD_SEVERITIES = {"critical", "error", "warning", "info"}
+RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
+
+
+def validate_slack(body: Any) -> list[str]:
+    """Problems with a Slack incoming-webhook body (api.slack.com/messaging/webhooks)."""
+    errs: list[str] = []
+    if not isinstance(body, dict):
+        return ["body is not a JSON object"]
+    if not any(body.get(k) for k in ("text", "attachments", "blocks")):
+        errs.append("needs text, attachments or blocks")
+    for i, a in enumerate(body.get("attachments") or []):
+        if not isinstance(a, dict):
+            errs.append(f"attachments[{i}] is not an object")
+            continue
+        if not (a.get("fallback") or a.get("text")):
+            errs.append(f"attachments[{i}] needs fallback or text")
+        color = a.get("color")
+        if color is not None and color not in SLACK_COLORS and not re.fullmatch(r"#[0-9A-Fa-f]{6}", color):
+            errs.append(f"attachments[{i}].color {color!r} is not good/warning/danger/#hex")
+        for j, f in enumerate(a.get("fields") or []):
+            if not isinstance(f, dict) or not isinstance(f.get("title"), str) or "value" not in f:
+                errs.append(f"attachments[{i}].fields[{j}] needs title and value")
+    if "channel" in body and not isinstance(body["channel"], str):
+        errs.append("channel must be a string")
+    return errs
+
+
+def validate_pagerduty(body: Any) -> list[str]:
+    """Problems with a PagerDuty Events API v2 body (developer.pagerduty.com, Send an Event)."""
+    if not isinstance(body, dict):
+        return ["body is not a JSON object"]
+    errs: list[str] = []
+    if not isinstance(body.get("routing_key"), str) or len(body["routing_key"]) != 32:
+        errs.append("routing_key must be a 32-character string")
+    action = body.get("event_action")
+    if action not in PD_ACTIONS:
+        errs.append(f"event_action {action!r} is not trigger/acknowledge/resolve")
+    key = body.get("dedup_key")
+    if action in ("acknowledge", "resolve") and not key:
+        errs.append("dedup_key is required to acknowledge or resolve")
+    if key is not None and (not isinstance(key, str) or len(key) > 255):
+        errs.append("dedup_key must be a string of at most 255 characters")
+    p = body.get("payload")
+    if action == "trigger" or p is not None:
+        if not isinstance(p, dict):
+            errs.append("payload is required for trigger")
+        else:
+            if not isinstance(p.get("summary"), str) or not p["summary"] or len(p["summary"]) > 1024:
+                errs.append("payload.summary must be 1–1024 characters")
+            if not isinstance(p.get("source"), str) or not p["source"]:
+                errs.append("payload.source is required")
+            if p.get("severity") not in PD_SEVERITIES:
+                errs.append(f"payload.severity {p.get('severity')!r} is not critical/error/warning/info")
+            if "timestamp" in p and not RFC3339.match(str(p["timestamp"])):
+                errs.append("payload.timestamp must be ISO 8601")
+            if "custom_details" in p and not isinstance(p["custom_details"], dict | str):
+                errs.append("payload.custom_details must be an object")
+    for link in body.get("links") or []:
+        if not isinstance(link, dict) or "href" not in link:
+            errs.append("links[] need href")
+    return errs
+
+
+def validate_webhook(body: Any) -> list[str]:
+    """Problems with an Alertmanager webhook (version 4) body."""
+    if not isinstance(body, dict):
+        return ["body is not a JSON object"]
+    errs: list[str] = []
+    for k, t in (
+        ("receiver", str),
+        ("status", str),
+        ("alerts", list),
+        ("groupLabels", dict),
+        ("commonLabels", dict),
+        ("commonAnnotations", dict),
+        ("externalURL", str),
+        ("version", str),
+        ("groupKey", str),
+    ):
+        if not isinstance(body.get(k), t):
+            errs.append(f"{k} must be a {t.__name__}")
+    if body.get("version") != "4":
+        errs.append("version must be '4'")
+    if body.get("status") not in ("firing", "resolved"):
+        errs.append("status must be firing or resolved")
+    for i, a in enumerate(body.get("alerts") or []):
+        if a.get("status") not in ("firing", "resolved"):
+            errs.append(f"alerts[{i}].status")
+        if "alertname" not in (a.get("labels") or {}):
+            errs.append(f"alerts[{i}].labels.alertname is required")
+        for k in ("startsAt", "endsAt"):
+            if not RFC3339.match(str(a.get(k))):
+                errs.append(f"alerts[{i}].{k} must be RFC 3339")
+        if not isinstance(a.get("fingerprint"), str) or not a["fingerprint"]:
+            errs.append(f"alerts[{i}].fingerprint is required")
+    return errs
+
+
+VALIDATORS = {"slack": validate_slack, "pagerduty": validate_pagerduty, "webhook": validate_webhook}
+
+
+@dataclass
+class Receiver:
+    """One fake vendor endpoint; ``await start()``, use ``url``, ``await stop()`` at the end."""
+
+    kind: Kind
+    path: str = "/hook"
+    received: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # shape problems found (the answer was 400)
+    requests: int = 0  # every request that reached the receiver
+    script: deque[tuple[int, dict[str, str], str | None]] = field(default_factory=deque)
+    port: int = 0
+    _runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        """Where to post."""
+        return f"http://127.0.0.1:{self.port}{self.path}"
+
+    def answer_next(
+        self, status: int, headers: dict[str, str] | None = None, body: str | None = None
+    ) -> None:
+        """Make the next request get this answer (before validation)."""
+        self.script.append((status, headers or {}, body))
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        self.requests += 1
+        if self.script:
+            status, headers, text = self.script.popleft()
+            # like a misbehaving proxy: echo the request path (it may hold a secret)
+            return web.Response(status=status, headers=headers, text=text or f"error at {request.path}")
+        try:
+            body = json.loads(await request.read())
+        except ValueError:
+            return self._invalid(["body is not JSON"])
+        problems = VALIDATORS[self.kind](body)
+        if problems:
+            return self._invalid(problems)
+        self.received.append(body)
+        if self.kind == "slack":
+            return web.Response(status=200, text="ok")
+        if self.kind == "pagerduty":
+            return web.json_response(
+                {"status": "success", "message": "Event processed", "dedup_key": body.get("dedup_key")},
+                status=202,
+            )
+        return web.Response(status=200)
+
+    def _invalid(self, problems: list[str]) -> web.Response:
+        self.errors.extend(problems)
+        if self.kind == "pagerduty":
+            return web.json_response(
+                {"status": "invalid event", "message": "Event object is invalid", "errors": problems},
+                status=400,
+            )
+        return web.Response(status=400, text="invalid_payload")
+
+    async def start(self) -> None:
+        """Listen (on a free port the first time, on the same port afterwards)."""
+        app = web.Application()
+        app.router.add_post("/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
+        await site.start()
+        if self.port == 0:
+            server = site._server
+            assert server is not None
+            self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        """Go down: connections are refused until ``start()``."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

@@ -157,14 +157,7 @@ class Agent:
         scrapes = {r.engine: r for r in results}
         for r in results:
             self.ledger.observe_scrape(r)
-        by_engine = self.versions.read()
-        versions = {
-            (r.engine, m.model): by_engine[r.engine]
-            for r in results
-            if r.engine in by_engine
-            for m in r.models
-        }
-        tick = self.joiner.close_tick(self.clock.now(), scrapes, versions)
+        tick = self.joiner.close_tick(self.clock.now(), scrapes, self.versions.read())
         self.ledger.apply(tick)
         if self.hooks.store is not None and tick.windows:
             self.hooks.store.write_windows(tick.windows)

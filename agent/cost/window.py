@@ -136,12 +136,13 @@ class WindowJoiner:
         self,
         now: float,
         scrapes: Mapping[str, EngineScrape],
-        versions: Mapping[tuple[str, str], str] | None = None,
+        versions: Mapping[str, str] | None = None,
     ) -> TickResult:
         """Close the tick ending at ``now`` (epoch seconds) and price it.
 
         ``scrapes``: the latest scrape per engine name taken during this tick (missing = not scraped).
-        ``versions``: (engine, model) → deployed version, overriding the engine config.
+        ``versions``: engine → deployed version from deployment metadata (a version file),
+        overriding the engine config.
         The first call only sets the baselines and returns no windows.
         """
         versions = versions or {}
@@ -242,7 +243,7 @@ class WindowJoiner:
                     node=self.node,
                     engine=e.name,
                     model=model,
-                    model_version=versions.get((e.name, model)) or e.version_of(model),
+                    model_version=versions.get(e.name) or e.version_of(model),
                     start=start,
                     end=now,
                     prompt_tokens=p_tok,

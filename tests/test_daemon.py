@@ -73,7 +73,7 @@ async def running(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 async def test_costs_add_up_per_model_version_and_per_gpu(running) -> None:  # type: ignore[no-untyped-def]
-    sim, agent, port = running
+    _sim, _agent, port = running
 
     async def every_model_has_a_price() -> bool:
         m = await _scrape(port)
@@ -113,7 +113,7 @@ async def test_costs_add_up_per_model_version_and_per_gpu(running) -> None:  # t
 
 
 async def test_rollout_is_a_new_version_series(running) -> None:  # type: ignore[no-untyped-def]
-    sim, agent, port = running
+    sim, _agent, port = running
 
     async def old_version_counted() -> bool:
         m = await _scrape(port)
@@ -139,7 +139,7 @@ async def test_rollout_is_a_new_version_series(running) -> None:  # type: ignore
 
 
 async def test_a_vanished_engine_is_down_and_the_rest_goes_on(running) -> None:  # type: ignore[no-untyped-def]
-    sim, agent, port = running
+    sim, _agent, port = running
 
     async def all_up() -> bool:
         m = await _scrape(port)

@@ -122,7 +122,8 @@ class SimNode:
         gpu_count: int = 8,
         seed: int = 0,
         target_page_bytes: int | None = 100_000,  # bytes per /metrics page; None = minimal pages
-        tick_seconds: float = 5.0,  # seconds of the clock between background advances
+        tick_seconds: float
+        | None = 5.0,  # seconds of the clock between background advances; None = lazy only
     ) -> None:
         self.clock = clock
         self.version_dir = version_dir
@@ -168,7 +169,8 @@ class SimNode:
         for m in self._members.values():
             write_version_file(m.version_file, m.engine.version)
             await m.server.start()
-        self._task = asyncio.create_task(self._tick_loop(), name="sim-node-tick")
+        if self.tick_seconds is not None:
+            self._task = asyncio.create_task(self._tick_loop(self.tick_seconds), name="sim-node-tick")
 
     async def stop(self) -> None:
         """Stop the background tick and the HTTP servers (idempotent)."""
@@ -180,9 +182,10 @@ class SimNode:
         for m in self._members.values():
             await m.server.stop()
 
-    async def _tick_loop(self) -> None:
+    async def _tick_loop(self, seconds: float) -> None:
+        """Advance between scrapes, so scheduled rollouts land on time even when nobody scrapes."""
         while True:
-            await self.clock.sleep(self.tick_seconds)
+            await self.clock.sleep(seconds)
             self.advance(self.clock.now())
 
     # -- what the agent sees ------------------------------------------------------------------

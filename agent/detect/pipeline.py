@@ -1,0 +1,235 @@
+"""The daemon side of detection: store → rules → alert lifecycle → outbox → notifiers.
+
+``build_pipeline(cfg, store, clock)`` wires it; the supervisor then calls, at every window
+boundary (after ``store.write_windows``), ``await pipeline.step(now)``, runs
+``pipeline.run_delivery(stop)`` as its own task, and ``await pipeline.close()`` at shutdown.
+
+``step(now)`` evaluates every *complete* minute not evaluated yet (the minute [m, m + 60) is
+complete once ``now >= m + 60``), in order: the records of that minute from the store go through
+the rule evaluator (in-memory trailing windows and baselines) and the alert manager; firing and
+resolved events are written to the outbox *before* the alert state is saved, so a crash between
+the two re-sends (harmless, keys are stable) rather than loses.
+
+Restarts: the first ``step`` rebuilds the evaluator's windows and baselines by replaying the
+store's history (as far back as the longest rule needs), restores the alert state saved in the
+store, and catches up at most :data:`MAX_CATCH_UP_MINUTES` minutes with the lifecycle (older
+minutes are replayed silently, so a long outage does not page about the past).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+
+from agent.clock import Clock
+from agent.config import Config
+from agent.detect.alerts import Alert, AlertEvent, AlertManager
+from agent.detect.deploys import DeployEvent, DeployTracker
+from agent.detect.rules import (
+    MINUTE,
+    Finding,
+    MinuteRecord,
+    Rule,
+    RuleEvaluator,
+    RuleSet,
+    load_default_rules,
+    load_rules,
+)
+from agent.sinks.notify import Notifier, Sink
+from agent.sinks.outbox import Outbox
+from agent.sinks.pagerduty import PagerDutySink
+from agent.sinks.slack import SlackSink
+from agent.sinks.webhook import WebhookSink
+from agent.store import Store
+
+logger = logging.getLogger(__name__)
+
+# Why 15: a restart or a short stall should still page for what happened meanwhile; after a
+# longer outage the minutes are replayed only to rebuild baselines.
+MAX_CATCH_UP_MINUTES = 15
+LAST_MINUTE_KEY = "pipeline.last_evaluated_minute"
+
+
+def sinks_from_config(cfg: Config) -> list[Sink]:
+    """The configured notifiers (none configured: alerts still reach /metrics and the log)."""
+    a = cfg.alerts
+    sinks: list[Sink] = []
+    if a.slack is not None:
+        sinks.append(SlackSink(a.slack, a.external_url))
+    if a.pagerduty is not None:
+        sinks.append(PagerDutySink(a.pagerduty, a.external_url))
+    if a.webhook is not None:
+        sinks.append(WebhookSink(a.webhook, a.external_url))
+    return sinks
+
+
+class Pipeline:
+    """Rules, lifecycle and delivery over the store (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        rules: RuleSet,
+        notifier: Notifier,
+        external_url: str | None = None,
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.rules = rules
+        self.notifier = notifier
+        self.evaluator = RuleEvaluator(rules)
+        self.deploys = DeployTracker(compare=self._compare)
+        self.alerts = AlertManager(rules, external_url, self.deploys.lookup)
+        self._last: float | None = None  # start of the last evaluated minute (epoch seconds)
+        self._deploys_seen = 0
+        self._started = False
+
+    # -- start-up ---------------------------------------------------------------------------------
+
+    def _lookback(self) -> float:
+        """Seconds of history the rules need (longest baseline window or `over`)."""
+        need = MINUTE
+        for r in self.rules:
+            need = max(need, r.over + (r.baseline.window if r.baseline is not None else 0.0))
+        return need
+
+    def _replay(self, start: float, end: float) -> None:
+        """Feed minutes [start, end) to the evaluator only (baselines and windows)."""
+        if end <= start:
+            return
+        by_minute: dict[float, list[MinuteRecord]] = defaultdict(list)
+        for r in self.store.records(start, end):
+            by_minute[r.minute].append(r)
+        m = start
+        while m < end:
+            self.evaluator.warm(m + MINUTE, by_minute.get(m, ()))
+            m += MINUTE
+        self._last = end - MINUTE
+
+    def _start(self, target: float) -> None:
+        self._started = True
+        self.alerts.restore(self.store.load_alert_state())
+        self._sync_deploys()
+        saved = self.store.get_meta(LAST_MINUTE_KEY)
+        span = self.store.span()
+        start = target - self._lookback()
+        if span is not None:
+            start = max(start, span[0])
+        start = start // MINUTE * MINUTE
+        live_from = target - MAX_CATCH_UP_MINUTES * MINUTE
+        if saved is not None:
+            live_from = max(live_from, float(saved) + MINUTE)
+        self._replay(start, live_from)  # nothing when the rules need no history before live_from
+        self._last = live_from - MINUTE
+        logger.info(
+            "detection warmed up from %.0f minutes of history; %d alerts restored",
+            (live_from - start) / MINUTE,
+            len(self.alerts.active()),
+        )
+
+    def _sync_deploys(self) -> None:
+        events = self.store.deploys()
+        if len(events) > self._deploys_seen:
+            self.deploys.seed(events[self._deploys_seen :])
+            self._deploys_seen = len(events)
+
+    # -- deploy comparison ------------------------------------------------------------------------
+
+    def _compare(self, e: DeployEvent, rule: Rule, f: Finding) -> tuple[float | None, float | None]:
+        """The rule's signal for the previous and the new version, at the finding's load band."""
+        if rule.kind != "model":
+            return None, None
+        b = rule.baseline
+        band_ratio = b.like_load.band_ratio if b and b.like_load and b.like_load.band_ratio else None
+        band_of = f.tokens_per_second if band_ratio is not None else None
+        window = b.window if b is not None else 7 * 86400.0
+        key = {"node": e.node, "engine": e.engine, "model": e.model}
+        prev = self.store.baseline(
+            rule.signal,
+            {**key, "model_version": e.from_version},
+            e.at,
+            window,
+            band_of=band_of,
+            band_ratio=band_ratio or 2.0,
+        )
+        new = self.store.baseline(
+            rule.signal,
+            {**key, "model_version": e.to_version},
+            f.at,
+            max(MINUTE, f.at - e.at),
+            band_of=band_of,
+            band_ratio=band_ratio or 2.0,
+        )
+        return prev.value, new.value
+
+    # -- the loop's entry points ------------------------------------------------------------------
+
+    async def step(self, now: float) -> list[AlertEvent]:
+        """Evaluate every complete minute up to ``now`` (epoch seconds); returns the events."""
+        target = now // MINUTE * MINUTE  # minutes starting before this are complete
+        if not self._started:
+            self._start(target)
+        assert self._last is not None
+        events: list[AlertEvent] = []
+        m = self._last + MINUTE
+        if m >= target:
+            return events
+        self._sync_deploys()
+        by_minute: dict[float, list[MinuteRecord]] = defaultdict(list)
+        for r in self.store.records(m, target):
+            by_minute[r.minute].append(r)
+        while m < target:
+            findings = self.evaluator.step(m + MINUTE, by_minute.get(m, ()))
+            events.extend(self.alerts.step(findings, m + MINUTE))
+            self._last = m
+            m += MINUTE
+        for e in events:
+            if e.kind != "pending":
+                logger.info("alert %s %s %s", e.kind, e.alert.rule_id, dict(e.alert.labels))
+        self.notifier.enqueue(events)  # durable first ...
+        self.store.save_alert_state(self.alerts.snapshot())  # ... then the state
+        self.store.set_meta(LAST_MINUTE_KEY, repr(self._last))
+        return events
+
+    async def run_delivery(self, stop: asyncio.Event) -> None:
+        """Deliver the outbox until ``stop`` is set."""
+        await self.notifier.run(stop)
+
+    def firing(self) -> list[Alert]:
+        """Firing alerts (for infercost_alerts_firing)."""
+        return self.alerts.firing()
+
+    def firing_counts(self) -> Mapping[tuple[str, str], int]:
+        """Firing alerts per (rule, severity)."""
+        out: dict[tuple[str, str], int] = defaultdict(int)
+        for a in self.alerts.firing():
+            out[(a.rule_id, a.severity)] += 1
+        return dict(out)
+
+    def outbox_pending(self) -> Mapping[str, int]:
+        """Undelivered notifications per sink (for infercost_outbox_pending)."""
+        return self.notifier.pending()
+
+    async def close(self) -> None:
+        """Stop delivering and close the outbox (the store belongs to the caller)."""
+        await self.notifier.close()
+        self.notifier.outbox.close()
+
+
+def build_pipeline(
+    cfg: Config,
+    store: Store,
+    clock: Clock,
+    rules: RuleSet | None = None,
+    sinks: Sequence[Sink] | None = None,
+) -> Pipeline:
+    """Wire the pipeline from the config: rules (``alerts.rules_dirs`` or the bundled set), the
+    outbox in ``state_dir`` and the configured sinks. Raises RuleError for bad rule files."""
+    if rules is None:
+        rules = load_rules(cfg.alerts.rules_dirs) if cfg.alerts.rules_dirs else load_default_rules()
+    outbox = Outbox(cfg.state_dir / "outbox.sqlite")
+    notifier = Notifier(outbox, sinks_from_config(cfg) if sinks is None else sinks, clock)
+    return Pipeline(store, clock, rules, notifier, cfg.alerts.external_url)

@@ -51,13 +51,32 @@ FEATURE_NAMES: tuple[str, ...] = (
     "log10_ttft_p99_seconds",  # log10 of seconds
     "log10_itl_p99_seconds",  # log10 of seconds
     "kv_cache_usage_ratio",  # 0–1
-    "log10_requests_running",  # log10(1 + running requests): the load
-    "hour_of_day_sin",  # sin(2π · hour / 24)
-    "hour_of_day_cos",  # cos(2π · hour / 24)
+    "log10_requests_running",  # log10(1 + running requests): the load as the engine holds it
+    "roofline_ratio",  # observed decode tok/s ÷ bandwidth ceiling
+    "log10_output_tokens_per_second",  # log10 of generation tokens/s: the offered load (exogenous)
     "hour_of_week_sin",  # sin(2π · hour_of_week / 168), hour 0 = Monday 00:00 UTC
     "hour_of_week_cos",  # cos(2π · hour_of_week / 168)
 )
 N_FEATURES = len(FEATURE_NAMES)
+# The last three describe the context (how much traffic, when); the others are outcomes. Before the
+# forest sees them, each outcome is replaced by its residual from a least-squares fit on the
+# context over the training window, so "high cost per token at night" is explained by the night's
+# low traffic, and what is left is the part no load level explains. Why: an isolation forest cuts
+# along one feature at a time and is poor at points that are off a curved load/cost surface but
+# inside every feature's marginal range, which is exactly where a 1.2–1.5× regression lands.
+N_OUTCOMES = N_FEATURES - 3
+_LOAD = N_OUTCOMES  # index of log10_output_tokens_per_second
+# The forest is an ensemble of small forests, one per group of related outcome residuals, and the
+# score is the largest group score. Why: in one 10-dimensional forest a point that is extreme in
+# a single feature (roofline efficiency down 30 %, say) is rarely isolated before the trees' depth
+# limit, because most splits pick one of the other nine; in a 3-feature forest it is isolated at
+# once.
+FEATURE_GROUPS: tuple[tuple[int, ...], ...] = (
+    (0, 1, 4),  # cost: $/1M output, tokens per GPU-second, joules per token
+    (2, 3, 9),  # efficiency: GPU utilisation, memory bandwidth, roofline
+    (5, 6, 7, 8),  # latency and pressure: TTFT, ITL, KV cache, running requests
+)
+POLY_DEGREE = 3  # cubic in log traffic: enough for the batch-size curve, too little to chase noise
 
 _EPOCH_MONDAY = 345600.0  # seconds: 1970-01-05 00:00 UTC was a Monday
 
@@ -69,30 +88,31 @@ def features(window: CostWindow) -> np.ndarray | None:
     (an idle or scrape-gap minute is not an anomaly of the model).
     """
     u = window.usage
-    if window.usd_per_1m_output is None or u.generation_tokens <= 0 or u.gpu_seconds <= 0:
+    if window.usd_per_1m_output is None or u.generation_tokens <= 0 or u.gpu_seconds <= 0 or u.duration <= 0:
         return None
     nan = math.nan
 
     def log10(x: float | None) -> float:
         return math.log10(x) if x is not None and x > 0 else nan
 
+    def ratio(x: float | None) -> float:
+        return nan if x is None else x
+
     joules_per_token = u.energy_joules / u.generation_tokens if u.energy_joules is not None else None
-    hours = (u.end - _EPOCH_MONDAY) / 3600.0
-    hod = hours % 24.0
-    how = hours % 168.0
+    how = ((u.end - _EPOCH_MONDAY) / 3600.0) % 168.0
     return np.array(
         [
             log10(window.usd_per_1m_output),
             log10(u.generation_tokens / u.gpu_seconds),
-            nan if u.gpu_util_ratio is None else u.gpu_util_ratio,
-            nan if u.mem_bw_ratio is None else u.mem_bw_ratio,
+            ratio(u.gpu_util_ratio),
+            ratio(u.mem_bw_ratio),
             log10(joules_per_token),
             log10(u.ttft_p99_seconds),
             log10(u.itl_p99_seconds),
-            nan if u.kv_cache_usage_ratio is None else u.kv_cache_usage_ratio,
+            ratio(u.kv_cache_usage_ratio),
             nan if u.requests_running is None else math.log10(1.0 + u.requests_running),
-            math.sin(2 * math.pi * hod / 24.0),
-            math.cos(2 * math.pi * hod / 24.0),
+            ratio(window.roofline_ratio),
+            log10(u.generation_tokens / u.duration),
             math.sin(2 * math.pi * how / 168.0),
             math.cos(2 * math.pi * how / 168.0),
         ],
@@ -100,20 +120,41 @@ def features(window: CostWindow) -> np.ndarray | None:
     )
 
 
+def _basis(x: np.ndarray) -> np.ndarray:
+    """Context basis for the residual fit: powers of log traffic and the hour-of-week circle."""
+    load = x[:, _LOAD : _LOAD + 1]
+    cols = [np.ones_like(load)] + [load**k for k in range(1, POLY_DEGREE + 1)] + [x[:, _LOAD + 1 :]]
+    return np.hstack(cols)
+
+
 @dataclass
 class _Fitted:
-    """One trained forest and its calibration."""
+    """One trained ensemble and its calibration."""
 
-    forest: IsolationForest
+    forests: list[IsolationForest]  # one per FEATURE_GROUPS entry
+    group_calibration: np.ndarray  # (groups, 2): training median and quantile of each raw score
     fill: np.ndarray  # per-feature training medians, used where a feature is absent
-    median: float  # training median of the raw anomaly score (0–1)
-    threshold: float  # training quantile of the raw anomaly score: normalised score 1
+    coef: np.ndarray  # least-squares coefficients, context basis → each outcome feature
+    median: float  # training median of the combined score
+    threshold: float  # training quantile of the combined score: normalised score 1
     fitted_at: float  # seconds since the epoch (end of the last training window)
     version: str  # the model version the fit was made for (the newest in its training set)
     n_train: int  # windows used
 
 
 SeriesKey = tuple[str, str]  # (engine, model)
+
+
+def _calibrate(raw: np.ndarray, quantile: float) -> tuple[float, float]:
+    """(median, quantile) of training scores, kept apart so the normalisation never divides by 0."""
+    median = float(np.median(raw))
+    threshold = float(np.quantile(raw, quantile))
+    return median, max(threshold, median + 1e-6)
+
+
+def _transform(x: np.ndarray, coef: np.ndarray) -> np.ndarray:
+    """What the forests see: outcome residuals from the context fit (context columns kept after)."""
+    return np.hstack([x[:, :N_OUTCOMES] - _basis(x) @ coef, x[:, N_OUTCOMES:]])
 
 
 class ForestDetector:
@@ -214,21 +255,36 @@ class ForestDetector:
         fill = np.nanmedian(x, axis=0)
         fill = np.where(np.isnan(fill), 0.0, fill)
         x = np.where(np.isnan(x), fill, x)
-        forest = IsolationForest(n_estimators=self.n_estimators, random_state=self.seed, n_jobs=1)
-        forest.fit(x)
-        raw = -forest.score_samples(x)
-        median = float(np.median(raw))
-        threshold = float(np.quantile(raw, self.quantile))
-        if threshold - median < 1e-6:  # degenerate (constant) training data
-            threshold = median + 1e-3
-        return _Fitted(forest, fill, median, threshold, fitted_at, version, len(x))
+        coef, *_ = np.linalg.lstsq(_basis(x), x[:, :N_OUTCOMES], rcond=None)
+        z = _transform(x, coef)
+        forests: list[IsolationForest] = []
+        calibration = np.zeros((len(FEATURE_GROUPS), 2))
+        for g, cols in enumerate(FEATURE_GROUPS):
+            forest = IsolationForest(n_estimators=self.n_estimators, random_state=self.seed + g, n_jobs=1)
+            forest.fit(z[:, cols])
+            raw = -forest.score_samples(z[:, cols])
+            calibration[g] = _calibrate(raw, self.quantile)
+            forests.append(forest)
+        fit = _Fitted(forests, calibration, fill, coef, 0.0, 1.0, fitted_at, version, len(x))
+        fit.median, fit.threshold = _calibrate(self._combined(fit, z), self.quantile)
+        return fit
+
+    @staticmethod
+    def _combined(fit: _Fitted, z: np.ndarray) -> np.ndarray:
+        """The largest group score (each group normalised on its training distribution)."""
+        per_group = [
+            (-forest.score_samples(z[:, cols]) - fit.group_calibration[g, 0])
+            / (fit.group_calibration[g, 1] - fit.group_calibration[g, 0])
+            for g, (forest, cols) in enumerate(zip(fit.forests, FEATURE_GROUPS, strict=True))
+        ]
+        return np.asarray(np.max(np.vstack(per_group), axis=0))
 
     # -- scoring ----------------------------------------------------------------------------
 
-    @staticmethod
-    def _raw(fit: _Fitted, x: np.ndarray) -> np.ndarray:
+    @classmethod
+    def _raw(cls, fit: _Fitted, x: np.ndarray) -> np.ndarray:
         x = np.where(np.isnan(x), fit.fill, x)
-        return np.asarray(-fit.forest.score_samples(x))
+        return cls._combined(fit, _transform(x, fit.coef))
 
     @staticmethod
     def _normalise(fit: _Fitted, raw: np.ndarray) -> np.ndarray:

@@ -17,18 +17,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
+import gguf  # noqa: F401
 import pytest
+import xllamacpp  # noqa: F401  (CI installs it: a missing engine must fail, not skip)
+from llamacpp_server import MODEL_ALIAS, LlamaServer, make_tiny_llama
 
 from agent.clock import SystemClock
 from agent.config import EngineConfig
 from agent.cost.quantiles import counter_delta
 from agent.samples import EngineScrape
 from agent.sources.engines.scraper import EngineScraper
-
-pytest.importorskip("xllamacpp")
-pytest.importorskip("gguf")
-
-from llamacpp_server import MODEL_ALIAS, LlamaServer, make_tiny_llama
 
 RECORDED = Path(__file__).parent / "fixtures" / "expositions" / "llamacpp_recorded.txt"
 SCRAPE_EVERY = 0.02  # seconds between scrapes while requests run: several scrapes per request
@@ -149,3 +147,74 @@ async def test_live_page_matches_the_recorded_fixture(llama: LlamaServer) -> Non
         RECORDED.write_text(live)
     assert _series(live) == _series(RECORDED.read_text())
     assert ("llamacpp:tokens_predicted_total", "counter") in _series(live)
+
+
+async def test_the_daemon_prices_a_cpu_engine_per_hour_across_a_restart(
+    llama: LlamaServer, tmp_path: Path
+) -> None:
+    """The real Agent against the real server: $ per 1M = price × elapsed ÷ tokens, within 1 %,
+    tokens equal the usage the server returned, and a restart makes no negative tokens and no spike."""
+    from agent.config import Config, ExportersConfig, IntervalsConfig, NvmlConfig, PrometheusExporterConfig
+    from agent.cost.window import TickResult
+    from agent.snapshot import Snapshot
+    from agent.sources.prices import parse_price_book
+    from agent.supervisor import Agent, Hooks
+
+    price = 0.50  # $ per hour for this CPU-only engine
+    book = parse_price_book({"engines": {"llama": {"usd_per_hour": price}}}, "test-book")
+    cfg = Config(
+        node="cpu-node",
+        state_dir=tmp_path,
+        intervals=IntervalsConfig(nvml_seconds=1, scrape_seconds=0.25, window_seconds=60),
+        nvml=NvmlConfig(backend="none"),
+        exporters=ExportersConfig(prometheus=PrometheusExporterConfig(port=0)),
+    )
+    ticks: list[TickResult] = []
+    hooks = Hooks(on_tick=[lambda t, _s: ticks.append(t)])
+    agent = Agent(cfg, SystemClock(), book, None, [_cfg(llama)], hooks)
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop))
+    usage_prompt = usage_completion = 0
+
+    def requests(first_seed: int, n: int) -> tuple[int, int]:
+        p = c = 0
+        for i in range(n):
+            out = llama.complete(f"Request {first_seed + i}: tell the llama", 32, first_seed + i)
+            p += out["usage"]["prompt_tokens"]
+            c += out["usage"]["completion_tokens"]
+        return p, c
+
+    try:
+        await agent.started.wait()
+        while len(ticks) < 2:  # a baseline tick before any request
+            await asyncio.sleep(0.05)
+        p, c = await asyncio.to_thread(requests, 500, 5)
+        usage_prompt, usage_completion = usage_prompt + p, usage_completion + c
+        await asyncio.sleep(0.6)
+        await asyncio.to_thread(llama.restart)
+        await asyncio.sleep(0.6)
+        p, c = await asyncio.to_thread(requests, 600, 5)
+        usage_prompt, usage_completion = usage_prompt + p, usage_completion + c
+        n = len(ticks)
+        while len(ticks) < n + 3:  # let the last requests be scraped
+            await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+    windows = [w for t in ticks for w in t.windows]
+    assert all(w.usage.prompt_tokens >= 0 and w.usage.generation_tokens >= 0 for w in windows)
+    # tokens: exactly what the server said it processed, across the restart
+    assert sum(w.usage.prompt_tokens for w in windows) == usage_prompt
+    assert sum(w.usage.generation_tokens for w in windows) == usage_completion
+    # cost: price × elapsed, and no tick costs more than price × its own length (no spike)
+    elapsed = sum(t.end - t.start for t in ticks if t.windows)
+    cost = sum(w.cost_usd for w in windows)
+    assert cost == pytest.approx(price * elapsed / 3600, rel=0.01)
+    for w in windows:
+        assert w.cost_usd == pytest.approx(price * w.usage.duration / 3600, rel=1e-9)
+    per_million = cost / usage_completion * 1e6
+    snap: Snapshot = agent.snapshot()
+    (m,) = snap.models
+    assert m.cost_usd_total / m.generation_tokens_total * 1e6 == pytest.approx(per_million, rel=0.01)
+    assert per_million == pytest.approx(price * elapsed / 3600 / usage_completion * 1e6, rel=0.01)

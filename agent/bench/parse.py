@@ -33,7 +33,9 @@ def _median_seconds(fn: Callable[[], object], runs: int) -> float:
     return statistics.median(times)
 
 
-def compare(page: str, label: str, print_fn: Callable[[str], Any] = print, runs: int = 15) -> dict[str, float]:
+def compare(
+    page: str, label: str, print_fn: Callable[[str], Any] = print, runs: int = 15
+) -> dict[str, float]:
     """Time both parsers on ``page``; print and return ``page_bytes``, ``ours_ms``,
     ``prometheus_client_ms`` and ``speedup`` (prometheus_client time ÷ ours)."""
     ADAPTER.parse(page)  # warm up (regex caches)

@@ -13,6 +13,7 @@ GPU idle (Prometheus): node-a $0.5/h both weeks, node-b $0.25/h this week → $1
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import math
@@ -27,6 +28,7 @@ import pytest
 from promstack import Prometheus, binary
 
 from agent.clock import ManualClock
+from agent.report.cli import run_report
 from agent.report.data import (
     MIN_OUTPUT_TOKENS,
     ReportError,
@@ -36,6 +38,7 @@ from agent.report.data import (
 )
 from agent.report.render import render_csv, render_html, render_markdown
 from agent.samples import CostWindow, UsageWindow
+from agent.store import Store
 
 HOUR = 3600.0
 WEEK = 7 * 86400.0
@@ -419,3 +422,39 @@ def test_html_renders_in_chromium(tmp_path: Path) -> None:
     dom = subprocess.run([*common, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
     assert "$840.00" in dom.stdout and "$504.00" in dom.stdout
     assert "llama-70b" in dom.stdout and "<svg" in dom.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# `infercost report` (agent.report.cli): through the real store and the real Prometheus
+# ---------------------------------------------------------------------------------------------
+
+
+def _args(**kw: object) -> argparse.Namespace:
+    base: dict[str, object] = {
+        "state_dir": None,
+        "prometheus": None,
+        "format": "md",
+        "end": T,
+        "output": None,
+    }
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_cli_from_store(tmp_path: Path) -> None:
+    store = Store(tmp_path / "history.sqlite", retention_days=35, clock=ManualClock(start=T))
+    store.write_windows(windows())
+    out = tmp_path / "report.csv"
+    assert run_report(_args(state_dir=tmp_path, format="csv", output=out)) == 0
+    rows = list(csv.DictReader(io.StringIO(out.read_text())))
+    assert rows[-1]["model"] == "(all)" and float(rows[-1]["cost_usd"]) == pytest.approx(840.0)
+    v2 = next(r for r in rows if r["model_version"] == "v2")
+    assert float(v2["change_ratio"]) == pytest.approx(2.0) and v2["baseline"] == "model"
+
+
+def test_cli_from_prometheus(prometheus: Prometheus, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_report(_args(prometheus=prometheus.url)) == 0
+    assert "| Total cost | $840.00 | $504.00 | +66.7 % |" in capsys.readouterr().out
+
+
+def test_cli_missing_store_is_an_error(tmp_path: Path) -> None:
+    assert run_report(_args(state_dir=tmp_path / "nope")) == 1

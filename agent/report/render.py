@@ -217,7 +217,8 @@ def _card(label: str, value: str, sub: str = "") -> str:
 
 
 def _change_cell(ratio_: float | None) -> str:
-    cls = "" if ratio_ is None else ("up" if ratio_ > 1 else "down")
+    # Within ±0.5 % is "unchanged" (rounding of the displayed figures): no colour.
+    cls = "" if ratio_ is None or abs(ratio_ - 1) < 0.005 else ("up" if ratio_ > 1 else "down")
     return f'<td class="n {cls}">{escape(change(ratio_))}</td>'
 
 

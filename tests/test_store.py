@@ -196,3 +196,18 @@ def test_schema_migrates_and_refuses_newer(tmp_path: Path, clock: ManualClock) -
     st.close()
     with pytest.raises(StoreError, match="newer than this agent"):
         Store(p, 35, clock)
+
+
+def test_backfill_gives_a_week_of_baselines(tmp_path: Path) -> None:
+    from agent.store import backfill_simulated
+
+    end = T0 + 7 * 86400
+    st = Store(tmp_path / "h.sqlite", 35, ManualClock(end))
+    assert backfill_simulated(st, [("n1", "vllm-a", "llama", "v1")], T0, end) == 7 * 1440
+    key = {"node": "n1", "engine": "vllm-a", "model": "llama"}
+    day = st.baseline("usd_per_1m_output_tokens", key, end, band_of=380.0)
+    night = st.baseline("usd_per_1m_output_tokens", key, end, band_of=40.0)
+    # $2/h in the 256–512 tok/s band: $1.39–2.17/1M; at night a GPU hour buys a tenth of the tokens
+    assert day.value is not None and 1.38 < day.value < 2.18 and day.minutes > 500
+    assert night.value is not None and night.value > 5 * day.value
+    st.close()

@@ -24,8 +24,10 @@ T0 = 1_700_049_600.0  # 2023-11-15 12:00 UTC, a Wednesday afternoon
 @pytest.fixture
 async def node(tmp_path: Path) -> AsyncIterator[tuple[SimNode, ManualClock]]:
     clock = ManualClock(T0)
-    # tick_seconds=None: a ManualClock's sleep moves time, so a background tick would race the test
-    sim = SimNode(clock, tmp_path / "labels", seed=1, tick_seconds=None)
+    # tick_seconds=None: a ManualClock's sleep moves time, so a background tick would race the test.
+    # openmetrics=False: the agent's scraper lists OpenMetrics in Accept, and what prometheus_client
+    # (hence vLLM) answers to that is broken; see test_agent_scraper_against_negotiating_engines.
+    sim = SimNode(clock, tmp_path / "labels", seed=1, tick_seconds=None, openmetrics=False)
     await sim.start()
     yield sim, clock
     await sim.stop()
@@ -77,6 +79,27 @@ async def test_agent_scraper_reads_every_engine(node: tuple[SimNode, ManualClock
         assert model.kv_cache_usage_ratio is not None and 0 <= model.kv_cache_usage_ratio <= 1
     assert scrapes["llama-70b"].models[0].model == "meta-llama/Llama-3.1-70B-Instruct"
     assert scrapes["llama-70b-canary"].models[0].model == "meta-llama/Llama-3.1-70B-Instruct"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the scraper's Accept header lists application/openmetrics-text, so prometheus_client (as in "
+    "vLLM) answers OpenMetrics whose samples are renamed vllm_* while # TYPE keeps vllm:* "
+    "(prometheus/client_python#1177); fix: ACCEPT_HEADER = 'text/plain;version=0.0.4' in scraper.py",
+)
+async def test_agent_scraper_against_negotiating_engines(tmp_path: Path) -> None:
+    clock = ManualClock(T0)
+    sim = SimNode(clock, tmp_path, seed=1, tick_seconds=None, target_page_bytes=None)  # negotiates like vLLM
+    await sim.start()
+    try:
+        clock.advance(300)
+        scrapes = await scrape_all(sim, clock)
+    finally:
+        await sim.stop()
+    for scrape in scrapes.values():
+        assert scrape.up
+        (model,) = scrape.models
+        assert model.generation_tokens_total
 
 
 async def test_gpu_load_per_gpu(node: tuple[SimNode, ManualClock]) -> None:

@@ -167,8 +167,8 @@ async def test_minimal_page_without_padding() -> None:
     server = SimEngineServer(make_engine(), clock, target_page_bytes=None)
     padded = SimEngineServer(make_engine(), clock)
     clock.advance(300)
-    text = server.render().decode()
-    assert len(text) < 0.7 * len(padded.render())  # the http_* routes are the padding
+    text = server.render()[0].decode()
+    assert len(text) < 0.7 * len(padded.render()[0])  # the http_* routes are the padding
     names = {f.name for f in text_string_to_metric_families(text)}
     assert "vllm:generation_tokens" in names
 
@@ -193,6 +193,41 @@ def test_render_samples_are_prometheus_client_samples() -> None:
     clock = ManualClock(T0)
     server = SimEngineServer(make_engine(), clock, target_page_bytes=None)
     clock.advance(120)
-    fams = list(text_string_to_metric_families(server.render().decode()))
+    body, content_type = server.render()
+    assert content_type == "text/plain; version=0.0.4; charset=utf-8"
+    fams = list(text_string_to_metric_families(body.decode()))
     assert all(isinstance(s, Sample) for f in fams for s in f.samples)
     assert sum(len(f.samples) for f in fams) > 300
+
+
+async def test_openmetrics_is_negotiated_like_prometheus_client(
+    served: tuple[SimEngineServer, ManualClock, aiohttp.ClientSession],
+) -> None:
+    server, clock, session = served
+    clock.advance(600)
+    # prometheus_client picks OpenMetrics whenever the Accept header lists it, whatever its q-value
+    accept = "text/plain;version=0.0.4;q=1,application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1"
+    async with session.get(server.url, headers={"Accept": accept, "Accept-Encoding": "identity"}) as resp:
+        assert resp.headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0")
+        text = (await resp.read()).decode()
+    lines = text.splitlines()
+    assert lines[-1] == "# EOF"
+    assert "# TYPE vllm:generation_tokens counter" in lines
+    # prometheus/client_python#1177: samples are escaped to vllm_… while HELP/TYPE keep vllm:…
+    (line,) = [
+        ln
+        for ln in lines
+        if ln.startswith(("vllm:generation_tokens_total{", "vllm_generation_tokens_total{"))
+    ]
+    assert float(line.rsplit(" ", 1)[1]) > 0
+    # asked for text only, the same server answers text 0.0.4
+    async with session.get(server.url, headers={"Accept": "text/plain;version=0.0.4"}) as resp:
+        assert resp.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+
+
+async def test_openmetrics_can_be_turned_off() -> None:
+    clock = ManualClock(T0)
+    server = SimEngineServer(make_engine(), clock, target_page_bytes=None, openmetrics=False)
+    clock.advance(60)
+    _, content_type = server.render("application/openmetrics-text;version=1.0.0")
+    assert content_type == "text/plain; version=0.0.4; charset=utf-8"

@@ -122,8 +122,8 @@ class SimNode:
         gpu_count: int = 8,
         seed: int = 0,
         target_page_bytes: int | None = 100_000,  # bytes per /metrics page; None = minimal pages
-        tick_seconds: float
-        | None = 5.0,  # seconds of the clock between background advances; None = lazy only
+        openmetrics: bool = True,  # engines negotiate OpenMetrics like vLLM (see agent.sim.server)
+        tick_seconds: float | None = 5.0,  # clock seconds between background advances; None: lazy only
     ) -> None:
         self.clock = clock
         self.version_dir = version_dir
@@ -147,7 +147,9 @@ class SimNode:
                 throughput_factor=spec.throughput_factor,
                 seed=seed * 1000 + i,
             )
-            server = SimEngineServer(engine, clock, target_page_bytes=target_page_bytes)
+            server = SimEngineServer(
+                engine, clock, target_page_bytes=target_page_bytes, openmetrics=openmetrics
+            )
             member = _Member(spec, engine, server, version_dir / f"{spec.name}.labels")
             if spec.name in self._members:
                 raise ValueError(f"engine name {spec.name!r} is used twice")

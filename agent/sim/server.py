@@ -8,7 +8,13 @@ vLLM page is around 100 KB, mostly ``http_*`` series over the server's routes; `
 instruments as many of vLLM's routes as it takes to reach that size.
 
 The engine's state advances lazily from the injected clock when the page is scraped, and the
-page is rendered only when scraped (and only again once the engine has moved).
+page is rendered only when scraped (and only again once the engine has moved). Content
+negotiation and gzip are prometheus_client's own (``choose_encoder``, ``gzip_accepted``), as in
+vLLM's ``make_asgi_app`` mount: a plain request gets ``text/plain; version=0.0.4``, and a request
+that lists ``application/openmetrics-text`` at all gets OpenMetrics, whatever its q-value. With
+prometheus_client ≥ 0.22 that OpenMetrics page renames ``vllm:x`` samples to ``vllm_x`` but keeps
+``vllm:x`` in ``# HELP``/``# TYPE`` (prometheus/client_python#1177, open): a scraper should ask
+for ``text/plain;version=0.0.4`` only. ``openmetrics=False`` serves text whatever is asked.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
-from prometheus_client.exposition import generate_latest
+from prometheus_client.exposition import choose_encoder, generate_latest, gzip_accepted
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -37,7 +43,6 @@ from agent.sim.engine import EngineState, SimEngine
 
 logger = logging.getLogger(__name__)
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what vLLM's prometheus_client serves
 ENGINE_INDEX = "0"  # vLLM's data-parallel engine index label
 
 # vLLM V1 engine families: wire base name → help text (vllm/v1/metrics/loggers.py).
@@ -322,14 +327,16 @@ class SimEngineServer:
         host: str = "127.0.0.1",
         port: int = 0,
         target_page_bytes: int | None = 100_000,  # bytes; None = a minimal page
+        openmetrics: bool = True,  # negotiate as prometheus_client does; False: always text 0.0.4
     ) -> None:
         self.engine = engine
+        self.openmetrics = openmetrics
         self.clock = clock
         self.host = host
         self._port = port
         self._registry = build_registry(engine, routes_for_size(engine, target_page_bytes))
         self._runner: web.AppRunner | None = None
-        self._cache_t: float | None = None  # engine time the cached page was rendered at
+        self._cache_key: tuple[float, str] | None = None  # (engine time, content type) of the cached page
         self._cache: bytes = b""
         self._cache_gz: bytes | None = None
         self.scrapes = 0  # pages served
@@ -344,23 +351,26 @@ class SimEngineServer:
         """The full URL of the metrics page."""
         return f"http://{self.host}:{self._port}/metrics"
 
-    def render(self) -> bytes:
-        """Advance the engine to the clock's now and render the page (cached while the engine stays put)."""
+    def render(self, accept: str = "") -> tuple[bytes, str]:
+        """Advance the engine to the clock's now and render the page in the format ``accept`` asks
+        for, negotiated as prometheus_client (hence vLLM) does; returns (body, content type).
+        Cached while the engine stays put."""
         self.engine.advance_to(self.clock.now())
-        t = self.engine.t
-        if t != self._cache_t:
-            self._cache = generate_latest(self._registry)
+        encoder, content_type = choose_encoder(accept if self.openmetrics else "")
+        key = (self.engine.t, content_type)
+        if key != self._cache_key:
+            self._cache = encoder(self._registry)
             self._cache_gz = None
-            self._cache_t = t
-        return self._cache
+            self._cache_key = key
+        return self._cache, content_type
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        body = self.render()
+        body, content_type = self.render(request.headers.get("Accept", ""))
         self.scrapes += 1
-        headers = {"Content-Type": CONTENT_TYPE}
-        if "gzip" in request.headers.get("Accept-Encoding", ""):  # as prometheus_client's ASGI app does
+        headers = {"Content-Type": content_type}
+        if gzip_accepted(request.headers.get("Accept-Encoding", "")):  # as prometheus_client's ASGI app
             if self._cache_gz is None:
-                self._cache_gz = gzip.compress(body, compresslevel=6)
+                self._cache_gz = gzip.compress(body)
             headers["Content-Encoding"] = "gzip"
             body = self._cache_gz
         return web.Response(body=body, headers=headers)

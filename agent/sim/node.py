@@ -1,14 +1,11 @@
 """The simulated demo node: 8 × H100-SXM, four vLLM engines serving real ``/metrics`` pages.
 
-=========  ===============================  ====  ======  ==========  =============================
-engine     model                            GPUs  TP      version     notes
-=========  ===============================  ====  ======  ==========  =============================
-llama-70b  Llama-3.1-70B-Instruct, bf16     0–3   4       2024-07     the production deployment
-llama-70b  Llama-3.1-70B-Instruct, fp8      4–5   2       2024-09     the canary of the next build
--canary    (weights and KV cache in fp8)
-mistral-7b Mistral-7B-Instruct-v0.3         6     1       v0.3
-qwen-14b   Qwen2.5-14B-Instruct             7     1       2024-09
-=========  ===============================  ====  ======  ==========  =============================
+- ``llama-70b``: Llama-3.1-70B-Instruct in bf16, TP4 on GPUs 0–3, version ``2024-07``
+  (the production deployment);
+- ``llama-70b-canary``: the same served model in fp8 (weights and KV cache), TP2 on GPUs 4–5,
+  version ``2024-09`` (the canary of the next build);
+- ``mistral-7b``: Mistral-7B-Instruct-v0.3 on GPU 6, version ``v0.3``;
+- ``qwen-14b``: Qwen2.5-14B-Instruct on GPU 7, version ``2024-09``.
 
 Each engine's traffic peaks at ``peak_load`` × its capacity in the afternoon and falls to a
 fifth of that at night, so cost per token swings through the day like a real node's. The two

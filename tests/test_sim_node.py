@@ -181,3 +181,8 @@ async def test_gpus_must_not_be_shared(tmp_path: Path) -> None:
     clash = (*DEFAULT_ENGINES, EngineSpec("extra", DEFAULT_ENGINES[2].model, (6,), "v1"))
     with pytest.raises(ValueError, match="GPU 6"):
         SimNode(ManualClock(T0), tmp_path, engines=clash)
+
+
+def test_engine_configs_need_a_started_node(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="start"):
+        SimNode(ManualClock(T0), tmp_path, target_page_bytes=None).engine_configs()

@@ -195,7 +195,12 @@ class SimNode:
         return {name: m.engine for name, m in self._members.items()}
 
     def engine_configs(self) -> list[EngineConfig]:
-        """The agent's config of every engine: URL of the running server, GPUs, version file."""
+        """The agent's config of every engine: URL of the running server, GPUs, version file.
+
+        Call it after :meth:`start` (the servers bind free ports then).
+        """
+        if any(m.server.port == 0 for m in self._members.values()):
+            raise RuntimeError("SimNode.engine_configs() needs the servers' ports: await start() first")
         return [
             EngineConfig(
                 name=name,

@@ -210,3 +210,22 @@ def test_parse_benchmark_reports_its_figures() -> None:
     assert set(result) == {"page_bytes", "ours_ms", "prometheus_client_ms", "speedup"}
     assert 80_000 < result["page_bytes"] < 130_000
     assert len(lines) == 1 and "prometheus_client" in lines[0]
+
+
+def test_underscore_escaped_names_from_newer_prometheus_client_map_the_same() -> None:
+    """prometheus_client ≥ 0.2x answers an OpenMetrics Accept header with ``vllm_x`` for
+    ``vllm:x``; the adapter reads both spellings to the same signals."""
+    from prometheus_client import CollectorRegistry, Counter
+    from prometheus_client.openmetrics.exposition import generate_latest as om_latest
+
+    from agent.sources.engines import ADAPTERS, detect_kind
+
+    reg = CollectorRegistry()
+    c = Counter("vllm:generation_tokens", "tokens", ["model_name", "engine"], registry=reg)
+    c.labels("m", "0").inc(42)
+    escaped = om_latest(reg).decode()
+    samples = [line for line in escaped.splitlines() if not line.startswith("#")]
+    assert samples[0].startswith("vllm_generation_tokens_total{")  # only HELP/TYPE keep the colon
+    assert detect_kind(escaped) == "vllm"
+    (sig,) = ADAPTERS["vllm"].parse(escaped)
+    assert sig.model == "m" and sig.generation_tokens_total == 42

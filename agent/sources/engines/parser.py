@@ -124,6 +124,10 @@ class FamilyParser:
 
     def __init__(self, families: Iterable[str]) -> None:
         self.names = expand_families(families)
+        # prometheus_client ≥ 0.2x escapes ':' to '_' when it answers in OpenMetrics with the
+        # default "underscores" escaping (vllm:x → vllm_x): read both spellings, report the canonical.
+        self._canonical = {n.replace(":", "_"): n for n in self.names if ":" in n}
+        self.names = self.names | frozenset(self._canonical)
         # A trie of the names: sre rejects a line after its first differing character instead of
         # trying every name in turn, and the literal "\n<common prefix>" lets it jump between
         # candidate lines in C.
@@ -163,6 +167,7 @@ class FamilyParser:
             except ValueError:
                 raise ParseError(f"invalid value {value_tok!r} in line {m.group(0).strip()!r}") from None
             ts = _number(ts_tok, m.group(0).strip()) / 1000.0 if ts_tok is not None else None
+            name = self._canonical.get(name, name)
             bucket = out.get(name)
             if bucket is None:
                 out[name] = bucket = []

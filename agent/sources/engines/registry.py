@@ -12,7 +12,11 @@ ADAPTERS: dict[str, Adapter] = {
     for a in (vllm.ADAPTER, sglang.ADAPTER, tgi.ADAPTER, triton.ADAPTER, trtllm.ADAPTER, llamacpp.ADAPTER)
 }
 
-_BY_PREFIX: dict[str, str] = {p: a.kind for a in ADAPTERS.values() for p in a.prefixes}
+# Newer prometheus_client releases answer an OpenMetrics Accept header with names "escaped" to
+# underscores (vllm:x → vllm_x): recognise both spellings.
+_BY_PREFIX: dict[str, str] = {
+    spelling: a.kind for a in ADAPTERS.values() for p in a.prefixes for spelling in {p, p.replace(":", "_")}
+}
 _DETECT_RE = re.compile(
     r"^[ \t]*(" + "|".join(re.escape(p) for p in sorted(_BY_PREFIX, key=len, reverse=True)) + ")",
     re.MULTILINE,

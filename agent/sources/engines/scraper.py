@@ -30,7 +30,9 @@ logger = logging.getLogger(__name__)
 # Media types of the Prometheus text format (0.0.4) and OpenMetrics text. A missing header is
 # accepted (hand-written servers omit it); anything else (HTML, JSON, octet-stream) is refused.
 ACCEPTED_TYPES = ("text/plain", "application/openmetrics-text")
-ACCEPT_HEADER = "text/plain;version=0.0.4;q=1,application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1"
+# Plain text only: prometheus_client (what vLLM and SGLang serve with) ignores q-values and, asked
+# for OpenMetrics, escapes "vllm:" names to "vllm_" in its newer releases.
+ACCEPT_HEADER = "text/plain;version=0.0.4,*/*;q=0.1"
 CHUNK_BYTES = 64 * 1024  # read size; the max_bytes cap is checked after each chunk
 
 

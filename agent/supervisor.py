@@ -151,6 +151,8 @@ class Agent:
         rnd = await self.sampler.sample()
         self.joiner.add_round(rnd)
         self.ledger.observe_nvml(rnd)
+        if self.hooks.store is not None:
+            self.hooks.store.write_nvml_round(self.cfg.node, rnd)
 
     async def _tick_once(self, scrapers: Sequence[EngineScraper]) -> None:
         results: list[EngineScrape] = list(await asyncio.gather(*(s.scrape() for s in scrapers)))
@@ -159,8 +161,10 @@ class Agent:
             self.ledger.observe_scrape(r)
         tick = self.joiner.close_tick(self.clock.now(), scrapes, self.versions.read())
         self.ledger.apply(tick)
-        if self.hooks.store is not None and tick.windows:
-            self.hooks.store.write_windows(tick.windows)
+        if self.hooks.store is not None:
+            self.hooks.store.write_engine_scrapes(self.cfg.node, results)
+            if tick.windows:
+                self.hooks.store.write_windows(tick.windows)
         self._ticks += 1
         self._snapshot = self.ledger.snapshot()
         for cb in self.hooks.on_tick:

@@ -25,8 +25,8 @@ T0 = 1_700_049_600.0  # 2023-11-15 12:00 UTC, a Wednesday afternoon
 async def node(tmp_path: Path) -> AsyncIterator[tuple[SimNode, ManualClock]]:
     clock = ManualClock(T0)
     # tick_seconds=None: a ManualClock's sleep moves time, so a background tick would race the test.
-    # openmetrics=False: the agent's scraper lists OpenMetrics in Accept, and what prometheus_client
-    # (hence vLLM) answers to that is broken; see test_agent_scraper_against_negotiating_engines.
+    # openmetrics=False: these tests do not depend on the scraper's Accept header;
+    # test_agent_scraper_against_negotiating_engines covers negotiation.
     sim = SimNode(clock, tmp_path / "labels", seed=1, tick_seconds=None, openmetrics=False)
     await sim.start()
     yield sim, clock
@@ -81,13 +81,10 @@ async def test_agent_scraper_reads_every_engine(node: tuple[SimNode, ManualClock
     assert scrapes["llama-70b-canary"].models[0].model == "meta-llama/Llama-3.1-70B-Instruct"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the scraper's Accept header lists application/openmetrics-text, so prometheus_client (as in "
-    "vLLM) answers OpenMetrics whose samples are renamed vllm_* while # TYPE keeps vllm:* "
-    "(prometheus/client_python#1177); fix: ACCEPT_HEADER = 'text/plain;version=0.0.4' in scraper.py",
-)
 async def test_agent_scraper_against_negotiating_engines(tmp_path: Path) -> None:
+    # vLLM's make_asgi_app answers OpenMetrics to any Accept header that lists it, and
+    # prometheus_client then renames vllm:x samples to vllm_x but not their # TYPE lines
+    # (prometheus/client_python#1177): the scraper must ask for text/plain only.
     clock = ManualClock(T0)
     sim = SimNode(clock, tmp_path, seed=1, tick_seconds=None, target_page_bytes=None)  # negotiates like vLLM
     await sim.start()

@@ -244,7 +244,7 @@ def forest_scores(sim: SimulatedHistory, detector: ForestDetector) -> list[float
         prev = w.usage.model_version
     scores: list[float | None] = [None] * len(windows)
     last = sim.start
-    for t in sorted(refits) + [float("inf")]:
+    for t in [*sorted(refits), float("inf")]:
         lo = bisect.bisect_right(ends, last)
         hi = bisect.bisect_right(ends, t)
         if detector.fitted(sim.engine, sim.model) and hi > lo:

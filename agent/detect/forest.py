@@ -172,6 +172,8 @@ class ForestDetector:
         version_settle_seconds: float = 6 * 3600.0,
         min_training_windows: int = 2 * 1440,
         n_estimators: int = 100,
+        max_samples: int = 256,
+        clean_above: float = 1.0,
         quantile: float = 0.995,
         max_clean_fraction: float = 0.2,
         seed: int = 0,
@@ -182,7 +184,9 @@ class ForestDetector:
         slow legitimate change; 6 h of a new version spans enough load levels to learn it; 2 days
         is the least history whose daily cycle the forest has seen twice; the 99.5 % quantile
         puts about 7 normal minutes a day over 1, which "for N minutes" in a rule absorbs; a
-        change lasting more than 20 % of the training week is treated as the new normal.
+        change lasting more than 20 % of the training week is treated as the new normal; 256
+        samples per tree is the isolation-forest paper's default; windows scoring over
+        ``clean_above`` under the previous forest are left out of the next training set.
         """
         self.state_dir = state_dir
         self.training_seconds = training_days * 86400.0
@@ -190,6 +194,8 @@ class ForestDetector:
         self.version_settle_seconds = version_settle_seconds
         self.min_training_windows = min_training_windows
         self.n_estimators = n_estimators
+        self.max_samples = max_samples
+        self.clean_above = clean_above
         self.quantile = quantile
         self.max_clean_fraction = max_clean_fraction
         self.seed = seed
@@ -242,7 +248,7 @@ class ForestDetector:
             x = np.vstack(rows)
             previous = self._fits.get(key)
             if previous is not None:
-                keep = self._normalise(previous, self._raw(previous, x)) <= 1.0
+                keep = self._normalise(previous, self._raw(previous, x)) <= self.clean_above
                 if 1.0 - keep.mean() <= self.max_clean_fraction:
                     x = x[keep]
             newest = max(recent, key=lambda w: w.usage.end).usage.model_version
@@ -260,7 +266,12 @@ class ForestDetector:
         forests: list[IsolationForest] = []
         calibration = np.zeros((len(FEATURE_GROUPS), 2))
         for g, cols in enumerate(FEATURE_GROUPS):
-            forest = IsolationForest(n_estimators=self.n_estimators, random_state=self.seed + g, n_jobs=1)
+            forest = IsolationForest(
+                n_estimators=self.n_estimators,
+                max_samples=self.max_samples,
+                random_state=self.seed + g,
+                n_jobs=1,
+            )
             forest.fit(z[:, cols])
             raw = -forest.score_samples(z[:, cols])
             calibration[g] = _calibrate(raw, self.quantile)

@@ -1,0 +1,119 @@
+"""The detection benchmark's scoring on small hand-made cases (not the full benchmark run)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agent.bench.detection import (
+    excess_before,
+    false_alarm_cause,
+    match_events,
+    merge_intervals,
+    score_detector,
+)
+from agent.sim.traffic import MINUTE, WEEK, Incident, SimulatedHistory
+
+T0 = 1_704_067_200.0  # a Monday 00:00 UTC
+
+
+def _inc(
+    kind: str, start_min: int, end_min: int, factor: float = 1.5, visible_min: int | None = None
+) -> Incident:
+    regression = kind not in ("burst", "mix_change", "scrape_gap", "benign_deploy")
+    return Incident(
+        kind=kind,
+        start=T0 + start_min * MINUTE,
+        end=T0 + end_min * MINUTE,
+        factor=factor if regression else 1.0,
+        regression=regression,
+        visible=T0 + (start_min if visible_min is None else visible_min) * MINUTE,
+    )
+
+
+def _sim(incidents: tuple[Incident, ...], minutes: int, excess: np.ndarray | None = None) -> SimulatedHistory:
+    return SimulatedHistory(
+        node="n",
+        engine="e",
+        model="m",
+        start=T0,
+        minutes=minutes,
+        windows=(),
+        incidents=incidents,
+        excess_usd_per_minute=np.zeros(minutes) if excess is None else excess,
+    )
+
+
+@pytest.mark.parametrize(
+    ("intervals", "merged"),
+    [
+        ([], []),
+        ([(5, 6), (1, 2)], [(1, 2), (5, 6)]),
+        ([(1, 3), (2, 5), (5, 7), (9, 10)], [(1, 7), (9, 10)]),
+        ([(1, 10), (2, 3)], [(1, 10)]),
+    ],
+)
+def test_merge_intervals(intervals: list[tuple[float, float]], merged: list[tuple[float, float]]) -> None:
+    assert merge_intervals(intervals) == merged
+
+
+def test_match_events_first_event_detects_and_others_are_false_alarms() -> None:
+    incs = (_inc("step", 100, 200), _inc("burst", 300, 320), _inc("drift", 1000, 2000))
+    events = [T0 + 50 * MINUTE, T0 + 110 * MINUTE, T0 + 150 * MINUTE, T0 + 305 * MINUTE, T0 + 2020 * MINUTE]
+    out = match_events(events, incs, grace=30 * MINUTE)
+    # The step is detected by its first event; the drift by one within the 30-minute grace.
+    assert out.detections == {0: T0 + 110 * MINUTE, 2: T0 + 2020 * MINUTE}
+    # Before any incident, and inside a benign burst: false alarms. The second event in the step is neither.
+    assert out.false_alarms == (T0 + 50 * MINUTE, T0 + 305 * MINUTE)
+    assert false_alarm_cause(T0 + 305 * MINUTE, incs) == "burst"
+    assert false_alarm_cause(T0 + 50 * MINUTE, incs) == "normal traffic"
+
+
+def test_excess_before_detection_counts_only_until_detection() -> None:
+    excess = np.zeros(100)
+    excess[10:20] = 2.0  # dollars per minute
+    inc = _inc("step", 10, 20)
+    assert excess_before(excess, T0, inc, T0 + 13 * MINUTE) == pytest.approx(6.0)
+    assert excess_before(excess, T0, inc, None) == pytest.approx(20.0)  # missed: the whole excess
+    assert excess_before(excess, T0, inc, T0 + 5 * MINUTE) == 0.0  # detected before it started
+
+
+def test_score_detector_recall_delays_and_false_alarm_rate() -> None:
+    minutes = int(2 * WEEK / MINUTE)
+    warmup = WEEK
+    w = int(WEEK / MINUTE)
+    incs = (
+        _inc("step", w + 100, w + 400, factor=1.5),  # detected 10 min after it became visible
+        _inc("drift", w + 1000, w + 3000, factor=1.3, visible_min=w + 1500),  # detected 30 min after visible
+        _inc("util_drop", w + 5000, w + 5200, factor=1.1),  # missed, below the 1.2× target
+        _inc("intermittent", w + 6000, w + 6400, factor=2.0),  # missed
+        _inc("step", 100, 200, factor=2.0),  # in the warm-up: not scored
+    )
+    excess = np.zeros(minutes)
+    excess[w + 100 : w + 400] = 1.0
+    events = [
+        T0 + 50 * MINUTE,  # warm-up: ignored
+        T0 + (w + 110) * MINUTE,
+        T0 + (w + 1530) * MINUTE,
+        T0 + (w + 8000) * MINUTE,  # false alarm
+    ]
+    s = score_detector("x", [(events, _sim(incs, minutes, excess))], warmup)
+    assert (s.regressions, s.detected) == (4, 2)
+    assert (s.regressions_target, s.detected_target) == (3, 2)
+    assert s.recall == pytest.approx(0.5)
+    assert s.recall_target == pytest.approx(2 / 3)
+    assert sorted(s.delays_minutes) == [10.0, 30.0]
+    assert s.median_delay_minutes == pytest.approx(20.0)
+    assert s.false_alarms == 1
+    assert s.node_weeks == pytest.approx(1.0)
+    assert s.false_alarms_per_node_week == pytest.approx(1.0)
+    assert s.usd_before_detection == pytest.approx(10.0)  # 10 minutes × $1 before the step was caught
+    assert set(s.missed) == {"util_drop ×1.1", "intermittent ×2"}
+
+
+def test_detection_before_visible_onset_counts_as_zero_delay() -> None:
+    minutes = int(2 * WEEK / MINUTE)
+    w = int(WEEK / MINUTE)
+    incs = (_inc("drift", w + 100, w + 3000, factor=2.0, visible_min=w + 900),)
+    s = score_detector("x", [([T0 + (w + 500) * MINUTE], _sim(incs, minutes))], WEEK)
+    assert s.delays_minutes == (0.0,)

@@ -1,0 +1,161 @@
+"""The isolation-forest detector: load-aware scoring, determinism, refit policy, persistence."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import joblib
+import numpy as np
+import pytest
+
+from agent.detect.forest import FEATURE_NAMES, STATE_FILE, ForestDetector, features
+from agent.samples import CostWindow
+from agent.sim.traffic import DAY, HOUR, SimulatedHistory, simulate_node
+
+
+@pytest.fixture(scope="module")
+def week() -> SimulatedHistory:
+    # One clean week (incidents only start after the warm-up, so none here).
+    sim = simulate_node(seed=11, weeks=1)
+    assert sim.regressions == ()
+    return sim
+
+
+@pytest.fixture(scope="module")
+def fitted(week: SimulatedHistory) -> ForestDetector:
+    det = ForestDetector(None, seed=3)
+    train = [w for w in week.windows if w.usage.end <= week.start + 6 * DAY]
+    assert det.fit(train) == [(week.engine, week.model)]
+    return det
+
+
+def _at(sim: SimulatedHistory, day: int, hour: float) -> CostWindow:
+    t = sim.start + day * DAY + hour * HOUR
+    return min(sim.windows, key=lambda w: abs(w.usage.start - t))
+
+
+def _regressed(w: CostWindow, factor: float) -> CostWindow:
+    """The same minute on ``factor`` × the GPUs, each that much slower (a 'step after a deploy')."""
+    u = dataclasses.replace(
+        w.usage,
+        gpu_seconds=w.usage.gpu_seconds * factor,
+        energy_joules=(w.usage.energy_joules or 0.0) * factor,
+        itl_p99_seconds=(w.usage.itl_p99_seconds or 0.0) * factor,
+    )
+    assert w.usd_per_1m_output is not None
+    return dataclasses.replace(
+        w,
+        usage=u,
+        gpu_time_usd=w.gpu_time_usd * factor,
+        usd_per_1m_output=w.usd_per_1m_output * factor,
+        roofline_ratio=(w.roofline_ratio or 0.0) / factor,
+    )
+
+
+def test_features_order_and_absence(week: SimulatedHistory) -> None:
+    w = _at(week, 2, 14)
+    f = features(w)
+    assert f is not None and f.shape == (len(FEATURE_NAMES),)
+    assert f[FEATURE_NAMES.index("log10_usd_per_1m_output")] == pytest.approx(np.log10(w.usd_per_1m_output))
+    assert f[FEATURE_NAMES.index("gpu_util_ratio")] == pytest.approx(w.usage.gpu_util_ratio)
+    # No tokens: nothing to judge.
+    idle = dataclasses.replace(
+        w, usage=dataclasses.replace(w.usage, generation_tokens=0.0), usd_per_1m_output=None
+    )
+    assert features(idle) is None
+    # An engine without latency histograms: NaN, not zero.
+    bare = dataclasses.replace(w, usage=dataclasses.replace(w.usage, ttft_p99_seconds=None))
+    g = features(bare)
+    assert g is not None and np.isnan(g[FEATURE_NAMES.index("log10_ttft_p99_seconds")])
+
+
+def test_night_and_weekend_troughs_are_normal(week: SimulatedHistory, fitted: ForestDetector) -> None:
+    # Day 6 (Sunday) was not trained on. Its 04:00 trough costs far more per token than a weekday peak...
+    trough, peak = _at(week, 6, 4), _at(week, 3, 14)
+    assert trough.usd_per_1m_output is not None and peak.usd_per_1m_output is not None
+    assert trough.usd_per_1m_output > 2.0 * peak.usd_per_1m_output
+    # ...and yet the forest, which knows the load and the hour, does not call it anomalous.
+    scores = fitted.score_many([_at(week, 6, h) for h in (1, 3, 4, 5, 23)])
+    assert all(s is not None and s < 1.0 for s in scores), scores
+
+
+def test_injected_regression_scores_above_one(week: SimulatedHistory, fitted: ForestDetector) -> None:
+    for day, hour in ((6, 15), (6, 4), (5, 11)):
+        w = _at(week, day, hour)
+        normal, bad = fitted.score(w), fitted.score(_regressed(w, 1.5))
+        assert normal is not None and bad is not None
+        assert normal < 1.0 < bad, (day, hour, normal, bad)
+
+
+def test_no_forest_or_no_tokens_means_no_score(week: SimulatedHistory, fitted: ForestDetector) -> None:
+    w = _at(week, 6, 12)
+    assert ForestDetector(None).score(w) is None
+    other = dataclasses.replace(w, usage=dataclasses.replace(w.usage, model="other-model"))
+    assert fitted.score(other) is None
+
+
+def test_deterministic_with_a_seed(week: SimulatedHistory) -> None:
+    train = [w for w in week.windows if w.usage.end <= week.start + 3 * DAY]
+    probe = [_at(week, 5, h) for h in range(0, 24, 3)]
+    a, b = ForestDetector(None, seed=5), ForestDetector(None, seed=5)
+    a.fit(train)
+    b.fit(train)
+    assert a.score_many(probe) == b.score_many(probe)
+    again = simulate_node(seed=11, weeks=1)
+    assert again.windows[:500] == week.windows[:500]
+
+
+def test_too_little_history_keeps_no_forest(week: SimulatedHistory) -> None:
+    det = ForestDetector(None)
+    assert det.fit(week.windows[:600]) == []
+    assert not det.fitted(week.engine, week.model)
+
+
+@pytest.mark.parametrize(
+    ("fitted_at_h", "now_h", "version_change_h", "expected"),
+    [
+        (None, 0, None, True),  # never fitted
+        (0, 23, None, False),
+        (0, 24, None, True),  # daily
+        (0, 3, 1, False),  # new version, not settled yet (6 h)
+        (0, 7, 1, True),  # new version settled since the last fit
+        (8, 9, 1, False),  # already refitted after it settled
+    ],
+)
+def test_needs_refit(
+    week: SimulatedHistory,
+    fitted_at_h: float | None,
+    now_h: float,
+    version_change_h: float | None,
+    expected: bool,
+) -> None:
+    det = ForestDetector(None)
+    t0 = week.start + 3 * DAY
+    if fitted_at_h is not None:
+        det.fit(week.windows, now=t0 + fitted_at_h * HOUR)
+    change = None if version_change_h is None else t0 + version_change_h * HOUR
+    assert det.needs_refit(week.engine, week.model, t0 + now_h * HOUR, change) is expected
+
+
+def test_save_and_load_round_trip(tmp_path: Path, week: SimulatedHistory, fitted: ForestDetector) -> None:
+    fitted.state_dir = tmp_path
+    try:
+        path = fitted.save()
+    finally:
+        fitted.state_dir = None
+    assert path == tmp_path / STATE_FILE and path.exists()
+    probe = [_at(week, 6, h) for h in (2, 10, 18)]
+    loaded = ForestDetector(tmp_path)
+    assert loaded.load()
+    assert loaded.score_many(probe) == fitted.score_many(probe)
+
+
+def test_load_refuses_missing_foreign_or_corrupt_state(tmp_path: Path) -> None:
+    det = ForestDetector(tmp_path)
+    assert not det.load()  # nothing saved yet
+    joblib.dump({"format": 999, "fits": {}}, tmp_path / STATE_FILE)
+    assert not det.load()
+    (tmp_path / STATE_FILE).write_bytes(b"not a joblib file")
+    assert not det.load()
+    assert ForestDetector(None).load() is False

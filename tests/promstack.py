@@ -110,10 +110,12 @@ def _rate(spec: MetricSpec, labels: Mapping[str, str]) -> float:
 
 class CatalogueCollector:
     """A prometheus_client collector that emits every catalogue family with synthetic values:
-    counters grow linearly from the collector's start, gauges hold steady."""
+    counters grow linearly from the collector's start, gauges hold steady. ``overrides`` pins a
+    family (full name) to one value, e.g. ``{"infercost_engine_up": 0.0}``."""
 
-    def __init__(self) -> None:
+    def __init__(self, overrides: Mapping[str, float] | None = None) -> None:
         self._t0 = time.time()
+        self.overrides = dict(overrides or {})
 
     def collect(self) -> Iterator[Metric]:
         """Build the families at scrape time."""
@@ -127,6 +129,7 @@ class CatalogueCollector:
             for labels in label_sets(spec):
                 rate = _rate(spec, labels)
                 value = rate * elapsed if spec.kind == "counter" else rate
+                value = self.overrides.get(spec.full_name, value)
                 fam.add_metric([labels[k] for k in spec.labels], value)
             yield fam
 
@@ -134,9 +137,9 @@ class CatalogueCollector:
 class CatalogueExporter:
     """A real HTTP /metrics endpoint (prometheus_client's server) serving the catalogue."""
 
-    def __init__(self) -> None:
+    def __init__(self, overrides: Mapping[str, float] | None = None) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(CatalogueCollector())
+        self.registry.register(CatalogueCollector(overrides))
         self._server, self._thread = start_http_server(0, addr="127.0.0.1", registry=self.registry)
         self.port = int(self._server.server_address[1])
 
@@ -193,12 +196,16 @@ class _Process:
         self._fh.close()
 
 
-def test_copy_of_rules(src: Path, dest: Path) -> Path:
+def test_copy_of_rules(src: Path, dest: Path, alert_for: str | None = None) -> Path:
     """Copy a rule file with every group's ``interval`` removed, so all groups run at the test
-    config's 1 s evaluation interval (a 5 m group would not evaluate within a test)."""
+    config's 1 s evaluation interval (a 5 m group would not evaluate within a test); with
+    ``alert_for``, every alert's ``for:`` becomes that duration (e.g. "0s")."""
     doc = yaml.safe_load(src.read_text())
     for group in doc["groups"]:
         group.pop("interval", None)
+        for rule in group["rules"]:
+            if alert_for is not None and "alert" in rule:
+                rule["for"] = alert_for
     dest.write_text(yaml.safe_dump(doc, sort_keys=False))
     return dest
 

@@ -131,7 +131,10 @@ def test_real_alertmanager_routes_page_and_warning(tmp_path: Path) -> None:
         assert slack_page[0]["channel"] == "#llm-cost"
         assert slack_page[0]["attachments"][0]["title"].startswith("[FIRING:1] ")
         assert slack_page[0]["attachments"][0]["color"] == "danger"
-        assert "*InfercostEngineDown* (warning)" in slack_warn[0]["attachments"][0]["text"]
+        assert (
+            "*InfercostEngineDown* (warning): engine vllm-0 (vllm) on n1 is down"
+            in (slack_warn[0]["attachments"][0]["text"])
+        )
         # Both groups were flushed together; give a stray warning page one more flush to show up.
         time.sleep(1.5)
         assert all("InfercostEngineDown" not in json.dumps(b) for b in receiver.bodies("/pagerduty"))

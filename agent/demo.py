@@ -44,7 +44,7 @@ from agent.sim.node import SimNode
 from agent.sim.scenario import Rollout, Scenario
 from agent.snapshot import Snapshot
 from agent.sources.nvml.sampler import make_backend
-from agent.sources.prices import load_price_book
+from agent.sources.prices import PriceBook, load_price_book
 from agent.supervisor import Agent, Hooks
 
 logger = logging.getLogger(__name__)
@@ -170,7 +170,9 @@ async def run_demo(seconds: float = 60.0, speed: float = 60.0, port: int = 9464,
     console = Console()
     if console.width < 150:
         console = Console(width=150)  # the table needs about 150 columns; a narrow terminal wraps it
-    clock = AcceleratedClock(speed)
+    # the story starts at 13:00 UTC today (simulated): afternoon traffic, the node busy
+    day = dt.datetime.now(tz=dt.UTC).replace(hour=13, minute=0, second=0, microsecond=0)
+    clock = AcceleratedClock(speed, start=day.timestamp())
     inbox = SlackInbox()
     await inbox.start()
     os.environ[DEMO_SLACK_ENV] = inbox.url
@@ -181,8 +183,10 @@ async def run_demo(seconds: float = 60.0, speed: float = 60.0, port: int = 9464,
         DEMO_STORY.schedule(sim, clock.now())
         cfg = demo_config(state, port, speed, slack=True)
         backend = make_backend(cfg.nvml, load=sim.gpu_load, clock=clock)
-        hooks = _demo_hooks(cfg, clock)
-        agent = Agent(cfg, clock, load_price_book(None), backend, sim.engine_configs(), hooks)
+        book = load_price_book(None)
+        console.print(f"preparing {HISTORY_SECONDS / 3600:.0f} h of simulated history for the baselines…")
+        hooks = _demo_hooks(cfg, clock, book)
+        agent = Agent(cfg, clock, book, backend, sim.engine_configs(), hooks)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         with contextlib.suppress(NotImplementedError):
@@ -213,11 +217,23 @@ async def run_demo(seconds: float = 60.0, speed: float = 60.0, port: int = 9464,
     return 0
 
 
-def _demo_hooks(cfg: Config, clock: AcceleratedClock) -> Hooks:
-    from agent.cli import _build_hooks
+DEMO_QUIET_RULES = frozenset({"ttft_p99_high", "gpu_underutilised"})  # latency/waste rules: not this story
+HISTORY_SECONDS = 3 * 3600.0  # simulated history written before the demo starts, for the baselines
 
-    hooks: Hooks = _build_hooks(cfg, clock)
-    return hooks
+
+def _demo_hooks(cfg: Config, clock: AcceleratedClock, book: PriceBook) -> Hooks:
+    """Store with a few hours of simulated history, and the pipeline with the cost rules."""
+    from agent.detect.pipeline import build_pipeline
+    from agent.detect.rules import RuleSet, load_default_rules
+    from agent.sim.history import backfill
+    from agent.store import Store
+
+    store = Store(cfg.state_dir / "history.sqlite", cfg.store.retention_days, clock)
+    now = clock.now()
+    backfill(store, cfg.node, book, now - HISTORY_SECONDS, now)
+    rules = load_default_rules()
+    rules = RuleSet(tuple(r for r in rules if r.id not in DEMO_QUIET_RULES), rules.sources)
+    return Hooks(store=store, pipeline=build_pipeline(cfg, store, clock, rules=rules))
 
 
 __all__ = ["TickResult", "render_view", "run_demo"]

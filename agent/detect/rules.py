@@ -285,6 +285,10 @@ class LikeLoad(_Frozen):
     # day's load is not comparable, while a factor of two keeps enough minutes in each band.
     band_ratio: float | None = Field(2.0, gt=1.0)  # width of a load band (ratio); None = no bands
     min_tokens_per_second: float | None = Field(None, ge=0)  # tokens/s, both now and in the baseline
+    # What "load" is for the bands. Tokens/s is an output: a build that got slower makes fewer
+    # tokens/s at the same demand and would be compared with quieter hours. Requests in flight
+    # (concurrency) is the demand the engine is asked to carry and does not fall when it slows.
+    signal: Literal["generation_tokens_per_second", "requests_running"] = "generation_tokens_per_second"
 
 
 class BaselineSpec(_Frozen):
@@ -578,6 +582,12 @@ class _CompiledRule:
             (SIGNALS[g.signal].fn, idx(SIGNALS[g.signal].inputs), OPS[g.op], g.value) for g in rule.where
         ]
         self.load_idx = idx(("generation_tokens", "seconds")) if self.kind == "model" else ()
+        like = rule.baseline.like_load if rule.baseline is not None else None
+        self.band_idx = (
+            idx(("running.s", "running.w"))
+            if like is not None and like.signal == "requests_running"
+            else self.load_idx
+        )
         self.names = tuple(names)
         self.n = len(names)
         self.cmp = OPS[rule.op]
@@ -594,17 +604,27 @@ class _CompiledRule:
         g, s = v[self.load_idx[0]], v[self.load_idx[1]]
         return g / s if s > 0 else None
 
-    def _bucket(self, tps: float | None, minute: float) -> tuple[Any, ...] | None:
+    def _band_load(self, v: Sequence[float]) -> float | None:
+        if not self.band_idx:
+            return None
+        num, den = v[self.band_idx[0]], v[self.band_idx[1]]
+        return num / den if den > 0 else None
+
+    def _bucket(self, v: Sequence[float], minute: float) -> tuple[Any, ...] | None:
         b = self.rule.baseline
         assert b is not None
         band: int | None = None
         if b.like_load is not None:
+            tps = self._load(v)
             if tps is None:
                 return None
             if b.like_load.min_tokens_per_second is not None and tps < b.like_load.min_tokens_per_second:
                 return None
             if b.like_load.band_ratio is not None:
-                band = load_band(tps, b.like_load.band_ratio)
+                load = self._band_load(v)
+                if load is None:
+                    return None
+                band = load_band(load, b.like_load.band_ratio)
                 if band is None:
                     return None
         how = hour_of_week(minute) if b.same_hour_of_week else None
@@ -667,7 +687,7 @@ class _CompiledRule:
                 value = self.sig_fn([vec[i] for i in self.sig_idx])
                 if value is None:
                     continue
-                bucket = self._bucket(self._load(vec), minute)
+                bucket = self._bucket(vec, minute)
                 if bucket is None:
                     continue
                 inputs = tuple(vec[i] for i in self.sig_idx)
@@ -691,7 +711,7 @@ class _CompiledRule:
                 else None
             )
         assert self.baseline is not None and rule.baseline is not None and rule.factor is not None
-        bucket = self._bucket(tps, now - MINUTE)
+        bucket = self._bucket(sums, now - MINUTE)
         if bucket is None:
             return None
         bkey = (self._baseline_key(key), bucket)

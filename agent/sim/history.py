@@ -1,0 +1,121 @@
+"""A week (or any span) of simulated history for the demo node, priced by the real window join.
+
+The demo's rules compare cost per token with a 7-day baseline, so the demo needs a week of
+history when it starts. This replays the same engine physics as :class:`~agent.sim.node.SimNode`
+offline, minute by minute, turns each engine's state into the signals a vLLM scrape would give
+and each GPU's load into an NVML reading, and prices them with :class:`WindowJoiner` — the same
+code path as the live daemon, without HTTP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from agent.config import EngineConfig
+from agent.cost.window import WindowJoiner
+from agent.samples import CostWindow, EngineScrape, GpuSample, Histogram, ModelSignals, NvmlRound
+from agent.sim.engine import H100_SXM, Deployment, EngineState, SimEngine, Traffic
+from agent.sim.node import DEFAULT_ENGINES, EngineSpec, _traffic_for
+from agent.sources.prices import PriceBook
+
+MINUTE = 60.0
+
+
+def _hist(state: EngineState, name: str) -> Histogram | None:
+    buckets = state.histograms.get(name)
+    if not buckets:
+        return None
+    return Histogram(tuple((float(le), float(c)) for le, c in buckets), state.histogram_sums[name], float(buckets[-1][1]))
+
+
+def signals_of(state: EngineState) -> ModelSignals:
+    """What the vLLM adapter reads from this engine's page, without rendering the page."""
+    return ModelSignals(
+        model=state.model_name,
+        prompt_tokens_total=float(state.prompt_tokens_total),
+        generation_tokens_total=float(state.generation_tokens_total),
+        requests_running=float(state.requests_running),
+        requests_waiting=float(state.requests_waiting),
+        kv_cache_usage_ratio=state.kv_cache_usage_ratio,
+        preemptions_total=float(state.preemptions_total),
+        requests_finished_total={k: float(v) for k, v in state.finished_total.items()},
+        ttft_seconds=_hist(state, "time_to_first_token_seconds"),
+        itl_seconds=_hist(state, "inter_token_latency_seconds"),
+        e2e_seconds=_hist(state, "e2e_request_latency_seconds"),
+    )
+
+
+def simulated_history(
+    node: str,
+    book: PriceBook,
+    start: float,
+    end: float,
+    specs: Sequence[EngineSpec] = DEFAULT_ENGINES,
+    seed: int = 0,
+    step: float = MINUTE,
+) -> Iterator[tuple[CostWindow, ...]]:
+    """Priced windows of every engine, one tuple per ``step`` seconds over [start, end)."""
+    engines: dict[str, SimEngine] = {}
+    configs: list[EngineConfig] = []
+    for i, spec in enumerate(specs):
+        dep = Deployment(spec.model, H100_SXM, tp=len(spec.gpus))
+        probe = SimEngine(dep, Traffic(peak_rps=1.0), start=start, version=spec.version)
+        traffic = spec.traffic or _traffic_for(probe, spec)
+        engines[spec.name] = SimEngine(
+            dep, traffic, start=start, version=spec.version, throughput_factor=spec.throughput_factor,
+            seed=seed * 1000 + i,
+        )  # fmt: skip
+        configs.append(
+            EngineConfig(
+                name=spec.name, url="http://sim.invalid/metrics", gpus=spec.gpus, model_version=spec.version,
+                weights_bytes=dep.model.weight_bytes,
+            )
+        )  # fmt: skip
+    gpu_of = {g: spec.name for spec in specs for g in spec.gpus}
+    joiner = WindowJoiner(node, configs, book)
+    energy = {g: 0.0 for g in range(8)}
+    t = start
+    while t < end:
+        gpus: list[GpuSample] = []
+        scrapes: dict[str, EngineScrape] = {}
+        for name, eng in engines.items():
+            eng.advance_to(t)
+            scrapes[name] = EngineScrape(name, "vllm", t, True, 0.0, (signals_of(eng.state()),))
+        for g in range(8):
+            load = engines[gpu_of[g]].gpu_load() if g in gpu_of else None
+            util = load.util_gpu_ratio if load else 0.0
+            bw = load.dram_bw_ratio if load else 0.0
+            watts = H100_SXM_TDP * (0.1 + 0.9 * (0.7 * util + 0.3 * bw))
+            energy[g] += watts * step
+            gpus.append(
+                GpuSample(
+                    g, f"GPU-sim-{g}", "NVIDIA H100 80GB HBM3", t, util_gpu_ratio=util, dram_bw_ratio=bw,
+                    power_watts=watts, energy_joules=energy[g],
+                )
+            )  # fmt: skip
+        joiner.add_round(NvmlRound(t, True, tuple(gpus)))
+        tick = joiner.close_tick(t, scrapes)
+        if tick.windows:
+            yield tick.windows
+        t += step
+
+
+H100_SXM_TDP = 700.0  # watts
+
+
+def backfill(store: object, node: str, book: PriceBook, start: float, end: float, seed: int = 0) -> int:
+    """Write simulated history into a Store (``agent.store.Store``); returns windows written."""
+    batch: list[CostWindow] = []
+    written = 0
+    for windows in simulated_history(node, book, start, end, seed=seed):
+        batch.extend(windows)
+        if len(batch) >= 4000:
+            written += store.write_windows(batch)  # type: ignore[attr-defined]
+            batch = []
+    if batch:
+        written += store.write_windows(batch)  # type: ignore[attr-defined]
+    return written
+
+
+__all__ = ["Path", "backfill", "signals_of", "simulated_history"]

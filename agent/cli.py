@@ -73,11 +73,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(
         f"price book {book.source_path}: ok — {len(book.model.gpus)} GPU price(s), as of {book.model.as_of}"
     )
-    try:
-        from agent.detect.rules import load_rules
-    except ImportError:  # rules engine not built into this install
-        return EXIT_OK
-    rules = load_rules(cfg.alerts.rules_dirs)
+    from agent.detect.rules import load_default_rules, load_rules
+
+    rules = load_rules(cfg.alerts.rules_dirs) if cfg.alerts.rules_dirs else load_default_rules()
     print(f"rules: ok — {len(rules)} rule(s)")
     return EXIT_OK
 
@@ -110,18 +108,17 @@ async def _run(cfg: Config) -> int:
 
 
 def _build_hooks(cfg: Config, clock: Any) -> Any:
-    """Store, detection pipeline and forest, when those parts are installed."""
+    """The history store, the detection pipeline (rules, alerts, outbox) and the forest scorer."""
+    from agent.detect.pipeline import build_pipeline
+    from agent.detect.scoring import AnomalyScorer
+    from agent.store import Store
     from agent.supervisor import Hooks
 
     hooks = Hooks()
-    try:
-        from agent.detect.pipeline import build_pipeline
-        from agent.store import Store
-    except ImportError:
-        return hooks
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
     hooks.store = Store(cfg.state_dir / "history.sqlite", cfg.store.retention_days, clock)
     hooks.pipeline = build_pipeline(cfg, hooks.store, clock)
+    hooks.scorer = AnomalyScorer(hooks.store, cfg.state_dir, clock)
     return hooks
 
 

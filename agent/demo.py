@@ -3,7 +3,7 @@
 The demo runs the same :class:`~agent.supervisor.Agent` as ``infercost run``: the fake NVML
 library (driven by the simulated engines' load) and four simulated vLLM engines serving real
 ``/metrics`` pages over HTTP on 127.0.0.1, scraped like any engine. Everything runs on an
-accelerated clock (``speed`` simulated seconds per real second). The story: ten simulated minutes
+accelerated clock (``speed`` simulated seconds per real second). The story: five simulated minutes
 in, the canary of Llama-3.1-70B gets a build with ~35 % lower throughput; its cost per token rises,
 a rule fires, and the alert — naming the deploy — reaches a local Slack-like receiver whose
 messages the demo prints.
@@ -52,8 +52,8 @@ logger = logging.getLogger(__name__)
 DEMO_SLACK_ENV = "INFERCOST_DEMO_SLACK_URL"
 DEMO_STORY = Scenario(
     "demo",
-    "Ten minutes in, the Llama-3.1-70B canary gets build 2024-10 (a fused kernel lost: -35 % throughput).",
-    (Rollout(600.0, "llama-70b-canary", "2024-10", 0.65),),
+    "Five minutes in, the Llama-3.1-70B canary gets build 2024-10 (a fused kernel lost: -40 % throughput).",
+    (Rollout(300.0, "llama-70b-canary", "2024-10", 0.6),),
 )
 
 
@@ -225,6 +225,7 @@ def _demo_hooks(cfg: Config, clock: AcceleratedClock, book: PriceBook) -> Hooks:
     """Store with a few hours of simulated history, and the pipeline with the cost rules."""
     from agent.detect.pipeline import build_pipeline
     from agent.detect.rules import RuleSet, load_default_rules
+    from agent.detect.scoring import AnomalyScorer
     from agent.sim.history import backfill
     from agent.store import Store
 
@@ -233,7 +234,8 @@ def _demo_hooks(cfg: Config, clock: AcceleratedClock, book: PriceBook) -> Hooks:
     backfill(store, cfg.node, book, now - HISTORY_SECONDS, now)
     rules = load_default_rules()
     rules = RuleSet(tuple(r for r in rules if r.id not in DEMO_QUIET_RULES), rules.sources)
-    return Hooks(store=store, pipeline=build_pipeline(cfg, store, clock, rules=rules))
+    pipeline = build_pipeline(cfg, store, clock, rules=rules)
+    return Hooks(store=store, pipeline=pipeline, scorer=AnomalyScorer(store, cfg.state_dir, clock))
 
 
 __all__ = ["TickResult", "render_view", "run_demo"]

@@ -411,12 +411,14 @@ class Store:
         band_of: float | None = None,
         band_ratio: float = 2.0,
         same_hour_of_week_as: float | None = None,
+        band_signal: str = "generation_tokens_per_second",
     ) -> Baseline:
         """A trailing baseline of ``signal`` over [end - window, end) for the series matching ``labels``.
 
         ``stat``: ``mean`` (ratio of sums over the comparable minutes), ``median`` or ``pNN``
         (quantile of per-minute values). Comparable minutes: at least ``min_tokens_per_second``;
-        in the same load band as ``band_of`` tokens/s (bands ``band_ratio`` wide); in the same
+        in the same load band as ``band_of`` (bands ``band_ratio`` wide) of ``band_signal``
+        (tokens/s, or ``requests_running``: requests in flight); in the same
         hour of the week as ``same_hour_of_week_as``. Minutes of several series matching
         ``labels`` (e.g. all versions of a model) are summed per minute first.
         """
@@ -439,8 +441,14 @@ class Store:
             tps = sums.get("generation_tokens", 0.0) / secs if secs > 0 else 0.0
             if min_tokens_per_second is not None and tps < min_tokens_per_second:
                 continue
-            if band_of is not None and load_band(tps, band_ratio) != want_band:
-                continue
+            if band_of is not None:
+                if band_signal == "requests_running":
+                    w = sums.get("running.w", 0.0)
+                    load = sums.get("running.s", 0.0) / w if w > 0 else None
+                else:
+                    load = tps
+                if load is None or load_band(load, band_ratio) != want_band:
+                    continue
             if want_how is not None and hour_of_week(minute) != want_how:
                 continue
             values.append(value)

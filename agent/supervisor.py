@@ -45,7 +45,7 @@ class Hooks:
     on_tick: list[Callable[[TickResult, Snapshot], None]] = field(default_factory=list)
     store: Any = None  # agent.store.Store
     pipeline: Any = None  # agent.detect.pipeline.Pipeline
-    forest: Any = None  # agent.detect.forest.ForestScorer
+    scorer: Any = None  # agent.detect.scoring.AnomalyScorer
 
 
 class Agent:
@@ -173,6 +173,9 @@ class Agent:
     async def _detect_once(self) -> None:
         pipeline = self.hooks.pipeline
         now = self.clock.now()
+        if self.hooks.scorer is not None:  # before the rules, which may read anomaly_score
+            for (engine, model, version), score in (await self.hooks.scorer.step(now)).items():
+                self.ledger.set_anomaly_score((engine, model, version), score)
         await pipeline.step(now)
         self.ledger.set_alerts(pipeline.firing_counts(), pipeline.outbox_pending())
         self._snapshot = self.ledger.snapshot()

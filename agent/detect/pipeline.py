@@ -144,7 +144,9 @@ class Pipeline:
             return None, None
         b = rule.baseline
         band_ratio = b.like_load.band_ratio if b and b.like_load and b.like_load.band_ratio else None
-        band_of = f.tokens_per_second if band_ratio is not None else None
+        by_running = b is not None and b.like_load is not None and b.like_load.signal == "requests_running"
+        band_signal = "requests_running" if by_running else "generation_tokens_per_second"
+        band_of = (f.band_load if by_running else f.tokens_per_second) if band_ratio is not None else None
         window = b.window if b is not None else 7 * 86400.0
         key = {"node": e.node, "engine": e.engine, "model": e.model}
         prev = self.store.baseline(
@@ -154,6 +156,7 @@ class Pipeline:
             window,
             band_of=band_of,
             band_ratio=band_ratio or 2.0,
+            band_signal=band_signal,
         )
         new = self.store.baseline(
             rule.signal,
@@ -162,6 +165,7 @@ class Pipeline:
             max(MINUTE, f.at - e.at),
             band_of=band_of,
             band_ratio=band_ratio or 2.0,
+            band_signal=band_signal,
         )
         return prev.value, new.value
 

@@ -147,6 +147,44 @@ def record_from_cost_window(cw: CostWindow) -> MinuteRecord:
     return MinuteRecord("model", labels, minute, model_sums(cw))
 
 
+def _mean_of(sums: Mapping[str, float], name: str) -> float | None:
+    w = sums.get(name + ".w", 0.0)
+    return sums.get(name + ".s", 0.0) / w if w > 0 else None
+
+
+def window_from_record(r: MinuteRecord) -> CostWindow:
+    """The inverse of :func:`record_from_cost_window`: one model minute as a priced window
+    ([minute, minute + seconds), gauges as their time-weighted means)."""
+    from agent.samples import UsageWindow
+
+    s = r.sums
+    secs = s.get("seconds", MINUTE)
+    gen, prompt, cost = s.get("generation_tokens", 0.0), s.get("prompt_tokens", 0.0), s.get("cost_usd", 0.0)
+    usage = UsageWindow(
+        node=r.label("node"),
+        engine=r.label("engine"),
+        model=r.label("model"),
+        model_version=r.label("model_version") or "unknown",
+        start=r.minute,
+        end=r.minute + secs,
+        prompt_tokens=prompt,
+        generation_tokens=gen,
+        gpu_seconds=s.get("gpu_seconds", 0.0),
+        energy_joules=s.get("energy_joules"),
+        preemptions=s.get("preemptions"),
+        **{attr: _mean_of(s, short) for short, attr in MODEL_GAUGES.items()},
+    )
+    return CostWindow(
+        usage=usage,
+        gpu_time_usd=s.get("gpu_time_usd", cost - s.get("energy_usd", 0.0)),
+        energy_usd=s.get("energy_usd", 0.0),
+        usd_per_1m_output=cost / gen * 1e6 if gen > 0 else None,
+        usd_per_1m_total=cost / (gen + prompt) * 1e6 if gen + prompt > 0 else None,
+        idle_usd=s.get("idle_usd", 0.0),
+        roofline_ratio=_mean_of(s, "roofline"),
+    )
+
+
 def merge_sums(into: dict[str, float], more: Mapping[str, float]) -> None:
     """Add ``more`` into ``into`` (every field is additive)."""
     for k, v in more.items():
@@ -548,6 +586,7 @@ class Finding:
     baseline: float | None = None  # the baseline itself (None for absolute rules)
     baseline_minutes: int = 0  # minutes the baseline was computed from
     tokens_per_second: float | None = None  # generation load of the window (model rules)
+    band_load: float | None = None  # the load the baseline band was chosen by (tokens/s or requests)
 
 
 class _Window:
@@ -725,7 +764,7 @@ class _CompiledRule:
         limit = rule.factor * base
         if not self.cmp(value, limit):
             return None
-        return Finding(rule.id, key, now, value, limit, base, n, tps)
+        return Finding(rule.id, key, now, value, limit, base, n, tps, self._band_load(sums))
 
 
 class RuleEvaluator:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sqlite3
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 
 from agent.clock import Clock, SystemClock
-from agent.detect.rules import MINUTE, MinuteRecord
+from agent.detect.rules import MINUTE, MinuteRecord, window_from_record
 from agent.report.data import (
     WEEK_SECONDS,
     ReportError,
@@ -20,7 +20,7 @@ from agent.report.data import (
     build_from_windows,
 )
 from agent.report.render import render_csv, render_html, render_markdown
-from agent.samples import CostWindow, UsageWindow
+from agent.samples import CostWindow
 
 logger = logging.getLogger(__name__)
 
@@ -28,47 +28,9 @@ RENDERERS = {"md": render_markdown, "csv": render_csv, "html": render_html}
 STORE_FILE = "history.sqlite"  # the store's file name inside the state directory
 
 
-def _gauge(sums: Mapping[str, float], name: str) -> float | None:
-    """A time-weighted gauge from its (value × seconds, seconds) pair; None without weight."""
-    weight = sums.get(name + ".w") or 0.0
-    return sums.get(name + ".s", 0.0) / weight if weight > 0 else None
-
-
 def windows_from_records(records: Iterable[MinuteRecord]) -> list[CostWindow]:
-    """The store's per-minute model rollups as CostWindows (one per minute and series).
-
-    A rollup covers the minute it starts in, so its window is [minute, minute + 60 s)."""
-    out = []
-    for r in records:
-        if r.kind != "model":
-            continue
-        s = dict(r.sums)
-        gen, prompt = s.get("generation_tokens", 0.0), s.get("prompt_tokens", 0.0)
-        cost = s.get("cost_usd", 0.0)
-        usage = UsageWindow(
-            node=r.label("node"),
-            engine=r.label("engine"),
-            model=r.label("model"),
-            model_version=r.label("model_version") or "unknown",
-            start=r.minute,
-            end=r.minute + MINUTE,
-            prompt_tokens=prompt,
-            generation_tokens=gen,
-            gpu_seconds=s.get("gpu_seconds", 0.0),
-            energy_joules=s.get("energy_joules"),
-            gpu_util_ratio=_gauge(s, "gpu_util"),
-        )
-        out.append(
-            CostWindow(
-                usage=usage,
-                gpu_time_usd=s.get("gpu_time_usd", cost - s.get("energy_usd", 0.0)),
-                energy_usd=s.get("energy_usd", 0.0),
-                usd_per_1m_output=cost / gen * 1e6 if gen > 0 else None,
-                usd_per_1m_total=cost / (gen + prompt) * 1e6 if gen + prompt > 0 else None,
-                idle_usd=s.get("idle_usd", 0.0),
-            )
-        )
-    return out
+    """The store's per-minute model rollups as CostWindows (one per minute and series)."""
+    return [window_from_record(r) for r in records if r.kind == "model"]
 
 
 def report_from_store(state_dir: Path, end: float) -> WeeklyReport:

@@ -1,0 +1,46 @@
+"""The isolation forest in the daemon: fitted from the store, scores land in the store and on /metrics."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from agent.clock import ManualClock
+from agent.detect.rules import MINUTE, record_from_cost_window, window_from_record
+from agent.detect.scoring import AnomalyScorer
+from agent.store import Store, backfill_simulated
+
+SERIES = [("n1", "eng", "m", "v1")]
+DAY = 86400.0
+
+
+def _store(tmp_path: Path, end: float) -> Store:
+    store = Store(tmp_path / "h.sqlite", 35, ManualClock(end))
+    backfill_simulated(store, SERIES, end - 3 * DAY, end)
+    return store
+
+
+async def test_a_costly_minute_scores_above_one_and_a_normal_one_below(tmp_path: Path) -> None:
+    end = 1_780_000_000.0 // DAY * DAY + 14 * 3600  # 14:00 UTC: the simulated daily peak
+    store = _store(tmp_path, end)
+    last = store.records(end - 2 * MINUTE, end - MINUTE, kinds=("model",))[0]
+    normal = window_from_record(last)
+    # the same minute again, one minute later, with triple the cost per token
+    bad = replace(
+        normal, gpu_time_usd=normal.gpu_time_usd * 3, usage=replace(normal.usage, start=end, end=end + MINUTE)
+    )
+    store.write_windows([bad])
+    clock = ManualClock(end + MINUTE)
+    scorer = AnomalyScorer(store, tmp_path, clock)
+    scores = await scorer.step(end + MINUTE)  # scores the minute [end, end + 1 min)
+    assert scorer.forest.fitted("eng", "m")
+    (score,) = scores.values()
+    assert score is not None and score > 1
+    # the score is in the store for rules to read as anomaly_score
+    rec = store.records(end, end + MINUTE, kinds=("model",))[0]
+    assert rec.sums["anomaly.w"] > 0 and rec.sums["anomaly.s"] / rec.sums["anomaly.w"] == score
+    assert scorer.forest.score(normal) is not None and scorer.forest.score(normal) < 1  # type: ignore[operator]
+    # persisted: a restarted agent loads it instead of refitting
+    again = AnomalyScorer(store, tmp_path, clock)
+    assert again.forest.fitted("eng", "m")
+    assert record_from_cost_window(bad).sums["cost_usd"] == bad.cost_usd

@@ -26,7 +26,9 @@ def _hist(state: EngineState, name: str) -> Histogram | None:
     buckets = state.histograms.get(name)
     if not buckets:
         return None
-    return Histogram(tuple((float(le), float(c)) for le, c in buckets), state.histogram_sums[name], float(buckets[-1][1]))
+    return Histogram(
+        tuple((float(le), float(c)) for le, c in buckets), state.histogram_sums[name], float(buckets[-1][1])
+    )
 
 
 def signals_of(state: EngineState) -> ModelSignals:

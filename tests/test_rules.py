@@ -73,7 +73,7 @@ def test_default_rules_load_and_are_documented() -> None:
         assert r.summary and r.description and r.runbook_url
     reg = rs.get("cost_per_token_regression")
     assert reg is not None and reg.factor == 1.5 and reg.baseline is not None
-    assert reg.baseline.window == 7 * 86400 and reg.for_ == 900
+    assert reg.baseline.window == 7 * 86400 and reg.for_ == 1800
 
 
 @pytest.mark.parametrize(

@@ -54,16 +54,17 @@ LITERAL_RULE: Mapping[str, Any] = {
     "summary": "literal 1.5 × 7-day mean",
 }
 
-# Why 5 m mean and 10 m: one minute's score is noisy (about 0.5 % of normal minutes exceed 1 by
-# construction); a 5-minute mean above 1 held for 10 minutes almost never happens by chance.
+# Why a 10 m mean held 30 m: one minute's score is noisy (about 0.5 % of normal minutes exceed 1
+# by construction), and a traffic burst's scale-up transient (replicas that cost while they load,
+# requests queued meanwhile) looks exactly like a cost regression for up to ~40 minutes.
 FOREST_RULE: Mapping[str, Any] = {
     "id": "cost_anomaly",
     "signal": "anomaly_score",
-    "over": "5m",
+    "over": "10m",
     "op": ">",
     "threshold": 1.0,
     "where": [{"signal": "generation_tokens_per_second", "op": ">=", "value": 1}],
-    "for": "10m",
+    "for": "30m",
     "keep_firing_for": "10m",
     "severity": "warning",
     "summary": "anomaly score of {model} {model_version} on {node}/{engine} is {value}",

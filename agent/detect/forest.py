@@ -39,7 +39,7 @@ from agent.samples import CostWindow
 
 logger = logging.getLogger(__name__)
 
-STATE_FORMAT = 1  # bump when the persisted layout changes; other formats are ignored on load
+STATE_FORMAT = 2  # bump when the persisted layout changes; other formats are ignored on load
 STATE_FILE = f"forest-v{STATE_FORMAT}.joblib"
 
 FEATURE_NAMES: tuple[str, ...] = (
@@ -54,18 +54,31 @@ FEATURE_NAMES: tuple[str, ...] = (
     "log10_requests_running",  # log10(1 + running requests): the load as the engine holds it
     "roofline_ratio",  # observed decode tok/s ÷ bandwidth ceiling
     "log10_output_tokens_per_second",  # log10 of generation tokens/s: the offered load (exogenous)
+    "log10_prompt_per_output_ratio",  # log10 of prompt tokens / generation token: the request mix
     "hour_of_week_sin",  # sin(2π · hour_of_week / 168), hour 0 = Monday 00:00 UTC
     "hour_of_week_cos",  # cos(2π · hour_of_week / 168)
 )
 N_FEATURES = len(FEATURE_NAMES)
-# The last three describe the context (how much traffic, when); the others are outcomes. Before the
-# forest sees them, each outcome is replaced by its residual from a least-squares fit on the
-# context over the training window, so "high cost per token at night" is explained by the night's
-# low traffic, and what is left is the part no load level explains. Why: an isolation forest cuts
-# along one feature at a time and is poor at points that are off a curved load/cost surface but
-# inside every feature's marginal range, which is exactly where a 1.2–1.5× regression lands.
-N_OUTCOMES = N_FEATURES - 3
+# The last four describe the context (how much traffic, of what mix, when); the others are
+# outcomes. Before the forest sees them, each outcome is replaced by its residual from a
+# least-squares fit on the context over the training window, so "high cost per token at night"
+# is explained by the night's low traffic, and what is left is the part no load level explains.
+# Why: an isolation forest cuts along one feature at a time and is poor at points that are off a
+# curved load/cost surface but inside every feature's marginal range, which is exactly where a
+# 1.2–1.5× regression lands.
+N_OUTCOMES = N_FEATURES - 4
 _LOAD = N_OUTCOMES  # index of log10_output_tokens_per_second
+_MIX = N_OUTCOMES + 1  # index of log10_prompt_per_output_ratio
+# Which way each outcome goes when the model gets *more expensive or less efficient* (+1: up is
+# bad, -1: down is bad). Residuals the other way are set to 0 before the forests see them. Why:
+# an isolation forest flags any rare point, and a cheaper minute, a faster one or a change of mix
+# that lowers the cost is rare too; the issue is cost regressions, and two thirds of the
+# two-sided forest's false alarms were changes in the harmless direction.
+BAD_DIRECTION: tuple[float, ...] = (1.0, -1.0, -1.0, -1.0, 1.0, 1.0, 1.0, 1.0, 1.0, -1.0)
+# Why 0.05 (≈ 12 %): a mix this far outside everything seen in the training week is a context the
+# forest cannot judge (its cost-per-output-token surface was never observed there); it abstains
+# (score None) until the next refit has seen that mix, and the like-for-like rules carry on.
+MIX_MARGIN_LOG10 = 0.05
 # The forest is an ensemble of small forests, one per group of related outcome residuals, and the
 # score is the largest group score. Why: in one 10-dimensional forest a point that is extreme in
 # a single feature (roofline efficiency down 30 %, say) is rarely isolated before the trees' depth
@@ -113,6 +126,7 @@ def features(window: CostWindow) -> np.ndarray | None:
             nan if u.requests_running is None else math.log10(1.0 + u.requests_running),
             ratio(window.roofline_ratio),
             log10(u.generation_tokens / u.duration),
+            log10(u.prompt_tokens / u.generation_tokens),
             math.sin(2 * math.pi * how / 168.0),
             math.cos(2 * math.pi * how / 168.0),
         ],
@@ -121,9 +135,12 @@ def features(window: CostWindow) -> np.ndarray | None:
 
 
 def _basis(x: np.ndarray) -> np.ndarray:
-    """Context basis for the residual fit: powers of log traffic and the hour-of-week circle."""
+    """Context basis for the residual fit: powers of log traffic, the mix and its interaction
+    with traffic, and the hour-of-week circle."""
     load = x[:, _LOAD : _LOAD + 1]
-    cols = [np.ones_like(load)] + [load**k for k in range(1, POLY_DEGREE + 1)] + [x[:, _LOAD + 1 :]]
+    mix = x[:, _MIX : _MIX + 1]
+    cols = [np.ones_like(load)] + [load**k for k in range(1, POLY_DEGREE + 1)] + [mix, mix * load]
+    cols.append(x[:, _MIX + 1 :])
     return np.hstack(cols)
 
 
@@ -135,6 +152,8 @@ class _Fitted:
     group_calibration: np.ndarray  # (groups, 2): training median and quantile of each raw score
     fill: np.ndarray  # per-feature training medians, used where a feature is absent
     coef: np.ndarray  # least-squares coefficients, context basis → each outcome feature
+    centre: np.ndarray  # training median of each signed residual (the "usual" point)
+    mix_range: tuple[float, float]  # log10 prompt/output ratios the training set spans
     median: float  # training median of the combined score
     threshold: float  # training quantile of the combined score: normalised score 1
     fitted_at: float  # seconds since the epoch (end of the last training window)
@@ -152,9 +171,12 @@ def _calibrate(raw: np.ndarray, quantile: float) -> tuple[float, float]:
     return median, max(threshold, median + 1e-6)
 
 
-def _transform(x: np.ndarray, coef: np.ndarray) -> np.ndarray:
-    """What the forests see: outcome residuals from the context fit (context columns kept after)."""
-    return np.hstack([x[:, :N_OUTCOMES] - _basis(x) @ coef, x[:, N_OUTCOMES:]])
+def _transform(x: np.ndarray, coef: np.ndarray, centre: np.ndarray) -> np.ndarray:
+    """What the forests see: outcome residuals from the context fit, turned so that "worse" is
+    positive, less their training median, and cut at 0 (no better-than-usual side); the context
+    columns are kept after them."""
+    resid = (x[:, :N_OUTCOMES] - _basis(x) @ coef) * np.asarray(BAD_DIRECTION)
+    return np.hstack([np.maximum(resid - centre, 0.0), x[:, N_OUTCOMES:]])
 
 
 class ForestDetector:
@@ -248,7 +270,8 @@ class ForestDetector:
             x = np.vstack(rows)
             previous = self._fits.get(key)
             if previous is not None:
-                keep = self._normalise(previous, self._raw(previous, x)) <= self.clean_above
+                clean = self._normalise(previous, self._raw(previous, x)) <= self.clean_above
+                keep = clean | ~self._judgeable(previous, x)
                 if 1.0 - keep.mean() <= self.max_clean_fraction:
                     x = x[keep]
             newest = max(recent, key=lambda w: w.usage.end).usage.model_version
@@ -262,7 +285,10 @@ class ForestDetector:
         fill = np.where(np.isnan(fill), 0.0, fill)
         x = np.where(np.isnan(x), fill, x)
         coef, *_ = np.linalg.lstsq(_basis(x), x[:, :N_OUTCOMES], rcond=None)
-        z = _transform(x, coef)
+        signed = (x[:, :N_OUTCOMES] - _basis(x) @ coef) * np.asarray(BAD_DIRECTION)
+        centre = np.median(signed, axis=0)
+        mix_range = (float(np.quantile(x[:, _MIX], 0.001)), float(np.quantile(x[:, _MIX], 0.999)))
+        z = _transform(x, coef, centre)
         forests: list[IsolationForest] = []
         calibration = np.zeros((len(FEATURE_GROUPS), 2))
         for g, cols in enumerate(FEATURE_GROUPS):
@@ -276,7 +302,9 @@ class ForestDetector:
             raw = -forest.score_samples(z[:, cols])
             calibration[g] = _calibrate(raw, self.quantile)
             forests.append(forest)
-        fit = _Fitted(forests, calibration, fill, coef, 0.0, 1.0, fitted_at, version, len(x))
+        fit = _Fitted(
+            forests, calibration, fill, coef, centre, mix_range, 0.0, 1.0, fitted_at, version, len(x)
+        )
         fit.median, fit.threshold = _calibrate(self._combined(fit, z), self.quantile)
         return fit
 
@@ -295,7 +323,14 @@ class ForestDetector:
     @classmethod
     def _raw(cls, fit: _Fitted, x: np.ndarray) -> np.ndarray:
         x = np.where(np.isnan(x), fit.fill, x)
-        return cls._combined(fit, _transform(x, fit.coef))
+        return cls._combined(fit, _transform(x, fit.coef, fit.centre))
+
+    @staticmethod
+    def _judgeable(fit: _Fitted, x: np.ndarray) -> np.ndarray:
+        """Rows whose request mix lies within what the forest was trained on (see MIX_MARGIN_LOG10)."""
+        mix = x[:, _MIX]
+        lo, hi = fit.mix_range
+        return np.isnan(mix) | ((mix >= lo - MIX_MARGIN_LOG10) & (mix <= hi + MIX_MARGIN_LOG10))
 
     @staticmethod
     def _normalise(fit: _Fitted, raw: np.ndarray) -> np.ndarray:
@@ -303,7 +338,8 @@ class ForestDetector:
 
     def score(self, window: CostWindow) -> float | None:
         """Normalised anomaly score of one window (> 1 anomalous), or None when there is no
-        forest for its series yet or the window has no tokens to judge."""
+        forest for its series yet, the window has no tokens to judge, or its request mix is one
+        the forest has not been trained on (it abstains until a refit has seen that mix)."""
         return self.score_many([window])[0]
 
     def score_many(self, windows: Sequence[CostWindow]) -> list[float | None]:
@@ -320,9 +356,10 @@ class ForestDetector:
             rows.append(f)
         for key, (idx, rows) in groups.items():
             fit = self._fits[key]
-            scores = self._normalise(fit, self._raw(fit, np.vstack(rows)))
-            for i, s in zip(idx, scores, strict=True):
-                out[i] = float(s)
+            x = np.vstack(rows)
+            scores = self._normalise(fit, self._raw(fit, x))
+            for i, s, ok in zip(idx, scores, self._judgeable(fit, x), strict=True):
+                out[i] = float(s) if ok else None
         return out
 
     # -- persistence --------------------------------------------------------------------------

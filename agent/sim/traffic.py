@@ -69,6 +69,18 @@ PREEMPT_THRASH = 0.45  # fraction of decode work lost to preemption/recompute wh
 
 PROMPT_TOKENS_MEAN = 1000.0  # tokens per request
 OUTPUT_TOKENS_MEAN = 250.0  # tokens per request
+# Why 8 % and a few hours: real request mixes wander (tenants, time of day) without being an
+# incident; a detector must tell that everyday wander from a regression.
+MIX_WANDER = 0.08  # standard deviation of log prompt and log output length, stationary
+MIX_WANDER_MINUTES = 180.0  # minutes, correlation time of that wander
+# A benign mix change (RAG-like): longer prompts, shorter answers. Why these figures: $/1M output
+# tokens rises ≈ 1.6× while the GPU work per request stays within the node's peak capacity, so it
+# is a change of *what* is served, not of how efficiently (a heavier mix that overloads the node
+# at peak is a capacity incident, which the KV-cache and TTFT rules rightly page on).
+MIX_CHANGE_PROMPT = 1.3  # × prompt length
+MIX_CHANGE_OUTPUT = 0.5  # × output length
+NOMINAL_CONTEXT_TOKENS = PROMPT_TOKENS_MEAN + OUTPUT_TOKENS_MEAN / 2  # tokens, mean context of a decode step
+ROOFLINE_NOISE = 0.03  # log-normal sd of the roofline efficiency estimate, per minute
 PEAK_REQUESTS_PER_SECOND = 110.0  # requests/s at a weekday peak: the node runs flat out (8 replicas, b ≈ 85)
 
 MINUTE = 60.0  # seconds
@@ -222,7 +234,9 @@ def _simulate(drv: _Drivers, rng_noise: np.ndarray) -> _Physics:
         queue_wait = waiting / max(served_rps / max(1, ready), 1e-3)
         out.ttft_p99[t] = 1.5 * (p_len / PREFILL_TOKENS_PER_SECOND + step) / max(0.05, 1 - f) + queue_wait
         out.itl_p99[t] = 1.4 * step * (1 + f)
-        ceiling = b * HBM_BYTES_PER_SECOND / (WEIGHTS_BYTES + b * ctx * KV_BYTES_PER_TOKEN)
+        # The ceiling at the batch but at the *nominal* context: the daemon knows the model's
+        # weights and KV bytes per token, not each request's length, so a longer mix lowers it too.
+        ceiling = b * HBM_BYTES_PER_SECOND / (WEIGHTS_BYTES + b * NOMINAL_CONTEXT_TOKENS * KV_BYTES_PER_TOKEN)
         out.roofline[t] = (d_served / max(1e-9, 1 - f)) / max(ceiling, 1e-9) if b > 0 else 0.0
         # Autoscaler: the fewest replicas whose running + waiting per replica stays at or under the
         # target (a well-tuned concurrency HPA); up at once, down one at a time after a cooldown.
@@ -252,6 +266,9 @@ def _simulate(drv: _Drivers, rng_noise: np.ndarray) -> _Physics:
     out.ttft_p99 *= np.exp(0.08 * noise[1])
     out.itl_p99 *= np.exp(0.05 * noise[2])
     out.power *= 1.0 + 0.01 * noise[3]
+    # Why 3 %: the daemon derives roofline efficiency from a sampled running-requests gauge and an
+    # estimated context length, so it is no cleaner than the utilisation gauges.
+    out.roofline *= np.exp(ROOFLINE_NOISE * noise[4])
     return out
 
 
@@ -269,6 +286,17 @@ def _traffic(rng: np.random.Generator, minutes: int, start: float) -> np.ndarray
     for i in range(1, minutes):
         ar[i] = 0.95 * ar[i - 1] + eps[i]
     return PEAK_REQUESTS_PER_SECOND * daily * weekly * day_level * np.exp(ar)
+
+
+def _wander(rng: np.random.Generator, minutes: int) -> np.ndarray:
+    """A multiplier around 1 wandering slowly (AR(1) in log space, sd MIX_WANDER)."""
+    phi = math.exp(-1.0 / MIX_WANDER_MINUTES)
+    eps = rng.normal(0.0, MIX_WANDER * math.sqrt(1.0 - phi * phi), minutes)
+    x = np.zeros(minutes)
+    x[0] = rng.normal(0.0, MIX_WANDER)
+    for i in range(1, minutes):
+        x[i] = phi * x[i - 1] + eps[i]
+    return np.exp(x)
 
 
 def _weekday_hour(rng: np.random.Generator, day_lo: int, day_hi: int, h_lo: float, h_hi: float) -> int:
@@ -355,8 +383,9 @@ def simulate_node(
     plan = _schedule(rng, minutes, warmup_days)
 
     ones = np.ones(minutes)
-    prompt = PROMPT_TOKENS_MEAN * ones.copy()
-    output = OUTPUT_TOKENS_MEAN * ones.copy()
+    mix_rng = np.random.default_rng([seed, 1])  # its own stream: the schedule does not depend on it
+    prompt = PROMPT_TOKENS_MEAN * _wander(mix_rng, minutes)
+    output = OUTPUT_TOKENS_MEAN * _wander(mix_rng, minutes)
     e_gpu, e_host, kv_factor = ones.copy(), ones.copy(), ones.copy()
     versions = ["v1"] * minutes
     version_no = 1
@@ -396,14 +425,14 @@ def simulate_node(
         elif kind == "burst":
             rps[a:b] *= rng.uniform(1.8, 2.5)
         elif kind == "mix_change":
-            prompt[a:b] = 3000.0
-            output[a:b] = 120.0
+            prompt[a:b] *= MIX_CHANGE_PROMPT
+            output[a:b] *= MIX_CHANGE_OUTPUT
         elif kind == "scrape_gap":
             gaps.append((a, b, bool(rng.integers(0, 2))))
         elif kind == "benign_deploy":
             deploy(a)
 
-    noise = rng.normal(0.0, 1.0, (4, minutes))
+    noise = rng.normal(0.0, 1.0, (5, minutes))
     actual = _simulate(_Drivers(rps, prompt, output, e_gpu, e_host, kv_factor, versions), noise)
     healthy = _simulate(_Drivers(rps, prompt, output, ones, ones, ones, versions), noise)
     # Per-minute token jitter (Poisson-like) on top of the fluid model.

@@ -329,12 +329,22 @@ class LikeLoad(_Frozen):
     signal: Literal["generation_tokens_per_second", "requests_running"] = "generation_tokens_per_second"
 
 
+class LikeMix(_Frozen):
+    """Compare like with like: only baseline minutes with a similar prompt/output token ratio count."""
+
+    # Why bands of ×1.5: a request mix wanders ±10–25 % over a day, which stays within one or two
+    # bands, while a shift to RAG-like long prompts and short answers (ratio ×2 or more) lands in
+    # another band; $/1M output tokens rises with that ratio without anything getting less efficient.
+    band_ratio: float = Field(1.5, gt=1.0)  # width of a mix band (ratio of prompt/output ratios)
+
+
 class BaselineSpec(_Frozen):
     """Which trailing baseline a rule compares against."""
 
     window: float = 7 * 86400.0  # seconds (write 7d, 1d, 28d ...)
     stat: str = "mean"  # mean | median | pNN
     like_load: LikeLoad | None = None
+    like_mix: LikeMix | None = None  # a mix never seen in the window has no baseline: no alert
     same_hour_of_week: bool = False
     across_versions: bool = True  # the model's history across versions, so a deploy shows up
     # Why 60: fewer than an hour of comparable minutes is noise, not a baseline.
@@ -423,6 +433,8 @@ class Rule(_Frozen):
                 raise ValueError("a 'baseline' rule needs 'factor' (e.g. 1.5 for 50 % above the baseline)")
             if self.baseline.like_load is not None and kind != "model":
                 raise ValueError("'like_load' needs a per-model signal (it reads tokens/s)")
+            if self.baseline.like_mix is not None and kind != "model":
+                raise ValueError("'like_mix' needs a per-model signal (it reads prompt and output tokens)")
         elif self.factor is not None:
             raise ValueError("'factor' only applies with 'baseline'; remove it or add a baseline")
         for lbl, rx in self.match.items():
@@ -627,6 +639,8 @@ class _CompiledRule:
             if like is not None and like.signal == "requests_running"
             else self.load_idx
         )
+        mix = rule.baseline.like_mix if rule.baseline is not None else None
+        self.mix_idx = idx(("prompt_tokens", "generation_tokens")) if mix is not None else ()
         self.names = tuple(names)
         self.n = len(names)
         self.cmp = OPS[rule.op]
@@ -667,7 +681,14 @@ class _CompiledRule:
                 if band is None:
                     return None
         how = hour_of_week(minute) if b.same_hour_of_week else None
-        return (band, how)
+        mix_band: int | None = None
+        if b.like_mix is not None:
+            prompt, generation = v[self.mix_idx[0]], v[self.mix_idx[1]]
+            if generation <= 0:
+                return None
+            # No prompt counter (TGI): every minute shares the "unknown mix" band.
+            mix_band = load_band(prompt / generation, b.like_mix.band_ratio) if prompt > 0 else None
+        return (band, how, mix_band)
 
     def _baseline_key(self, key: Labels) -> Labels:
         b = self.rule.baseline

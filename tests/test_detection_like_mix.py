@@ -1,0 +1,83 @@
+"""Like-mix baselines: a shift to longer prompts and shorter answers is not a cost regression."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agent.detect.alerts import AlertManager
+from agent.detect.rules import MinuteRecord, RuleError, RuleEvaluator, load_rules
+
+MONDAY = 1699833600.0  # 2023-11-13 00:00 UTC, a Monday
+LABELS = (("node", "n1"), ("engine", "vllm-a"), ("model", "llama"), ("model_version", "v1"))
+PRICE_PER_MINUTE = 2.0 / 60.0  # dollars: a $2/h GPU
+
+
+def _rule(rule_id: str, **baseline: Any) -> dict[str, Any]:
+    return {
+        "id": rule_id,
+        "signal": "usd_per_1m_output_tokens",
+        "over": "5m",
+        "op": ">",
+        "baseline": {"window": "1d", "min_minutes": 30, **baseline},
+        "factor": 1.5,
+        "for": "10m",
+        "severity": "warning",
+        "summary": "s {value}",
+    }
+
+
+def _minute(t: float, output_tps: float, prompt_per_output: float, cost_factor: float) -> MinuteRecord:
+    sums = {
+        "seconds": 60.0,
+        "generation_tokens": output_tps * 60.0,
+        "prompt_tokens": output_tps * prompt_per_output * 60.0,
+        "cost_usd": PRICE_PER_MINUTE * cost_factor,
+    }
+    return MinuteRecord("model", LABELS, t, sums)
+
+
+def _fired(tmp_path: Path, phases: list[tuple[int, float, float, float]]) -> dict[str, list[float]]:
+    """Feed (minutes, output tokens/s, prompt/output ratio, cost factor) phases; firing times by rule."""
+    p = tmp_path / "r.yaml"
+    p.write_text(yaml.safe_dump({"rules": [_rule("plain"), _rule("like_mix", like_mix={"band_ratio": 1.5})]}))
+    rs = load_rules([p])
+    ev, am = RuleEvaluator(rs), AlertManager(rs)
+    fired: dict[str, list[float]] = {"plain": [], "like_mix": []}
+    t = MONDAY
+    for minutes, tps, mix, cost in phases:
+        for _ in range(minutes):
+            for e in am.step(ev.step(t + 60, [_minute(t, tps, mix, cost)]), t + 60):
+                if e.kind == "firing":
+                    fired[e.alert.rule_id].append(e.at - MONDAY)
+            t += 60
+    return fired
+
+
+def test_mix_change_pages_only_without_like_mix(tmp_path: Path) -> None:
+    # 2 h at 1,000 output tokens/s and 4 prompt tokens per output token; then answers halve
+    # (500 tokens/s) and prompts grow (ratio 10) for the same GPU cost: $/1M output doubles.
+    fired = _fired(tmp_path, [(120, 1000.0, 4.0, 1.0), (120, 500.0, 10.0, 1.0)])
+    # The 5 m window passes 1.5× once 4 of its minutes have the new mix (5 / (5 − 4 × 0.5) > 1.5), then "for".
+    assert fired["plain"] == [(120 + 4 + 10) * 60.0]
+    assert fired["like_mix"] == []
+
+
+def test_regression_at_the_same_mix_still_pages(tmp_path: Path) -> None:
+    # Same traffic and mix; the GPU cost doubles (twice the replicas for the same tokens).
+    fired = _fired(tmp_path, [(120, 1000.0, 4.0, 1.0), (60, 1000.0, 4.0, 2.0)])
+    assert fired["like_mix"] == [(120 + 3 + 10) * 60.0]  # (5 + 3) / 5 > 1.5 after 3 minutes, then "for"
+    assert fired["plain"] == fired["like_mix"]
+
+
+def test_like_mix_needs_a_model_signal(tmp_path: Path) -> None:
+    bad = _rule("bad", like_mix={})
+    bad["signal"] = "engine_up"
+    bad["op"] = "<"
+    p = tmp_path / "r.yaml"
+    p.write_text(yaml.safe_dump({"rules": [bad]}))
+    with pytest.raises(RuleError, match="like_mix"):
+        load_rules([p])

@@ -159,3 +159,21 @@ def test_load_refuses_missing_foreign_or_corrupt_state(tmp_path: Path) -> None:
     (tmp_path / STATE_FILE).write_bytes(b"not a joblib file")
     assert not det.load()
     assert ForestDetector(None).load() is False
+
+
+def test_cheaper_or_faster_minutes_are_not_anomalous(week: SimulatedHistory, fitted: ForestDetector) -> None:
+    # The same minutes 1.5× *more* efficient: rare, but not a cost regression (one-sided scoring).
+    for day, hour in ((6, 15), (6, 4), (5, 11)):
+        better = fitted.score(_regressed(_at(week, day, hour), 1 / 1.5))
+        assert better is not None and better < 1.0, (day, hour, better)
+
+
+def test_an_unseen_request_mix_gets_no_score(week: SimulatedHistory, fitted: ForestDetector) -> None:
+    w = _at(week, 6, 15)
+    # Prompts 3× longer per output token than anything in the training week: the forest abstains.
+    u = dataclasses.replace(w.usage, prompt_tokens=w.usage.prompt_tokens * 3.0)
+    assert fitted.score(dataclasses.replace(w, usage=u)) is None
+    # Within the everyday wander it judges as usual.
+    u = dataclasses.replace(w.usage, prompt_tokens=w.usage.prompt_tokens * 1.05)
+    s = fitted.score(dataclasses.replace(w, usage=u))
+    assert s is not None and s < 1.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from agent.samples import CostWindow
 from agent.sim.traffic import (
     BENIGN_KINDS,
     DAY,
@@ -101,3 +102,31 @@ def test_deterministic_with_a_seed() -> None:
     c = simulate_node(seed=22, weeks=1)
     assert a.windows == b.windows
     assert a.windows != c.windows
+
+
+def _span(sim: SimulatedHistory, a: float, b: float) -> list[CostWindow]:
+    return [w for w in sim.windows if a <= w.usage.start < b and w.usage.generation_tokens > 0]
+
+
+def test_mix_change_costs_more_per_output_token_without_overloading_the_node(sim: SimulatedHistory) -> None:
+    mix = next(i for i in sim.incidents if i.kind == "mix_change")
+    during = _span(sim, mix.start, mix.end)
+    week_before = _span(sim, mix.start - 7 * DAY, mix.end - 7 * DAY)  # same hours of the week
+    ratio = np.median([w.usage.prompt_tokens / w.usage.generation_tokens for w in during])
+    ratio_before = np.median([w.usage.prompt_tokens / w.usage.generation_tokens for w in week_before])
+    assert ratio / ratio_before == pytest.approx(1.3 / 0.5, rel=0.15)
+
+    def per_1m(ws: list[CostWindow]) -> float:
+        return sum(w.cost_usd for w in ws) / sum(w.usage.generation_tokens for w in ws) * 1e6
+
+    assert per_1m(during) > 1.3 * per_1m(week_before)
+    # A change of what is served, not a capacity incident: no preemptions, KV cache never full.
+    assert all((w.usage.preemptions or 0.0) == 0.0 for w in during)
+    assert max(w.usage.kv_cache_usage_ratio or 0.0 for w in during) < 0.95
+
+
+def test_the_request_mix_wanders_outside_incidents(sim: SimulatedHistory) -> None:
+    calm = _span(sim, sim.start, sim.start + 7 * DAY)  # the warm-up week has no incidents
+    log_ratio = np.log([w.usage.prompt_tokens / w.usage.generation_tokens for w in calm])
+    assert np.exp(np.median(log_ratio)) == pytest.approx(4.0, rel=0.1)
+    assert 0.05 < np.std(log_ratio) < 0.2  # everyday wander: ≈ √2 × 8 %

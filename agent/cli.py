@@ -118,7 +118,7 @@ def _build_hooks(cfg: Config, clock: Any) -> Any:
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
     hooks.store = Store(cfg.state_dir / "history.sqlite", cfg.store.retention_days, clock)
     hooks.pipeline = build_pipeline(cfg, hooks.store, clock)
-    hooks.scorer = AnomalyScorer(hooks.store, cfg.state_dir, clock)
+    hooks.scorer = AnomalyScorer(hooks.store.path, cfg.state_dir)
     return hooks
 
 

@@ -235,7 +235,7 @@ def _demo_hooks(cfg: Config, clock: AcceleratedClock, book: PriceBook) -> Hooks:
     rules = load_default_rules()
     rules = RuleSet(tuple(r for r in rules if r.id not in DEMO_QUIET_RULES), rules.sources)
     pipeline = build_pipeline(cfg, store, clock, rules=rules)
-    return Hooks(store=store, pipeline=pipeline, scorer=AnomalyScorer(store, cfg.state_dir, clock))
+    return Hooks(store=store, pipeline=pipeline, scorer=AnomalyScorer(store.path, cfg.state_dir))
 
 
 __all__ = ["TickResult", "render_view", "run_demo"]

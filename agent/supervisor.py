@@ -119,6 +119,8 @@ class Agent:
                 await self.prometheus.stop()
             if self.sampler is not None:
                 await self.sampler.close()
+            if self.hooks.scorer is not None:
+                await self.hooks.scorer.close()
             if self.hooks.pipeline is not None:
                 await self.hooks.pipeline.close()
             if self.hooks.store is not None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from agent.clock import ManualClock
 from agent.detect.rules import MINUTE, record_from_cost_window, window_from_record
-from agent.detect.scoring import AnomalyScorer
+from agent.detect.scoring import AnomalyScorer, ForestScoring
 from agent.store import Store, backfill_simulated
 
 SERIES = [("n1", "eng", "m", "v1")]
@@ -20,7 +20,7 @@ def _store(tmp_path: Path, end: float) -> Store:
     return store
 
 
-async def test_a_costly_minute_scores_above_one_and_a_normal_one_below(tmp_path: Path) -> None:
+def test_a_costly_minute_scores_above_one_and_a_normal_one_below(tmp_path: Path) -> None:
     end = 1_780_000_000.0 // DAY * DAY + 14 * 3600  # 14:00 UTC: the simulated daily peak
     store = _store(tmp_path, end)
     last = store.records(end - 2 * MINUTE, end - MINUTE, kinds=("model",))[0]
@@ -30,9 +30,8 @@ async def test_a_costly_minute_scores_above_one_and_a_normal_one_below(tmp_path:
         normal, gpu_time_usd=normal.gpu_time_usd * 3, usage=replace(normal.usage, start=end, end=end + MINUTE)
     )
     store.write_windows([bad])
-    clock = ManualClock(end + MINUTE)
-    scorer = AnomalyScorer(store, tmp_path, clock)
-    scores = await scorer.step(end + MINUTE)  # scores the minute [end, end + 1 min)
+    scorer = ForestScoring(store, tmp_path)
+    scores = scorer.step(end + MINUTE)  # scores the minute [end, end + 1 min)
     assert scorer.forest.fitted("eng", "m")
     (score,) = scores.values()
     assert score is not None and score > 1
@@ -46,6 +45,23 @@ async def test_a_costly_minute_scores_above_one_and_a_normal_one_below(tmp_path:
     assert sum(x > 1 for x in normal_scores) / len(normal_scores) < 0.02
     assert score > max(sorted(normal_scores)[: int(len(normal_scores) * 0.98)])
     # persisted: a restarted agent loads it instead of refitting
-    again = AnomalyScorer(store, tmp_path, clock)
+    again = ForestScoring(store, tmp_path)
     assert again.forest.fitted("eng", "m")
     assert record_from_cost_window(bad).sums["cost_usd"] == bad.cost_usd
+
+
+async def test_the_worker_process_scores_over_its_pipe_and_stops_cleanly(tmp_path: Path) -> None:
+    """The daemon's side never imports scikit-learn: the forest runs in a worker process."""
+    end = 1_780_000_000.0 // DAY * DAY + 14 * 3600
+    store = _store(tmp_path, end)
+    store.close()
+    scorer = AnomalyScorer(tmp_path / "h.sqlite", tmp_path)
+    try:
+        scores = await scorer.step(end)
+        assert scorer.pid is not None
+        ((key, score),) = scores.items()
+        assert key == ("eng", "m", "v1") and score is not None and 0 < score < 5
+        assert (tmp_path / "forest-v1.joblib").exists() or any(tmp_path.glob("forest*"))
+    finally:
+        await scorer.close()
+    assert scorer.pid is None

@@ -54,6 +54,18 @@ def _peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
 async def _serve_sim(out: Path) -> None:
     """Run the simulated node until SIGTERM; write the engines' config to ``out``."""
     from agent.clock import SystemClock
@@ -139,6 +151,9 @@ def run(seconds: float = 60.0, print_fn: Callable[[str], Any] = print) -> dict[s
             wall = time.monotonic() - t0
             cpu = _cpu_seconds(daemon.pid) - cpu0
             rss = _peak_rss_mb(daemon.pid)
+            workers = _children(daemon.pid)  # the isolation-forest worker
+            worker_rss = sum(_peak_rss_mb(p) for p in workers)
+            worker_cpu = sum(_cpu_seconds(p) for p in workers)  # since it started (imports included)
             assert daemon.poll() is None, (d / "daemon.log").read_text()
             with urllib.request.urlopen(engines[0]["url"], timeout=5) as r:
                 page = r.read().decode()
@@ -160,6 +175,11 @@ def run(seconds: float = 60.0, print_fn: Callable[[str], Any] = print) -> dict[s
         f"({cpu_per_min / 60 * 100:.2f} % of one core; target <= {TARGET_CPU_S_PER_MIN})"
     )
     print_fn(f"  peak RSS: {rss:.1f} MB (target <= {TARGET_RSS_MB:.0f})")
+    print_fn(
+        f"  isolation-forest worker process: {len(workers)} running, peak RSS {worker_rss:.1f} MB, "
+        f"{worker_cpu:.2f} CPU-s since it started "
+        "(scikit-learn lives there, outside the daemon; with under 2 days of history it only waits)"
+    )
     parse = compare(page, "one simulated engine page", print_fn)
     return {
         "cpu_s_per_min": cpu_per_min,

@@ -10,13 +10,13 @@ code path as the live daemon, without HTTP.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 from agent.config import EngineConfig
 from agent.cost.window import WindowJoiner
-from agent.samples import CostWindow, EngineScrape, GpuSample, Histogram, ModelSignals, NvmlRound
+from agent.samples import CostWindow, EngineScrape, GpuLoad, GpuSample, Histogram, ModelSignals, NvmlRound
 from agent.sim.engine import H100_SXM, Deployment, EngineState, SimEngine, Traffic
 from agent.sim.node import DEFAULT_ENGINES, EngineSpec, _traffic_for
+from agent.sources.nvml.fake import PROFILES, model_power_watts
 from agent.sources.prices import PriceBook
 
 MINUTE = 60.0
@@ -85,10 +85,9 @@ def simulated_history(
             eng.advance_to(t)
             scrapes[name] = EngineScrape(name, "vllm", t, True, 0.0, (signals_of(eng.state()),))
         for g in range(8):
-            load = engines[gpu_of[g]].gpu_load() if g in gpu_of else None
-            util = load.util_gpu_ratio if load else 0.0
-            bw = load.dram_bw_ratio if load else 0.0
-            watts = H100_SXM_TDP * (0.1 + 0.9 * (0.7 * util + 0.3 * bw))
+            load = engines[gpu_of[g]].gpu_load() if g in gpu_of else GpuLoad(0.0, 0.0, 0.0)  # idle GPU
+            util, bw = load.util_gpu_ratio, load.dram_bw_ratio
+            watts = model_power_watts(PROFILES["H100-SXM"], load)  # the fake NVML's power model
             energy[g] += watts * step
             gpus.append(
                 GpuSample(
@@ -103,9 +102,6 @@ def simulated_history(
         t += step
 
 
-H100_SXM_TDP = 700.0  # watts
-
-
 def backfill(store: object, node: str, book: PriceBook, start: float, end: float, seed: int = 0) -> int:
     """Write simulated history into a Store (``agent.store.Store``); returns windows written."""
     batch: list[CostWindow] = []
@@ -118,6 +114,3 @@ def backfill(store: object, node: str, book: PriceBook, start: float, end: float
     if batch:
         written += store.write_windows(batch)  # type: ignore[attr-defined]
     return written
-
-
-__all__ = ["Path", "backfill", "signals_of", "simulated_history"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -288,3 +289,20 @@ def test_record_from_cost_window() -> None:
     )
     assert r.sums["cost_usd"] == pytest.approx(0.06) and r.sums["gpu_util.s"] == pytest.approx(30.0)
     assert "power.s" not in r.sums and r.sums["energy_joules"] == 0.0
+
+
+def test_baseline_holds_recent_minutes_back_so_a_regression_is_not_its_own_baseline() -> None:
+    from agent.detect.baselines import TrailingBaseline
+
+    def fn(v: Sequence[float]) -> float | None:
+        return v[0] / v[1] if v[1] else None
+
+    b = TrailingBaseline(3600 * 24, fn, 2, False, lag=1800)
+    for i in range(120):  # two hours at 1.0
+        b.add("k", i * 60.0, (1.0, 1.0), 1.0)
+    for i in range(120, 150):  # then 30 minutes at 2.0
+        b.add("k", i * 60.0, (2.0, 1.0), 2.0)
+    value, n = b.mean("k", 150 * 60.0)
+    assert value == 1.0 and n == 120  # the last 30 minutes are not in yet
+    value, n = b.mean("k", 181 * 60.0)  # 31 minutes later they are
+    assert n == 150 and value == (120 + 60) / 150

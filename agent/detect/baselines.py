@@ -51,7 +51,9 @@ class TrailingBaseline:
     """A trailing window of per-minute inputs per bucket, with mean (ratio of sums) and quantiles.
 
     ``fn`` turns a vector of summed inputs into the signal (None when undefined); ``window`` is in
-    seconds; ``quantiles`` says whether sorted per-minute values are kept.
+    seconds; ``quantiles`` says whether sorted per-minute values are kept. ``lag`` (seconds) holds
+    each minute back before it joins: a baseline must not learn the regression it is there to
+    catch while the rule's ``for`` is still running.
     """
 
     def __init__(
@@ -60,12 +62,20 @@ class TrailingBaseline:
         fn: Callable[[Sequence[float]], float | None],
         n_inputs: int,
         quantiles: bool,
+        lag: float = 0.0,
     ) -> None:
         self.window = window  # seconds
+        self.lag = lag  # seconds
         self._fn = fn
         self._n = n_inputs
         self._quantiles = quantiles
         self._buckets: dict[Hashable, _Bucket] = {}
+        self._pending: deque[tuple[Hashable, float, tuple[float, ...], float]] = deque()
+
+    def _promote(self, now: float) -> None:
+        pending = self._pending
+        while pending and pending[0][1] < now - self.lag:
+            self._join(*pending.popleft())
 
     def _expire(self, b: _Bucket, now: float) -> None:
         horizon = now - self.window
@@ -81,7 +91,15 @@ class TrailingBaseline:
             b.sums = [0.0] * self._n  # reset accumulated float drift
 
     def add(self, bucket: Hashable, minute: float, inputs: tuple[float, ...], value: float) -> None:
-        """Add one minute (start time ``minute``, epoch seconds) whose signal value is ``value``."""
+        """Add one minute (start time ``minute``, epoch seconds) whose signal value is ``value``;
+        it counts once it is older than ``lag``."""
+        if self.lag <= 0:
+            self._join(bucket, minute, inputs, value)
+            return
+        self._pending.append((bucket, minute, inputs, value))
+        self._promote(minute)
+
+    def _join(self, bucket: Hashable, minute: float, inputs: tuple[float, ...], value: float) -> None:
         b = self._buckets.get(bucket)
         if b is None:
             b = _Bucket(sums=[0.0] * self._n)
@@ -96,6 +114,7 @@ class TrailingBaseline:
 
     def count(self, bucket: Hashable, now: float) -> int:
         """Minutes in the bucket's window ending at ``now``."""
+        self._promote(now)
         b = self._buckets.get(bucket)
         if b is None:
             return 0
@@ -104,6 +123,7 @@ class TrailingBaseline:
 
     def mean(self, bucket: Hashable, now: float) -> tuple[float | None, int]:
         """(signal over the summed inputs, minutes) for the window ending at ``now``."""
+        self._promote(now)
         b = self._buckets.get(bucket)
         if b is None:
             return None, 0
@@ -114,6 +134,7 @@ class TrailingBaseline:
 
     def quantile(self, bucket: Hashable, now: float, q: float) -> tuple[float | None, int]:
         """(q-quantile of the per-minute values, minutes), linear interpolation; q in 0–1."""
+        self._promote(now)
         b = self._buckets.get(bucket)
         if b is None:
             return None, 0

@@ -349,11 +349,19 @@ class BaselineSpec(_Frozen):
     across_versions: bool = True  # the model's history across versions, so a deploy shows up
     # Why 60: fewer than an hour of comparable minutes is noise, not a baseline.
     min_minutes: int = Field(60, ge=1)
+    # Minutes younger than this do not join the baseline yet (None: the rule's over + for), so a
+    # regression is not averaged into its own baseline while its `for` runs.
+    exclude_recent: float | None = None  # seconds (write 30m, 1h ...)
 
     @field_validator("window", mode="before")
     @classmethod
     def _dur(cls, v: Any) -> float:
         return parse_duration(v)
+
+    @field_validator("exclude_recent", mode="before")
+    @classmethod
+    def _dur_opt(cls, v: Any) -> float | None:
+        return None if v is None else parse_duration(v)
 
     @field_validator("stat")
     @classmethod
@@ -649,7 +657,8 @@ class _CompiledRule:
         b = rule.baseline
         self.baseline: TrailingBaseline | None = None
         if b is not None:
-            self.baseline = TrailingBaseline(b.window, sig.fn, len(sig.inputs), b.quantile is not None)
+            lag = b.exclude_recent if b.exclude_recent is not None else rule.over + rule.for_
+            self.baseline = TrailingBaseline(b.window, sig.fn, len(sig.inputs), b.quantile is not None, lag)
 
     def _load(self, v: Sequence[float]) -> float | None:
         if not self.load_idx:

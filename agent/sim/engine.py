@@ -380,6 +380,7 @@ class SimEngine:
         version: str = "unknown",
         throughput_factor: float = 1.0,
         seed: int = 0,
+        tick_seconds: float = _BASE_TICK_S,  # finest step; coarser is faster (offline history)
     ) -> None:
         if not deployment.fits():
             raise ValueError(
@@ -398,6 +399,7 @@ class SimEngine:
         # Two streams: the dynamics, and the sampling of histograms (done when the state is read),
         # so that how often the engine is observed never changes what it does.
         self._rng = np.random.default_rng([seed, 0])
+        self._tick_s = tick_seconds
         self._hist_rng = np.random.default_rng([seed, 1])
         self._pending_requests: list[
             tuple[int, float, float, float]
@@ -465,7 +467,7 @@ class SimEngine:
             elapsed = t - self.t
             if elapsed < _MIN_ADVANCE_S:
                 return
-            ticks = min(_MAX_TICKS_PER_ADVANCE, max(1, math.ceil(elapsed / _BASE_TICK_S)))
+            ticks = min(_MAX_TICKS_PER_ADVANCE, max(1, math.ceil(elapsed / self._tick_s)))
             dt = elapsed / ticks
             for _ in range(ticks):
                 self._tick(dt)

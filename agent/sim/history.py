@@ -20,6 +20,7 @@ from agent.sources.nvml.fake import PROFILES, model_power_watts
 from agent.sources.prices import PriceBook
 
 MINUTE = 60.0
+HISTORY_TICK_SECONDS = 10.0  # the engines' finest step offline: 10× faster, within ~2 % of 1 s steps
 
 
 def _hist(state: EngineState, name: str) -> Histogram | None:
@@ -66,7 +67,7 @@ def simulated_history(
         traffic = spec.traffic or _traffic_for(probe, spec)
         engines[spec.name] = SimEngine(
             dep, traffic, start=start, version=spec.version, throughput_factor=spec.throughput_factor,
-            seed=seed * 1000 + i,
+            seed=seed * 1000 + i, tick_seconds=HISTORY_TICK_SECONDS,
         )  # fmt: skip
         configs.append(
             EngineConfig(

@@ -173,8 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     d = sub.add_parser("demo", help="simulated 8×H100 node, real pipeline, live view")
-    d.add_argument("--seconds", type=float, default=60.0, help="real seconds to run (0 = until Ctrl-C)")
-    d.add_argument("--speed", type=float, default=60.0, help="simulated seconds per real second")
+    d.add_argument("--seconds", type=float, default=45.0, help="real seconds to run (0 = until Ctrl-C)")
+    d.add_argument("--speed", type=float, default=120.0, help="simulated seconds per real second")
     d.add_argument("--port", type=int, default=9464, help="Prometheus endpoint port on 127.0.0.1 (0 = any)")
     d.add_argument(
         "--no-view", action="store_true", help="print a summary table at the end instead of a live view"

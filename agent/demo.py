@@ -165,7 +165,7 @@ def demo_config(state_dir: Path, port: int, speed: float, slack: bool) -> Config
     )
 
 
-async def run_demo(seconds: float = 60.0, speed: float = 60.0, port: int = 9464, live: bool = True) -> int:
+async def run_demo(seconds: float = 60.0, speed: float = 120.0, port: int = 9464, live: bool = True) -> int:
     """Run the demo for ``seconds`` of real time (0 = until interrupted)."""
     console = Console()
     if console.width < 150:

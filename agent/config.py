@@ -97,6 +97,10 @@ class EngineConfig(_Frozen):
     timeout_seconds: float = Field(2.0, gt=0)
     max_bytes: int = Field(8 * 1024 * 1024, gt=0)  # larger pages are refused (hostile endpoints)
     weights_bytes: float | None = Field(None, gt=0)  # model weights read per decode step, for roofline
+    kv_bytes_per_token: float | None = Field(None, gt=0)  # 2 × layers × kv_heads × head_dim × bytes
+    kv_capacity_tokens: float | None = Field(
+        None, gt=0
+    )  # KV-cache size in tokens (vLLM: blocks × block size)
 
     @field_validator("url")
     @classmethod

@@ -329,8 +329,17 @@ class WindowJoiner:
         if eng.weights_bytes and usage.generation_tokens > 0 and usage.duration > 0:
             bw = sum(bandwidth_of(last[u].name) or 0.0 for u in self._engine_gpus(eng, last))
             if bw > 0:
+                batch = max(usage.requests_running or 1.0, 1.0)
+                # KV bytes read per step: the tokens resident in the cache (usage × capacity) when
+                # the engine config gives the model's KV shape and cache size; else weights only
+                kv = usage.kv_cache_usage_ratio
+                resident = (
+                    kv * eng.kv_capacity_tokens
+                    if kv is not None and eng.kv_capacity_tokens and eng.kv_bytes_per_token
+                    else 0.0
+                )
                 ceiling = decode_ceiling_tokens_per_second(
-                    bw, eng.weights_bytes, usage.requests_running or 1.0
+                    bw, eng.weights_bytes, batch, resident / batch, eng.kv_bytes_per_token or 0.0
                 )
                 roof = roofline_efficiency(usage.generation_tokens / usage.duration, ceiling)
         return CostWindow(

@@ -72,7 +72,8 @@ def simulated_history(
         configs.append(
             EngineConfig(
                 name=spec.name, url="http://sim.invalid/metrics", gpus=spec.gpus, model_version=spec.version,
-                weights_bytes=dep.model.weight_bytes,
+                weights_bytes=dep.model.weight_bytes, kv_bytes_per_token=dep.model.kv_bytes_per_token,
+                kv_capacity_tokens=dep.kv_capacity_tokens,
             )
         )  # fmt: skip
     gpu_of = {g: spec.name for spec in specs for g in spec.gpus}

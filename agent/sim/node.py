@@ -210,6 +210,8 @@ class SimNode:
                 version_file=m.version_file,
                 version_label=VERSION_LABEL,
                 weights_bytes=m.engine.deployment.model.weight_bytes,
+                kv_bytes_per_token=m.engine.deployment.model.kv_bytes_per_token,
+                kv_capacity_tokens=m.engine.deployment.kv_capacity_tokens,
             )
             for name, m in self._members.items()
         ]

@@ -19,6 +19,25 @@ token by ≥ 10 % (a regression that does not yet cost anything is not late to b
 before detection are the regression's excess cost (over the healthy counterfactual) from its start
 to its detection, or its whole excess when missed. Events in the warm-up (the first week, while
 baselines fill) are not scored.
+
+The scoring rules above are unchanged since the first version of this benchmark. What changed
+in the simulated node (:mod:`agent.sim.traffic`), and why:
+
+- the request mix wanders (±8 % in prompt and output lengths, hours-long): a real mix is never
+  constant, and a detector must tell everyday wander from an incident;
+- the benign mix change is now one the node can absorb (prompts ×1.3, answers ×0.5: $/1M output
+  ≈ 1.6×, no preemptions). The old one (prompts ×3, answers ×0.5) needed more prefill than the
+  node has at peak, so it preempted and queued: a capacity incident that the KV-cache rule rightly
+  paged on, which the benchmark then counted as a false alarm;
+- roofline efficiency carries 3 % noise and uses the nominal, not the true, context length, as
+  the daemon can only know the model's nominal figures (it was exact before).
+
+Limits to keep in mind when reading the figures: regressions in this simulator act through
+decode-step physics, so every one of them lowers roofline efficiency, which the shipped
+``roofline_efficiency_drop`` rule watches; a regression that leaves decode efficiency alone (a
+price change, an over-provisioning autoscaler setting) is left to the slower cost rule. The
+daemon's own roofline figure must be computed like the simulator's (per-replica bandwidth, batch
+and nominal context) for these results to carry over.
 """
 
 from __future__ import annotations

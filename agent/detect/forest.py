@@ -1,11 +1,13 @@
 """Isolation-forest anomaly detector over per-minute cost windows, one fit per model version.
 
 The forest looks at each minute of one (engine, model) as a point in a multivariate space of
-cost, throughput, utilisation, latency and load, plus the hour of the week. Because load and
-time are features, a night or weekend trough (few tokens per GPU, so a high cost per token) is a
-*normal* point: the forest has seen that combination every night. A regression is a point off
-that surface: a high cost per token at a load and hour where it used to be low, or slow decode
-steps at normal load.
+cost, throughput, utilisation, latency and load, plus the request mix and the hour of the week.
+Because load, mix and time are context, a night or weekend trough (few tokens per GPU, so a high
+cost per token) is a *normal* point: the forest has seen that combination every night. A
+regression is a point off that surface: a high cost per token at a load and hour where it used to
+be low, or slow decode steps at normal load. Only the costly direction counts (a cheaper or
+faster minute is rare too, but not a regression), and a request mix outside everything in the
+training week is not judged at all (score None) until a refit has seen it.
 
 Fitting: on the trailing ``training_days`` (default 7) of the model's windows, across versions
 (a version's own few hours could not cover the week's cycle). A new fit happens daily and once a
@@ -16,8 +18,11 @@ regression is not learnt as normal), unless they are more than ``max_clean_fract
 the change is the new normal and is learnt).
 
 Score: normalised so that 0 is the training median and 1 the training ``quantile``; > 1 is
-anomalous. Export it as ``infercost_anomaly_score{node,engine,model,model_version}`` and use it
-in rules as "score > 1 for N minutes".
+anomalous. It saturates: an isolation forest gives every point past the edge of its training
+data about the same path length, so a 2× regression scores barely more than a 1.2× one (about
+1.1–1.5); read it as "how unusual", not "how bad". Export it as
+``infercost_anomaly_score{node,engine,model,model_version}`` and use it in rules as
+"score > 1 for N minutes".
 
 Persisted with joblib under the state directory, in a versioned file.
 """
@@ -270,7 +275,7 @@ class ForestDetector:
             x = np.vstack(rows)
             previous = self._fits.get(key)
             if previous is not None:
-                clean = self._normalise(previous, self._raw(previous, x)) <= self.clean_above
+                clean = self._scores(previous, x) <= self.clean_above
                 keep = clean | ~self._judgeable(previous, x)
                 if 1.0 - keep.mean() <= self.max_clean_fraction:
                     x = x[keep]
@@ -321,9 +326,10 @@ class ForestDetector:
     # -- scoring ----------------------------------------------------------------------------
 
     @classmethod
-    def _raw(cls, fit: _Fitted, x: np.ndarray) -> np.ndarray:
+    def _scores(cls, fit: _Fitted, x: np.ndarray) -> np.ndarray:
+        """Normalised scores (0 = training median, 1 = training quantile) of feature rows."""
         x = np.where(np.isnan(x), fit.fill, x)
-        return cls._combined(fit, _transform(x, fit.coef, fit.centre))
+        return cls._normalise(fit, cls._combined(fit, _transform(x, fit.coef, fit.centre)))
 
     @staticmethod
     def _judgeable(fit: _Fitted, x: np.ndarray) -> np.ndarray:
@@ -357,7 +363,7 @@ class ForestDetector:
         for key, (idx, rows) in groups.items():
             fit = self._fits[key]
             x = np.vstack(rows)
-            scores = self._normalise(fit, self._raw(fit, x))
+            scores = self._scores(fit, x)
             for i, s, ok in zip(idx, scores, self._judgeable(fit, x), strict=True):
                 out[i] = float(s) if ok else None
         return out

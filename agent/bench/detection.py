@@ -73,13 +73,17 @@ LITERAL_RULE: Mapping[str, Any] = {
     "summary": "literal 1.5 × 7-day mean",
 }
 
-# Why a 10 m mean held 30 m: one minute's score is noisy (about 0.5 % of normal minutes exceed 1
+# Why a 1 h mean held 30 m: one minute's score is noisy (about 0.5 % of normal minutes exceed 1
 # by construction), and a traffic burst's scale-up transient (replicas that cost while they load,
-# requests queued meanwhile) looks exactly like a cost regression for up to ~40 minutes.
+# requests queued meanwhile, then a slow scale-down) looks like a cost regression for up to an
+# hour. The forest is the slow second opinion (drifts, costs with no efficiency signal); the
+# rules are the fast path. Measured on seeds 3, 7 and 11: against a 10 m mean held 30 m it cut
+# the forest's false alarms per node-week from 1.33 / 0.44 / 0.89 to 0.56 / 0.33 / 0.22, with
+# recall 63–70 % either way and its median delay 31–66 m instead of 31–37 m.
 FOREST_RULE: Mapping[str, Any] = {
     "id": "cost_anomaly",
     "signal": "anomaly_score",
-    "over": "10m",
+    "over": "1h",
     "op": ">",
     "threshold": 1.0,
     "where": [{"signal": "generation_tokens_per_second", "op": ">=", "value": 1}],

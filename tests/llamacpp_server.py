@@ -24,6 +24,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from procs import terminate
+
 MODEL_ALIAS = "tiny-llama"  # the model id the server reports
 START_TIMEOUT = 60.0  # seconds; the server answers /health 0.2-0.5 s after start on an idle box
 
@@ -194,13 +196,7 @@ class LlamaServer:
         """SIGTERM, then SIGKILL after 10 s."""
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        terminate(self.proc)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         self.proc = None

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from procs import terminate
 from prometheus_client import start_http_server
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -186,13 +187,7 @@ class _Process:
 
     def close(self) -> None:
         """Terminate (then kill) the process and wait for it."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        terminate(self.proc)
         self._fh.close()
 
 

@@ -17,7 +17,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import aiohttp
 
@@ -35,6 +35,11 @@ from agent.sources.nvml.backend import NvmlBackend
 from agent.sources.nvml.sampler import NvmlSampler
 from agent.sources.prices import PriceBook
 
+if TYPE_CHECKING:
+    from agent.detect.pipeline import Pipeline
+    from agent.detect.scoring import AnomalyScorer
+    from agent.store import Store
+
 logger = logging.getLogger(__name__)
 
 
@@ -43,9 +48,9 @@ class Hooks:
     """Optional parts wired in by the CLI (kept optional so the core runs alone)."""
 
     on_tick: list[Callable[[TickResult, Snapshot], None]] = field(default_factory=list)
-    store: Any = None  # agent.store.Store
-    pipeline: Any = None  # agent.detect.pipeline.Pipeline
-    scorer: Any = None  # agent.detect.scoring.AnomalyScorer
+    store: Store | None = None
+    pipeline: Pipeline | None = None
+    scorer: AnomalyScorer | None = None
 
 
 class Agent:
@@ -174,6 +179,7 @@ class Agent:
 
     async def _detect_once(self) -> None:
         pipeline = self.hooks.pipeline
+        assert pipeline is not None
         now = self.clock.now()
         if self.hooks.scorer is not None:  # before the rules, which may read anomaly_score
             for (engine, model, version), score in (await self.hooks.scorer.step(now)).items():

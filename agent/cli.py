@@ -18,13 +18,17 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent import __version__
+from agent.clock import Clock
 from agent.config import Config, ConfigError, load_config
 from agent.detect.rules import RuleError
 from agent.sources.nvml.backend import NvmlUnavailable
 from agent.sources.prices import load_price_book
+
+if TYPE_CHECKING:
+    from agent.supervisor import Hooks
 
 logger = logging.getLogger("agent")
 
@@ -107,7 +111,7 @@ async def _run(cfg: Config) -> int:
     return EXIT_OK
 
 
-def _build_hooks(cfg: Config, clock: Any) -> Any:
+def _build_hooks(cfg: Config, clock: Clock) -> Hooks:
     """The history store, the detection pipeline (rules, alerts, outbox) and the forest scorer."""
     from agent.detect.pipeline import build_pipeline
     from agent.detect.scoring import AnomalyScorer

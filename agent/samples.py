@@ -153,6 +153,7 @@ class CostWindow:
     usd_per_1m_total: float | None  # None when the window processed no tokens
     idle_usd: float  # the whole cost when no tokens were produced, else 0
     roofline_ratio: float | None = None  # observed decode tok/s ÷ bandwidth ceiling (0–1+)
+    priced: bool = True  # False: a GPU was unread or unpriced, so the cost is incomplete (ratios absent)
 
     @property
     def cost_usd(self) -> float:

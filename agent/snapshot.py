@@ -124,6 +124,14 @@ class Ledger:
             self._nvml_up = None
             return
         self._nvml_up = rnd.up
+        if not rnd.up:  # the library is gone: no GPU reading is current any more
+            for uuid, st in self._gpus.items():
+                s0 = st.sample
+                down = GpuSample(
+                    s0.index, s0.uuid, s0.name, rnd.timestamp, up=False, mig_parent_uuid=s0.mig_parent_uuid
+                )
+                self._gpus[uuid] = replace(st, sample=down)
+            return
         for g in rnd.gpus:
             prev = self._gpus.get(g.uuid)
             self._gpus[g.uuid] = replace(prev, sample=g) if prev else GpuState(sample=g)
@@ -211,13 +219,14 @@ class Ledger:
         g = sum(w.usage.generation_tokens for w in recent)
         idle = sum(w.idle_usd for w in recent)
         weights = [(w, w.usage.duration) for w in recent]
+        priced = all(w.priced for w in recent)  # an unread or unpriced GPU: the ratio is unknown
         last = recent[-1].usage
         return replace(
             state,
             prompt_tokens_per_second=p / secs if secs > 0 else None,
             generation_tokens_per_second=g / secs if secs > 0 else None,
-            usd_per_1m_output_tokens=usd_per_million(cost, g),
-            usd_per_1m_tokens=usd_per_million(cost, p + g),
+            usd_per_1m_output_tokens=usd_per_million(cost, g) if priced else None,
+            usd_per_1m_tokens=usd_per_million(cost, p + g) if priced else None,
             cost_usd_per_hour=cost / secs * 3600 if secs > 0 else None,
             idle_cost_usd_per_hour=idle / secs * 3600 if secs > 0 else None,
             gpu_utilization_ratio=_wmean([(w.usage.gpu_util_ratio, d) for w, d in weights]),

@@ -170,8 +170,10 @@ class Agent:
         self.ledger.apply(tick)
         if self.hooks.store is not None:
             self.hooks.store.write_engine_scrapes(self.cfg.node, results)
-            if tick.windows:
-                self.hooks.store.write_windows(tick.windows)
+            # history keeps priced windows only: an unknown cost must not pull baselines towards $0
+            priced = [w for w in tick.windows if w.priced]
+            if priced:
+                self.hooks.store.write_windows(priced)
         self._ticks += 1
         self._snapshot = self.ledger.snapshot()
         for cb in self.hooks.on_tick:

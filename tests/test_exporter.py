@@ -125,3 +125,20 @@ async def test_http_endpoint_serves_metrics_and_healthz() -> None:
                 assert r.status == 200 and (await r.json())["status"] == "ok"
     finally:
         await server.stop()
+
+
+def test_nvml_going_down_marks_every_gpu_down_and_drops_its_readings() -> None:
+    led = Ledger("node-a", "0.1.0")
+    led.observe_nvml(
+        NvmlRound(
+            T0,
+            True,
+            (GpuSample(0, "GPU-0", "NVIDIA H100 80GB HBM3", T0, util_gpu_ratio=0.9, power_watts=500),),
+        )
+    )
+    led.observe_nvml(NvmlRound(T0 + 1, False, (), error="driver not loaded"))
+    s = _samples(render(led.snapshot()).decode())
+    gpu0 = frozenset({"node": "node-a", "gpu": "0"}.items())
+    assert s[("infercost_nvml_up", frozenset({"node": "node-a"}.items()))] == 0
+    assert s[("infercost_gpu_up", gpu0)] == 0
+    assert ("infercost_gpu_power_watts", gpu0) not in s and ("infercost_gpu_utilization_ratio", gpu0) not in s

@@ -158,3 +158,56 @@ def test_roofline_efficiency_reads_weights_and_the_resident_kv_cache() -> None:
     ceiling = 4 * 3.35e12 / (140e9 + 50_000 * 327_680)
     assert w.roofline_ratio == pytest.approx(42.84 / ceiling)
     assert 0.49 < w.roofline_ratio < 0.51
+
+
+def test_a_gpu_in_mig_mode_is_paid_once_through_its_instances() -> None:
+    parent = GpuSample(0, "GPU-0", H100, T0, util_gpu_ratio=None)
+    inst = [GpuSample(0, f"MIG-{k}", f"{H100} MIG 1g.10gb", T0, mig_parent_uuid="GPU-0") for k in range(7)]
+    eng_whole = EngineConfig(name="whole", url="http://x/metrics", gpus=(0,))  # the whole GPU = all instances
+    eng_one = EngineConfig(name="one", url="http://y/metrics", gpus=("MIG-0",))
+    j = WindowJoiner("n1", (eng_one,), book())
+    for t in (T0, T0 + 3600):
+        j.add_round(NvmlRound(t, True, (parent, *inst)))
+        res = j.close_tick(t, {"one": scrape("one", t, ("m", 0, t - T0))})
+    assert sum(g.cost_usd for g in res.gpus) == pytest.approx(3.6)  # one GPU-hour, not eight
+    assert "GPU-0" not in {g.sample.uuid for g in res.gpus}
+    (w,) = res.windows
+    assert w.cost_usd == pytest.approx(3.6 / 7)  # a 1g slice is a seventh of the GPU
+    j2 = WindowJoiner("n1", (eng_whole,), book())
+    for t in (T0, T0 + 3600):
+        j2.add_round(NvmlRound(t, True, (parent, *inst)))
+        res2 = j2.close_tick(t, {"whole": scrape("whole", t, ("m", 0, t - T0))})
+    assert res2.windows[0].cost_usd == pytest.approx(3.6)
+
+
+def test_nvml_down_makes_the_cost_unknown_not_zero() -> None:
+    j = WindowJoiner("n1", ENGINES[:1], book())
+    j.add_round(rnd(T0))
+    j.close_tick(T0, {"a": scrape("a", T0, ("big", 0, 0))})
+    j.add_round(NvmlRound(T0 + 10, False, (), error="driver not loaded"))
+    res = j.close_tick(T0 + 10, {"a": scrape("a", T0 + 10, ("big", 0, 500))})
+    (w,) = res.windows
+    assert not w.priced and w.usd_per_1m_output is None and w.usd_per_1m_total is None
+    assert w.usage.generation_tokens == 500  # tokens are still counted
+
+
+def test_an_unpriced_gpu_makes_the_ratio_absent() -> None:
+    eng = EngineConfig(name="t4", url="http://x/metrics", gpus=(0,))
+    j = WindowJoiner("n1", (eng,), book())
+    t4 = lambda t: NvmlRound(t, True, (GpuSample(0, "GPU-T4", "Tesla T4", t),))  # noqa: E731
+    j.add_round(t4(T0))
+    j.close_tick(T0, {"t4": scrape("t4", T0, ("m", 0, 0))})
+    j.add_round(t4(T0 + 10))
+    (w,) = j.close_tick(T0 + 10, {"t4": scrape("t4", T0 + 10, ("m", 0, 100))}).windows
+    assert w.usd_per_1m_output is None and not w.priced
+
+
+def test_energy_after_a_gap_is_power_times_time_not_the_whole_gap() -> None:
+    j = WindowJoiner("n1", ENGINES[:1], book(power=True))
+    j.add_round(rnd(T0, (0.0, 0.0, 0.0)))
+    j.close_tick(T0, {"a": scrape("a", T0, ("big", 0, 0))})
+    j.close_tick(T0 + 10, {"a": scrape("a", T0 + 10, ("big", 0, 10))})  # NVML gave nothing this tick
+    j.add_round(rnd(T0 + 20, (1e9, 1e9, 0.0)))  # the counter moved a lot while unread
+    res = j.close_tick(T0 + 20, {"a": scrape("a", T0 + 20, ("big", 0, 20))})
+    (w,) = res.windows
+    assert w.usage.energy_joules == pytest.approx(2 * 400.0 * 10)  # 2 GPUs × 400 W × 10 s

@@ -8,6 +8,7 @@ a ratio of sums, never a mean of ratios.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -28,6 +29,17 @@ GPU_BANDWIDTH_BYTES_PER_SECOND: Mapping[str, float] = {
     "A100": 1.555e12,
     "L40S": 0.864e12,
 }
+
+
+MIG_SLICES = 7  # compute slices of an A100 / H100 / H200 in MIG mode (profiles 1g … 7g)
+
+
+def mig_slice_fraction(instance_name: str) -> float:
+    """The share of its GPU a MIG instance holds, from its profile name ("… MIG 3g.40gb" → 3/7);
+    1/7 when the name carries no profile."""
+    m = re.search(r"(\d+)g\.", instance_name)
+    g = int(m.group(1)) if m else 1
+    return min(g, MIG_SLICES) / MIG_SLICES
 
 
 def gpu_time_cost(usd_per_hour: float, seconds: float) -> float:

@@ -28,6 +28,7 @@ from agent.cost.model import (
     energy_cost,
     energy_from_counter,
     gpu_time_cost,
+    mig_slice_fraction,
     roofline_efficiency,
     split_shares,
     usd_per_million,
@@ -94,7 +95,7 @@ class WindowJoiner:
         self.share_policy = share_policy
         self._last_tick: float | None = None
         self._acc: dict[str, _GpuAcc] = {}
-        self._last_energy: dict[str, float] = {}  # uuid → joules at the end of the previous tick
+        self._last_energy: dict[str, tuple[float, float | None]] = {}  # uuid → (joules, tick it closed)
         self._prev: dict[tuple[str, str], ModelSignals] = {}  # (engine, model) → last signals
         self._known_models: dict[str, tuple[str, ...]] = {}  # engine → models seen
         self._unpriced_logged: set[str] = set()
@@ -109,12 +110,15 @@ class WindowJoiner:
 
     # ------------------------------------------------------------------ helpers
     def _engine_gpus(self, eng: EngineConfig, gpus: Mapping[str, GpuSample]) -> list[str]:
+        """The UUIDs of the engine's GPUs seen this tick; a whole GPU in MIG mode means its instances."""
+        mig_parents = {s.mig_parent_uuid for s in gpus.values() if s.mig_parent_uuid}
         out: list[str] = []
         for ref in eng.gpus:
             for uuid, s in gpus.items():
-                if (isinstance(ref, str) and ref == uuid) or (
-                    isinstance(ref, int) and s.index == ref and s.mig_parent_uuid is None
-                ):
+                whole = isinstance(ref, int) and s.index == ref and s.mig_parent_uuid is None
+                if whole and uuid in mig_parents:
+                    out.extend(u for u, m in gpus.items() if m.mig_parent_uuid == uuid)
+                elif (isinstance(ref, str) and ref == uuid) or whole:
                     out.append(uuid)
         return out
 
@@ -159,9 +163,14 @@ class WindowJoiner:
         gpu_cost: dict[str, float] = {}
         gpu_info: dict[str, tuple[float | None, float | None, float | None, float | None, float | None]] = {}
         power = self.book.power
+        mig_parents = {s.mig_parent_uuid for s in last.values() if s.mig_parent_uuid}
         for uuid, acc in self._acc.items():
+            if uuid in mig_parents:
+                continue  # a GPU in MIG mode is paid through its instances
             s = acc.samples[-1]
             price = self.book.gpu_usd_per_hour(s.name, self.node, now)
+            if price is not None and s.mig_parent_uuid:
+                price *= mig_slice_fraction(s.name)
             if price is None and uuid not in self._unpriced_logged:
                 self._unpriced_logged.add(uuid)
                 logger.warning(
@@ -171,7 +180,11 @@ class WindowJoiner:
                     self.book.source_path,
                 )
             mean_power = _mean(x.power_watts for x in acc.samples)
-            joules = energy_from_counter(self._last_energy.get(uuid), s.energy_joules, mean_power, dt)
+            prev_energy = self._last_energy.get(uuid)
+            # the counter only spans this tick if its previous reading closed the previous tick;
+            # after a gap (GPU or NVML down) fall back to mean power × Δt instead of charging the gap
+            prev_j = prev_energy[0] if prev_energy is not None and prev_energy[1] == start else None
+            joules = energy_from_counter(prev_j, s.energy_joules, mean_power, dt)
             cost = gpu_time_cost(price or 0.0, dt)
             if power is not None and joules is not None:
                 cost += energy_cost(joules, power.usd_per_kwh, power.pue)
@@ -217,6 +230,14 @@ class WindowJoiner:
             mshare = split_shares(list(models), "tokens", tok)
             eng_gpu_list = eng_gpus[e.name]
             cpu_price = self.book.engine_usd_per_hour(e.name)
+            # the cost is known only if every GPU the engine lists was read and priced (NVML down or a
+            # GPU missing from the book = unknown, reported as an absent ratio, never as $0), or the
+            # engine has an hourly price of its own
+            priced = (
+                len(eng_gpu_list) >= len(e.gpus)
+                and all(gpu_info[u][0] is not None for u in eng_gpu_list)
+                and (bool(eng_gpu_list) or cpu_price is not None)
+            )
             for model, (prev, cur) in models.items():
                 ms = mshare[model]
                 p_tok, g_tok = model_tokens[(e.name, model)]
@@ -272,7 +293,7 @@ class WindowJoiner:
                         prev.decode_seconds_total if prev else None, cur.decode_seconds_total if cur else None
                     ),
                 )
-                windows.append(self._price(usage, time_usd, energy_usd, e, last))
+                windows.append(self._price(usage, time_usd, energy_usd, e, last, priced))
 
         gpus: list[GpuTick] = []
         for u, cost in gpu_cost.items():
@@ -306,7 +327,7 @@ class WindowJoiner:
                     self._prev[(name, m.model)] = m
         for uuid, s in last.items():
             if s.energy_joules is not None:
-                self._last_energy[uuid] = s.energy_joules
+                self._last_energy[uuid] = (s.energy_joules, self._last_tick)
 
     @staticmethod
     def _p99(prev: Histogram | None, cur: Histogram | None) -> float | None:
@@ -322,6 +343,7 @@ class WindowJoiner:
         energy_usd: float,
         eng: EngineConfig,
         last: Mapping[str, GpuSample],
+        priced: bool = True,
     ) -> CostWindow:
         cost = time_usd + energy_usd
         tokens = usage.prompt_tokens + usage.generation_tokens
@@ -346,8 +368,9 @@ class WindowJoiner:
             usage=usage,
             gpu_time_usd=time_usd,
             energy_usd=energy_usd,
-            usd_per_1m_output=usd_per_million(cost, usage.generation_tokens),
-            usd_per_1m_total=usd_per_million(cost, tokens),
+            usd_per_1m_output=usd_per_million(cost, usage.generation_tokens) if priced else None,
+            usd_per_1m_total=usd_per_million(cost, tokens) if priced else None,
             idle_usd=cost if tokens <= 0 else 0.0,
+            priced=priced,
             roofline_ratio=roof,
         )

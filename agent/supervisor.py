@@ -4,7 +4,8 @@ Loops (each catches and logs its own failures, so one failing loop never stops t
 - NVML: one batched round every ``intervals.nvml_seconds``, off the event loop;
 - tick: scrape every engine concurrently every ``intervals.scrape_seconds``, join with the NVML
   rounds since the last tick, price, update the ledger, write the windows to the store;
-- detect: at each ``intervals.window_seconds`` boundary, score and evaluate rules, run alert lifecycle;
+- detect: once a tick has written a window boundary's data, score and evaluate rules up to the tick's
+  time and run the alert lifecycle (in its own task, so a slow forest refit never delays a tick);
 - delivery: the outbox to Slack / PagerDuty / webhook;
 - exporters: Prometheus endpoint (always), OTLP push (when configured).
 """
@@ -77,6 +78,8 @@ class Agent:
         self.prometheus: PrometheusServer | None = None
         self.started = asyncio.Event()
         self._ticks = 0
+        self._detected_slot = -1
+        self._detect_task: asyncio.Task[None] | None = None
         self._snapshot = self.ledger.snapshot()
 
     # ------------------------------------------------------------------ public
@@ -113,11 +116,10 @@ class Agent:
                         )
                     )
                     if self.hooks.pipeline is not None:
-                        tg.create_task(
-                            self._every(stop, self.cfg.intervals.window_seconds, self._detect_once, "detect")
-                        )
                         tg.create_task(self.hooks.pipeline.run_delivery(stop))
         finally:
+            if self._detect_task is not None and not self._detect_task.done():
+                await asyncio.wait({self._detect_task}, timeout=30)
             if otlp is not None:
                 await asyncio.to_thread(otlp.shutdown)
             if self.prometheus is not None:
@@ -178,14 +180,35 @@ class Agent:
         self._snapshot = self.ledger.snapshot()
         for cb in self.hooks.on_tick:
             cb(tick, self._snapshot)
+        self._maybe_detect(tick.end)
 
-    async def _detect_once(self) -> None:
+    def _maybe_detect(self, tick_end: float) -> None:
+        """Start detection up to ``tick_end`` when a window boundary has passed since the last run.
+
+        It runs after the tick wrote its windows, so a minute is never evaluated before its data
+        is in the store; one detection at a time (a slow one is caught up by the next)."""
+        if self.hooks.pipeline is None:
+            return
+        slot = math.floor(tick_end / self.cfg.intervals.window_seconds)
+        if slot <= self._detected_slot or (self._detect_task is not None and not self._detect_task.done()):
+            return
+        self._detected_slot = slot
+        self._detect_task = asyncio.create_task(self._detect_once(tick_end))
+        self._detect_task.add_done_callback(_log_failure)
+
+    async def _detect_once(self, now: float) -> None:
         pipeline = self.hooks.pipeline
         assert pipeline is not None
-        now = self.clock.now()
         if self.hooks.scorer is not None:  # before the rules, which may read anomaly_score
             for (engine, model, version), score in (await self.hooks.scorer.step(now)).items():
                 self.ledger.set_anomaly_score((engine, model, version), score)
         await pipeline.step(now)
         self.ledger.set_alerts(pipeline.firing_counts(), pipeline.outbox_pending())
         self._snapshot = self.ledger.snapshot()
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error(
+            "detection failed this round; it runs again at the next window", exc_info=task.exception()
+        )

@@ -26,6 +26,7 @@ from agent.config import Config, ConfigError, load_config
 from agent.detect.rules import RuleError
 from agent.sources.nvml.backend import NvmlUnavailable
 from agent.sources.prices import load_price_book
+from agent.store import StoreError
 
 if TYPE_CHECKING:
     from agent.supervisor import Hooks
@@ -101,6 +102,16 @@ async def _run(cfg: Config) -> int:
             logger.info(
                 "found engines on default ports: %s", ", ".join(f"{e.name} at {e.url}" for e in engines)
             )
+            if len(engines) == 1 and backend is not None:
+                # one engine on a GPU node: assume it uses every GPU (say so; node.yaml can correct it)
+                rnd = await asyncio.to_thread(backend.read_round, clock.now())
+                gpus = tuple(sorted({g.index for g in rnd.gpus if g.mig_parent_uuid is None}))
+                engines = [engines[0].model_copy(update={"gpus": gpus})]
+                logger.info("assuming %s uses all %d GPUs of this node", engines[0].name, len(gpus))
+            elif len(engines) > 1:
+                logger.info(
+                    "several engines: GPU cost is node idle cost until node.yaml lists each engine's GPUs"
+                )
         else:
             logger.info("no engine answered on the default local ports; GPU cost is reported as idle")
     hooks = _build_hooks(cfg, clock)
@@ -223,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_CONFIG
     except KeyboardInterrupt:
         return EXIT_OK
-    except (NvmlUnavailable, RuleError) as err:
+    except (NvmlUnavailable, RuleError, StoreError) as err:
         print(f"infercost: {err}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     logger.debug("%s finished in %.1fs", args.cmd, time.monotonic() - t0)

@@ -245,7 +245,9 @@ def format_validation_error(source: str, err: ValidationError) -> str:
         else:
             fix = "correct the value"
             msg = e["msg"]
-        lines.append(f"  {source}: key '{key}': {msg} (got {e.get('input')!r}); fix: {fix}")
+        # values under alerts.* may be secrets (a webhook URL pasted where a reference belongs)
+        got = "(value hidden)" if key.startswith("alerts.") else repr(e.get("input"))
+        lines.append(f"  {source}: key '{key}': {msg} (got {got}); fix: {fix}")
     return "\n".join(lines)
 
 

@@ -51,3 +51,10 @@ async def test_discovery_finds_only_ports_that_answer_metrics() -> None:
     assert [(e.name, e.url, e.kind) for e in found] == [
         (f"vllm-{up}", f"http://127.0.0.1:{up}/metrics", "auto")
     ]
+
+
+def test_a_garbled_version_file_is_skipped_not_fatal(tmp_path: Path) -> None:
+    f = tmp_path / "labels"
+    f.write_bytes(b'app.kubernetes.io/version="\xff\xfe"\n')
+    reader = VersionReader([EngineConfig(name="e", url="http://x/metrics", version_file=f)])
+    assert reader.read() == {}

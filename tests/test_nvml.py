@@ -14,7 +14,7 @@ import pynvml
 import pytest
 
 from agent.clock import ManualClock
-from agent.config import NvmlConfig
+from agent.config import ConfigError, NvmlConfig
 from agent.samples import GpuLoad, GpuSample, NvmlRound
 from agent.sources.nvml.backend import NvmlBackend, NvmlUnavailable
 from agent.sources.nvml.fake import ENERGY_AT_START_MJ, PROFILES, FakeNvml, model_power_watts
@@ -425,7 +425,7 @@ def test_make_backend_none_and_fake() -> None:
     r = backend.read_round(clock.now())
     assert [g.name for g in r.gpus] == ["NVIDIA H200"] * 3 and r.gpus[0].util_gpu_ratio == pytest.approx(0.5)
     backend.close()
-    with pytest.raises(ValueError, match="fake_profile"):
+    with pytest.raises(ConfigError, match="fake_profile"):
         make_backend(NvmlConfig(backend="fake", fake_profile="B200"))
 
 

@@ -99,3 +99,15 @@ def test_environment_overrides(tmp_path: Path) -> None:
 def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "nope.yaml", environ={})
+
+
+def test_a_secret_pasted_into_the_config_is_not_echoed(tmp_path: Path) -> None:
+    p = _write(
+        tmp_path,
+        "node.yaml",
+        "alerts: {slack: {webhook_url: 'https://hooks.slack.com/services/T0/B0/SECRET'}}",
+    )
+    with pytest.raises(ConfigError) as exc:
+        load_config(p, environ={})
+    assert "alerts.slack.webhook_url" in str(exc.value)
+    assert "SECRET" not in str(exc.value)

@@ -28,7 +28,8 @@ def parse_labels_file(text: str) -> dict[str, str]:
             continue
         value = value.strip()
         if len(value) >= 2 and value[0] == value[-1] == '"':
-            value = value[1:-1].encode().decode("unicode_escape")
+            # Kubernetes quotes values Go-style; label values only ever need \" \\ and \n
+            value = value[1:-1].replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
         out[key.strip()] = value
     return out
 
@@ -46,12 +47,12 @@ class VersionReader:
         for e in self._engines:
             assert e.version_file is not None
             try:
-                labels = parse_labels_file(e.version_file.read_text())
-            except OSError as err:
+                labels = parse_labels_file(e.version_file.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError) as err:
                 if e.name not in self._failing:
                     self._failing.add(e.name)
                     logger.warning(
-                        "engine %s: cannot read version file %s: %s", e.name, e.version_file, err.strerror
+                        "engine %s: cannot read version file %s: %s", e.name, e.version_file, err
                     )
                 continue
             self._failing.discard(e.name)

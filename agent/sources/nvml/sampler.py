@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 from agent.clock import Clock
-from agent.config import NvmlConfig
+from agent.config import ConfigError, NvmlConfig
 from agent.samples import GpuLoad, NvmlRound
 from agent.sources.nvml.backend import NvmlBackend, NvmlUnavailable
 from agent.sources.nvml.fake import PROFILES, FakeNvml
@@ -86,7 +86,7 @@ def make_backend(
         return None
     if cfg.backend == "fake":
         if cfg.fake_profile not in PROFILES:
-            raise ValueError(
+            raise ConfigError(
                 f"nvml.fake_profile {cfg.fake_profile!r} is unknown; use one of {', '.join(PROFILES)}"
             )
         fake = FakeNvml(

@@ -306,3 +306,12 @@ def test_baseline_holds_recent_minutes_back_so_a_regression_is_not_its_own_basel
     assert value == 1.0 and n == 120  # the last 30 minutes are not in yet
     value, n = b.mean("k", 181 * 60.0)  # 31 minutes later they are
     assert n == 150 and value == (120 + 60) / 150
+
+
+def test_a_template_with_a_format_spec_is_refused_at_load_time(tmp_path: Path) -> None:
+    p = tmp_path / "r.yaml"
+    rule = {"id": "x", "signal": "usd_per_1m_output_tokens", "op": ">", "threshold": 1, "severity": "warning",
+            "summary": "cost is {value:.2f}"}  # fmt: skip
+    p.write_text(yaml.safe_dump({"rules": [rule]}))
+    with pytest.raises(RuleError, match="format spec"):
+        load_rules([p])

@@ -110,7 +110,6 @@ class Pipeline:
         self._last = end - MINUTE
 
     def _start(self, target: float) -> None:
-        self._started = True
         self.alerts.restore(self.store.load_alert_state())
         self._sync_deploys()
         saved = self.store.get_meta(LAST_MINUTE_KEY)
@@ -124,6 +123,7 @@ class Pipeline:
             live_from = max(live_from, float(saved) + MINUTE)
         self._replay(start, live_from)  # nothing when the rules need no history before live_from
         self._last = live_from - MINUTE
+        self._started = True  # only now: a start that failed half-way is tried again next step
         logger.info(
             "detection warmed up from %.0f minutes of history; %d alerts restored",
             (live_from - start) / MINUTE,
@@ -185,17 +185,19 @@ class Pipeline:
         by_minute: dict[float, list[MinuteRecord]] = defaultdict(list)
         for r in self.store.records(m, target):
             by_minute[r.minute].append(r)
-        while m < target:
+        while m < target:  # minute by minute, each one committed before the next is evaluated
             findings = self.evaluator.step(m + MINUTE, by_minute.get(m, ()))
-            events.extend(self.alerts.step(findings, m + MINUTE))
+            minute_events = self.alerts.step(findings, m + MINUTE)
+            for e in minute_events:
+                if e.kind != "pending":
+                    logger.info("alert %s %s %s", e.kind, e.alert.rule_id, dict(e.alert.labels))
+            if minute_events:
+                self.notifier.enqueue(minute_events)  # durable first ...
+                self.store.save_alert_state(self.alerts.snapshot())  # ... then the state
             self._last = m
+            self.store.set_meta(LAST_MINUTE_KEY, repr(self._last))
+            events.extend(minute_events)
             m += MINUTE
-        for e in events:
-            if e.kind != "pending":
-                logger.info("alert %s %s %s", e.kind, e.alert.rule_id, dict(e.alert.labels))
-        self.notifier.enqueue(events)  # durable first ...
-        self.store.save_alert_state(self.alerts.snapshot())  # ... then the state
-        self.store.set_meta(LAST_MINUTE_KEY, repr(self._last))
         return events
 
     async def run_delivery(self, stop: asyncio.Event) -> None:

@@ -471,6 +471,12 @@ class Rule(_Frozen):
                     f"{name} uses unknown placeholders {sorted(unknown)}; "
                     f"use some of {sorted(TEMPLATE_FIELDS)}"
                 )
+            try:  # placeholders are filled with text: a format spec such as {value:.2f} would fail later
+                text.format_map(dict.fromkeys(TEMPLATE_FIELDS, "x"))
+            except (ValueError, IndexError) as err:
+                raise ValueError(
+                    f"{name}: {err}; placeholders take no format spec, write {{value}}"
+                ) from None
         return self
 
     def group_labels(self) -> tuple[str, ...]:

@@ -57,19 +57,18 @@ class ForestScoring:
         )
         return [window_from_record(r) for r in recs]
 
-    def _last_change(self, engine: str, model: str) -> float | None:
-        changes = [d.at for d in self.store.deploys() if d.engine == engine and d.model == model]
-        return max(changes) if changes else None
-
     def step(self, now: float) -> dict[ScoreKey, float | None]:
         """Score the last complete minute before ``now``; returns the scores by series."""
         minute = now // MINUTE * MINUTE - MINUTE
         out: dict[ScoreKey, float | None] = {}
+        last_change: dict[tuple[str, str], float] = {}  # (engine, model) → latest deploy, read once
+        for d in self.store.deploys():
+            last_change[(d.engine, d.model)] = max(d.at, last_change.get((d.engine, d.model), d.at))
         for r in self.store.records(minute, minute + MINUTE, kinds=("model",)):
             w = window_from_record(r)
             u = w.usage
             series = (u.engine, u.model)
-            if self.forest.needs_refit(u.engine, u.model, now, self._last_change(*series)) and (
+            if self.forest.needs_refit(u.engine, u.model, now, last_change.get(series)) and (
                 now - self._tried.get(series, -1e18) >= RETRY_FIT_SECONDS
             ):
                 self._tried[series] = now

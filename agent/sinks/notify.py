@@ -33,6 +33,8 @@ from agent.sinks.outbox import Outbox, OutboxItem
 
 logger = logging.getLogger(__name__)
 
+PRUNE_EVERY_SECONDS = 3600.0  # why hourly: rows are kept a day; the prune is one indexed DELETE
+
 USER_AGENT = "infercost/0.1.0"
 # Why 10 s: vendor endpoints answer in well under a second; a hung connection must not stall
 # the queue for longer than a scrape cycle or two.
@@ -197,7 +199,11 @@ class Notifier:
                 next_due = min(next_due, wait)
                 continue
             self._sent[sink.name].append(now)
-            result = await sink.send(session, item)
+            try:
+                result = await sink.send(session, item)
+            except Exception as err:  # a bug or a bad secret file in one sink is a retry, not a stop
+                logger.exception("sink %s raised while sending", sink.name)
+                result = SendResult(ok=False, error=f"{type(err).__name__} in the sink")
             now = self.clock.now()
             if result.ok:
                 self.outbox.delivered(item.id, now)
@@ -230,7 +236,11 @@ class Notifier:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Deliver until ``stop`` is set (one failing sink never stops the others)."""
+        next_prune = 0.0
         while not stop.is_set():
+            if self.clock.now() >= next_prune:  # delivered and dead rows are kept a day, then dropped
+                self.outbox.prune(self.clock.now())
+                next_prune = self.clock.now() + PRUNE_EVERY_SECONDS
             try:
                 wait = await self.deliver_once()
             except Exception:  # a bug or a broken file must not kill the agent; log and go on

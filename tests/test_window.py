@@ -211,3 +211,17 @@ def test_energy_after_a_gap_is_power_times_time_not_the_whole_gap() -> None:
     res = j.close_tick(T0 + 20, {"a": scrape("a", T0 + 20, ("big", 0, 20))})
     (w,) = res.windows
     assert w.usage.energy_joules == pytest.approx(2 * 400.0 * 10)  # 2 GPUs × 400 W × 10 s
+
+
+def test_one_data_parallel_rank_restarting_is_not_a_reset_of_the_sum() -> None:
+    def dp(t: float, rank0: float, rank1: float) -> dict[str, EngineScrape]:
+        parts = {"generation_tokens_total": {"g,engine=0": rank0, "g,engine=1": rank1}}
+        m = ModelSignals(
+            "big", prompt_tokens_total=0.0, generation_tokens_total=rank0 + rank1, counter_parts=parts
+        )
+        return {"a": EngineScrape("a", "vllm", t, True, 0.0, (m,))}
+
+    j = WindowJoiner("n1", ENGINES[:1], book())
+    j.close_tick(T0, dp(T0, 10e6, 10e6))
+    (w,) = j.close_tick(T0 + 5, dp(T0 + 5, 10e6 + 500, 20)).windows  # rank 1 restarted, then made 20
+    assert w.usage.generation_tokens == 520  # not 10,000,520

@@ -77,6 +77,21 @@ class _ModelPrev:
     signals: ModelSignals
 
 
+def _delta(prev: ModelSignals | None, cur: ModelSignals | None, name: str) -> float | None:
+    """A counter's increase over the tick, reset-safe per series.
+
+    When the engine sums the counter over several series (data-parallel ranks, model versions),
+    each series' delta is taken on its own, so one rank restarting is not read as a reset of the
+    sum (which would count every other rank's total again); a series new since the last scrape
+    started from zero and counts in full."""
+    if prev is None or cur is None:
+        return None
+    before, now = prev.counter_parts.get(name), cur.counter_parts.get(name)
+    if before and now:
+        return sum(counter_delta(before.get(k, 0.0), v) or 0.0 for k, v in now.items())
+    return counter_delta(getattr(prev, name), getattr(cur, name))
+
+
 def _mean(values: Iterable[float | None]) -> float | None:
     xs = [v for v in values if v is not None]
     return sum(xs) / len(xs) if xs else None
@@ -200,13 +215,8 @@ class WindowJoiner:
         model_tokens: dict[tuple[str, str], tuple[float, float]] = {}
         for e in self.engines:
             for model, (prev, cur) in eng_models[e.name].items():
-                p = counter_delta(
-                    prev.prompt_tokens_total if prev else None, cur.prompt_tokens_total if cur else None
-                )
-                g = counter_delta(
-                    prev.generation_tokens_total if prev else None,
-                    cur.generation_tokens_total if cur else None,
-                )
+                p = _delta(prev, cur, "prompt_tokens_total")
+                g = _delta(prev, cur, "generation_tokens_total")
                 model_tokens[(e.name, model)] = (p or 0.0, g or 0.0)
         eng_tokens = {
             e.name: sum(p + g for (en, _), (p, g) in model_tokens.items() if en == e.name)
@@ -276,22 +286,15 @@ class WindowJoiner:
                     power_watts=power_sum,
                     requests_running=cur.requests_running if cur else None,
                     kv_cache_usage_ratio=cur.kv_cache_usage_ratio if cur else None,
-                    preemptions=counter_delta(
-                        prev.preemptions_total if prev else None, cur.preemptions_total if cur else None
-                    ),
+                    preemptions=_delta(prev, cur, "preemptions_total"),
                     ttft_p99_seconds=self._p99(
                         prev.ttft_seconds if prev else None, cur.ttft_seconds if cur else None
                     ),
                     itl_p99_seconds=self._p99(
                         prev.itl_seconds if prev else None, cur.itl_seconds if cur else None
                     ),
-                    prefill_seconds=counter_delta(
-                        prev.prefill_seconds_total if prev else None,
-                        cur.prefill_seconds_total if cur else None,
-                    ),
-                    decode_seconds=counter_delta(
-                        prev.decode_seconds_total if prev else None, cur.decode_seconds_total if cur else None
-                    ),
+                    prefill_seconds=_delta(prev, cur, "prefill_seconds_total"),
+                    decode_seconds=_delta(prev, cur, "decode_seconds_total"),
                 )
                 windows.append(self._price(usage, time_usd, energy_usd, e, last, priced))
 

@@ -34,9 +34,21 @@ DEFAULT_MODEL = "default"  # model name when neither the page nor the config nam
 _SCALAR_FIELDS = frozenset(
     f.name
     for f in dataclasses.fields(ModelSignals)
-    if f.name not in {"model", "requests_finished_total", "ttft_seconds", "itl_seconds", "e2e_seconds"}
+    if f.name
+    not in {"model", "requests_finished_total", "ttft_seconds", "itl_seconds", "e2e_seconds", "counter_parts"}
 )
 _HISTOGRAM_FIELDS = frozenset({"ttft_seconds", "itl_seconds", "e2e_seconds"})
+# Cumulative counters: when one summed over several series (data-parallel ranks, Triton model
+# versions), each series' value is kept too, so a reset of one series is not read as a reset of the sum.
+COUNTER_FIELDS = frozenset(
+    {
+        "prompt_tokens_total",
+        "generation_tokens_total",
+        "preemptions_total",
+        "prefill_seconds_total",
+        "decode_seconds_total",
+    }
+)
 # Fields that are ratios: averaged over data-parallel ranks rather than summed.
 _MEAN_FIELDS = frozenset({"kv_cache_usage_ratio"})
 
@@ -119,8 +131,16 @@ class Adapter:
     def _matches(labels: Mapping[str, str], where: Mapping[str, str]) -> bool:
         return all(labels.get(k) == v for k, v in where.items())
 
-    def _scalar(self, page: Page, s: Series, default_model: str, mean: bool) -> dict[str, float]:
-        """Per model, the series' value summed (or averaged) over every other label."""
+    def _scalar(
+        self,
+        page: Page,
+        s: Series,
+        default_model: str,
+        mean: bool,
+        parts: dict[str, dict[str, float]] | None = None,
+    ) -> dict[str, float]:
+        """Per model, the series' value summed (or averaged) over every other label; with ``parts``,
+        also each summed series' own value (keyed by its name and other labels), for counters."""
         first = page.get(s.names[0])
         if not first:
             return {}
@@ -135,6 +155,12 @@ class Adapter:
                     continue
                 total[model] = total.get(model, 0.0) + sample.value * s.scale
                 count[model] = count.get(model, 0) + 1
+                if parts is not None:
+                    key = name + "".join(
+                        f",{k}={v}" for k, v in sorted(sample.labels.items()) if k != self.model_label
+                    )
+                    per = parts.setdefault(model, {})
+                    per[key] = per.get(key, 0.0) + sample.value * s.scale
         if mean:
             return {m: v / count[m] for m, v in total.items()}
         return total
@@ -184,10 +210,20 @@ class Adapter:
         def put(model: str, name: str, value: Any) -> None:
             values.setdefault(model, {}).setdefault(name, value)  # first alternative wins
 
+        counter_parts: dict[str, dict[str, dict[str, float]]] = {}  # model → signal → series → value
         for name, alternatives in self.scalars.items():
             for s in alternatives:
-                for model, v in self._scalar(page, s, fallback, name in _MEAN_FIELDS).items():
+                parts: dict[str, dict[str, float]] | None = {} if name in COUNTER_FIELDS else None
+                for model, v in self._scalar(page, s, fallback, name in _MEAN_FIELDS, parts).items():
+                    if (
+                        name not in values.get(model, {})
+                        and parts is not None
+                        and len(parts.get(model, {})) > 1
+                    ):
+                        counter_parts.setdefault(model, {})[name] = parts[model]
                     put(model, name, v)
+        for model, per_signal in counter_parts.items():
+            values[model]["counter_parts"] = per_signal
         for name, alternatives in self.histograms.items():
             for s in alternatives:
                 for model, h in self._histogram(page, s, fallback).items():

@@ -536,6 +536,7 @@ class Store:
         n = 0
         for t in TABLES.values():
             n += self._db.execute(f"DELETE FROM {t.name} WHERE minute < ?", (cut,)).rowcount
+        n += self._db.execute("DELETE FROM deploys WHERE at < ?", (cut,)).rowcount
         return n
 
     def close(self) -> None:

@@ -51,9 +51,7 @@ class VersionReader:
             except (OSError, UnicodeDecodeError) as err:
                 if e.name not in self._failing:
                     self._failing.add(e.name)
-                    logger.warning(
-                        "engine %s: cannot read version file %s: %s", e.name, e.version_file, err
-                    )
+                    logger.warning("engine %s: cannot read version file %s: %s", e.name, e.version_file, err)
                 continue
             self._failing.discard(e.name)
             version = labels.get(e.version_label)

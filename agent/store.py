@@ -44,7 +44,7 @@ from agent.samples import CostWindow, EngineScrape, NvmlRound
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # Why 1 GiB: 35 days of 1-minute rows for ~50 series is ~150 MB; the cap only guards a runaway
 # label set from filling the node's disk.
 DEFAULT_MAX_BYTES = 1 << 30
@@ -127,6 +127,12 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
           node TEXT NOT NULL, engine TEXT NOT NULL, model TEXT NOT NULL,
           version TEXT NOT NULL, minute REAL NOT NULL, PRIMARY KEY (node, engine, model))""",
         "CREATE TABLE alert_state (dedup_key TEXT PRIMARY KEY, body TEXT NOT NULL)",
+    ),
+    (  # retention deletes and time-range reads by minute on every table, not only model_minutes
+        f"CREATE INDEX gpu_minutes_minute ON {TABLES['gpu'].name} (minute)",
+        f"CREATE INDEX engine_minutes_minute ON {TABLES['engine'].name} (minute)",
+        f"CREATE INDEX node_minutes_minute ON {TABLES['node'].name} (minute)",
+        "CREATE INDEX deploys_at ON deploys (at)",
     ),
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION

@@ -138,6 +138,8 @@ class UsageWindow:
     itl_p99_seconds: float | None = None  # seconds
     prefill_seconds: float | None = None  # seconds (sum over requests, for the time split)
     decode_seconds: float | None = None  # seconds
+    ttft_delta: Histogram | None = None  # the interval's TTFT observations (bucket deltas), seconds
+    itl_delta: Histogram | None = None  # the interval's inter-token latencies (bucket deltas), seconds
 
     @property
     def duration(self) -> float:

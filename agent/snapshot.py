@@ -14,8 +14,9 @@ from typing import Any
 
 from agent.catalog import MetricSpec
 from agent.cost.model import usd_per_million
+from agent.cost.quantiles import quantile
 from agent.cost.window import TickResult
-from agent.samples import CostWindow, EngineScrape, GpuSample, NvmlRound
+from agent.samples import CostWindow, EngineScrape, GpuSample, Histogram, NvmlRound
 
 ModelKey = tuple[str, str, str]  # (engine, model, model_version)
 
@@ -90,6 +91,23 @@ class Snapshot:
     models: tuple[ModelState, ...] = ()
     alerts_firing: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (rule, severity) → count
     outbox_pending: Mapping[str, int] = field(default_factory=dict)  # sink → undelivered messages
+
+
+def _merged_p99(deltas: list[Histogram | None]) -> float | None:
+    """p99 of the trailing window's observations: bucket deltas summed (same layout only) first."""
+    merged: Histogram | None = None
+    for h in deltas:
+        if h is None:
+            continue
+        if merged is None or [le for le, _ in merged.buckets] != [le for le, _ in h.buckets]:
+            merged = h  # the first, or a new bucket layout: start again from it
+        else:
+            merged = Histogram(
+                tuple((le, a + b) for (le, a), (_, b) in zip(merged.buckets, h.buckets, strict=True)),
+                merged.sum + h.sum,
+                merged.count + h.count,
+            )
+    return None if merged is None else quantile(merged, 0.99)
 
 
 def _wmean(pairs: list[tuple[float | None, float]]) -> float | None:
@@ -235,13 +253,8 @@ class Ledger:
             roofline_efficiency_ratio=_wmean([(w.roofline_ratio, d) for w, d in weights]),
             kv_cache_usage_ratio=last.kv_cache_usage_ratio,
             requests_running=last.requests_running,
-            ttft_p99_seconds=max(
-                (w.usage.ttft_p99_seconds for w in recent if w.usage.ttft_p99_seconds is not None),
-                default=None,
-            ),
-            itl_p99_seconds=max(
-                (w.usage.itl_p99_seconds for w in recent if w.usage.itl_p99_seconds is not None), default=None
-            ),
+            ttft_p99_seconds=_merged_p99([w.usage.ttft_delta for w in recent]),
+            itl_p99_seconds=_merged_p99([w.usage.itl_delta for w in recent]),
         )
 
     def snapshot(self) -> Snapshot:

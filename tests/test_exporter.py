@@ -142,3 +142,17 @@ def test_nvml_going_down_marks_every_gpu_down_and_drops_its_readings() -> None:
     assert s[("infercost_nvml_up", frozenset({"node": "node-a"}.items()))] == 0
     assert s[("infercost_gpu_up", gpu0)] == 0
     assert ("infercost_gpu_power_watts", gpu0) not in s and ("infercost_gpu_utilization_ratio", gpu0) not in s
+
+
+def test_trailing_p99_merges_the_ticks_observations() -> None:
+    from agent.samples import Histogram
+    from agent.snapshot import _merged_p99
+
+    # tick 1: 100 fast requests (≤ 0.1 s); tick 2: 2 slow ones (≤ 1 s). Merged: 2 of 102 are slow,
+    # so p99 lies in the slow bucket — the max of per-tick p99s would say the same only by luck
+    fast = Histogram(((0.1, 100.0), (1.0, 100.0), (float("inf"), 100.0)), 5.0, 100.0)
+    slow = Histogram(((0.1, 0.0), (1.0, 2.0), (float("inf"), 2.0)), 1.6, 2.0)
+    p99 = _merged_p99([fast, None, slow])
+    assert p99 is not None and 0.1 < p99 <= 1.0
+    assert _merged_p99([fast]) is not None and _merged_p99([fast]) <= 0.1  # type: ignore[operator]
+    assert _merged_p99([None]) is None

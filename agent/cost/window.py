@@ -92,6 +92,15 @@ def _delta(prev: ModelSignals | None, cur: ModelSignals | None, name: str) -> fl
     return counter_delta(getattr(prev, name), getattr(cur, name))
 
 
+def _hist_delta(prev: Histogram | None, cur: Histogram | None) -> Histogram | None:
+    """The observations of one tick (None without two readings of the same layout)."""
+    return None if cur is None else histogram_delta(prev, cur)
+
+
+def _p99(h: Histogram | None) -> float | None:
+    return None if h is None else quantile(h, P99)
+
+
 def _mean(values: Iterable[float | None]) -> float | None:
     xs = [v for v in values if v is not None]
     return sum(xs) / len(xs) if xs else None
@@ -251,6 +260,8 @@ class WindowJoiner:
             for model, (prev, cur) in models.items():
                 ms = mshare[model]
                 p_tok, g_tok = model_tokens[(e.name, model)]
+                ttft = _hist_delta(prev.ttft_seconds if prev else None, cur.ttft_seconds if cur else None)
+                itl = _hist_delta(prev.itl_seconds if prev else None, cur.itl_seconds if cur else None)
                 time_usd = energy_usd = gpu_seconds = 0.0
                 joules_sum: float | None = None
                 power_sum: float | None = None
@@ -287,12 +298,10 @@ class WindowJoiner:
                     requests_running=cur.requests_running if cur else None,
                     kv_cache_usage_ratio=cur.kv_cache_usage_ratio if cur else None,
                     preemptions=_delta(prev, cur, "preemptions_total"),
-                    ttft_p99_seconds=self._p99(
-                        prev.ttft_seconds if prev else None, cur.ttft_seconds if cur else None
-                    ),
-                    itl_p99_seconds=self._p99(
-                        prev.itl_seconds if prev else None, cur.itl_seconds if cur else None
-                    ),
+                    ttft_p99_seconds=_p99(ttft),
+                    itl_p99_seconds=_p99(itl),
+                    ttft_delta=ttft,
+                    itl_delta=itl,
                     prefill_seconds=_delta(prev, cur, "prefill_seconds_total"),
                     decode_seconds=_delta(prev, cur, "decode_seconds_total"),
                 )
@@ -331,13 +340,6 @@ class WindowJoiner:
         for uuid, s in last.items():
             if s.energy_joules is not None:
                 self._last_energy[uuid] = (s.energy_joules, self._last_tick)
-
-    @staticmethod
-    def _p99(prev: Histogram | None, cur: Histogram | None) -> float | None:
-        if cur is None:
-            return None
-        delta = histogram_delta(prev, cur)
-        return None if delta is None else quantile(delta, P99)
 
     def _price(
         self,

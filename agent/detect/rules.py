@@ -159,6 +159,7 @@ def window_from_record(r: MinuteRecord) -> CostWindow:
 
     s = r.sums
     secs = s.get("seconds", MINUTE)
+    gauges: dict[str, Any] = {attr: _mean_of(s, short) for short, attr in MODEL_GAUGES.items()}
     gen, prompt, cost = s.get("generation_tokens", 0.0), s.get("prompt_tokens", 0.0), s.get("cost_usd", 0.0)
     usage = UsageWindow(
         node=r.label("node"),
@@ -172,7 +173,7 @@ def window_from_record(r: MinuteRecord) -> CostWindow:
         gpu_seconds=s.get("gpu_seconds", 0.0),
         energy_joules=s.get("energy_joules"),
         preemptions=s.get("preemptions"),
-        **{attr: _mean_of(s, short) for short, attr in MODEL_GAUGES.items()},
+        **gauges,
     )
     return CostWindow(
         usage=usage,

@@ -431,8 +431,3 @@ CATALOG: tuple[MetricSpec, ...] = (
         ("node", "sink"),
     ),
 )
-
-
-def by_name() -> dict[str, MetricSpec]:
-    """The catalogue keyed by full Prometheus name."""
-    return {m.full_name: m for m in CATALOG}

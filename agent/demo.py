@@ -40,7 +40,6 @@ from agent.config import (
     SecretRef,
     SlackConfig,
 )
-from agent.cost.window import TickResult
 from agent.sim.node import SimNode
 from agent.sim.scenario import Rollout, Scenario
 from agent.snapshot import Snapshot
@@ -251,6 +250,3 @@ def _demo_hooks(cfg: Config, clock: AcceleratedClock, book: PriceBook) -> Hooks:
     rules = RuleSet(tuple(r for r in rules if r.id in DEMO_RULES), rules.sources)
     pipeline = build_pipeline(cfg, store, clock, rules=rules)
     return Hooks(store=store, pipeline=pipeline, scorer=AnomalyScorer(store.path, cfg.state_dir))
-
-
-__all__ = ["TickResult", "render_view", "run_demo"]

@@ -7,11 +7,13 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from synthetic_history import backfill_simulated
+
 from agent.clock import ManualClock
 from agent.detect.forest import STATE_FILE
 from agent.detect.rules import MINUTE, window_from_record
 from agent.detect.scoring import AnomalyScorer, ForestScoring
-from agent.store import Store, backfill_simulated
+from agent.store import Store
 
 SERIES = [("n1", "eng", "m", "v1")]
 DAY = 86400.0

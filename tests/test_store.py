@@ -199,7 +199,7 @@ def test_schema_migrates_and_refuses_newer(tmp_path: Path, clock: ManualClock) -
 
 
 def test_backfill_gives_a_week_of_baselines(tmp_path: Path) -> None:
-    from agent.store import backfill_simulated
+    from synthetic_history import backfill_simulated
 
     end = T0 + 7 * 86400
     st = Store(tmp_path / "h.sqlite", 35, ManualClock(end))

@@ -305,7 +305,9 @@ class WindowJoiner:
                     prefill_seconds=_delta(prev, cur, "prefill_seconds_total"),
                     decode_seconds=_delta(prev, cur, "decode_seconds_total"),
                 )
-                windows.append(self._price(usage, time_usd, energy_usd, e, last, priced))
+                windows.append(
+                    self._price(usage, time_usd, energy_usd, e, [last[u] for u in eng_gpu_list], priced)
+                )
 
         gpus: list[GpuTick] = []
         for u, cost in gpu_cost.items():
@@ -347,14 +349,14 @@ class WindowJoiner:
         time_usd: float,
         energy_usd: float,
         eng: EngineConfig,
-        last: Mapping[str, GpuSample],
+        gpus: Sequence[GpuSample],
         priced: bool = True,
     ) -> CostWindow:
         cost = time_usd + energy_usd
         tokens = usage.prompt_tokens + usage.generation_tokens
         roof: float | None = None
         if eng.weights_bytes and usage.generation_tokens > 0 and usage.duration > 0:
-            bw = sum(bandwidth_of(last[u].name) or 0.0 for u in self._engine_gpus(eng, last))
+            bw = sum(bandwidth_of(g.name) or 0.0 for g in gpus)
             if bw > 0:
                 batch = max(usage.requests_running or 1.0, 1.0)
                 # KV bytes read per step: the tokens resident in the cache (usage × capacity) when

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from agent.config import EngineConfig
 from agent.cost.window import WindowJoiner
 from agent.samples import CostWindow, EngineScrape, GpuLoad, GpuSample, Histogram, ModelSignals, NvmlRound
-from agent.sim.engine import H100_SXM, Deployment, EngineState, SimEngine, Traffic
-from agent.sim.node import DEFAULT_ENGINES, EngineSpec, _traffic_for
+from agent.sim.engine import H100_SXM, EngineState
+from agent.sim.node import DEFAULT_ENGINES, EngineSpec, build_engine, engine_config
 from agent.sources.nvml.fake import PROFILES, model_power_watts
 from agent.sources.prices import PriceBook
 
@@ -59,23 +58,11 @@ def simulated_history(
     step: float = MINUTE,
 ) -> Iterator[tuple[CostWindow, ...]]:
     """Priced windows of every engine, one tuple per ``step`` seconds over [start, end)."""
-    engines: dict[str, SimEngine] = {}
-    configs: list[EngineConfig] = []
-    for i, spec in enumerate(specs):
-        dep = Deployment(spec.model, H100_SXM, tp=len(spec.gpus))
-        probe = SimEngine(dep, Traffic(peak_rps=1.0), start=start, version=spec.version)
-        traffic = spec.traffic or _traffic_for(probe, spec)
-        engines[spec.name] = SimEngine(
-            dep, traffic, start=start, version=spec.version, throughput_factor=spec.throughput_factor,
-            seed=seed * 1000 + i, tick_seconds=HISTORY_TICK_SECONDS,
-        )  # fmt: skip
-        configs.append(
-            EngineConfig(
-                name=spec.name, url="http://sim.invalid/metrics", gpus=spec.gpus, model_version=spec.version,
-                weights_bytes=dep.model.weight_bytes, kv_bytes_per_token=dep.model.kv_bytes_per_token,
-                kv_capacity_tokens=dep.kv_capacity_tokens,
-            )
-        )  # fmt: skip
+    engines = {
+        spec.name: build_engine(spec, H100_SXM, start, seed * 1000 + i, tick_seconds=HISTORY_TICK_SECONDS)
+        for i, spec in enumerate(specs)
+    }
+    configs = [engine_config(spec, engines[spec.name], "http://sim.invalid/metrics") for spec in specs]
     gpu_of = {g: spec.name for spec in specs for g in spec.gpus}
     joiner = WindowJoiner(node, configs, book)
     energy = {g: 0.0 for g in range(8)}

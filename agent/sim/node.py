@@ -98,8 +98,32 @@ def write_version_file(path: Path, version: str, label: str = VERSION_LABEL) -> 
     os.replace(tmp, path)
 
 
-def _traffic_for(engine: SimEngine, spec: EngineSpec) -> Traffic:
-    return Traffic(peak_rps=engine.capacity_rps() * spec.peak_load, capacity_routed=spec.capacity_routed)
+def build_engine(spec: EngineSpec, gpu: GpuSpec, start: float, seed: int, **kwargs: float) -> SimEngine:
+    """One simulated engine of a node spec, its traffic sized from its own capacity unless the
+    spec gives one (``kwargs``: e.g. ``tick_seconds`` for offline history)."""
+    dep = Deployment(spec.model, gpu, tp=len(spec.gpus))
+    traffic = spec.traffic
+    if traffic is None:
+        probe = SimEngine(dep, Traffic(peak_rps=1.0), start=start, version=spec.version)
+        traffic = Traffic(
+            peak_rps=probe.capacity_rps() * spec.peak_load, capacity_routed=spec.capacity_routed
+        )
+    return SimEngine(
+        dep, traffic, start=start, version=spec.version, throughput_factor=spec.throughput_factor, seed=seed,
+        **kwargs,
+    )  # fmt: skip
+
+
+def engine_config(
+    spec: EngineSpec, engine: SimEngine, url: str, version_file: Path | None = None
+) -> EngineConfig:
+    """The agent's config of a simulated engine (model shape for the roofline, GPUs, versions)."""
+    dep = engine.deployment
+    return EngineConfig(
+        name=spec.name, kind="vllm", url=url, gpus=spec.gpus, model_version=spec.version,
+        version_file=version_file, version_label=VERSION_LABEL, weights_bytes=dep.model.weight_bytes,
+        kv_bytes_per_token=dep.model.kv_bytes_per_token, kv_capacity_tokens=dep.kv_capacity_tokens,
+    )  # fmt: skip
 
 
 class SimNode:
@@ -133,17 +157,7 @@ class SimNode:
         self._rollout_lock = threading.Lock()  # gpu_load runs on NVML worker threads
         start = clock.now()
         for i, spec in enumerate(engines):
-            dep = Deployment(spec.model, gpu, tp=len(spec.gpus))
-            probe = SimEngine(dep, Traffic(peak_rps=1.0), start=start, version=spec.version)
-            traffic = spec.traffic or _traffic_for(probe, spec)
-            engine = SimEngine(
-                dep,
-                traffic,
-                start=start,
-                version=spec.version,
-                throughput_factor=spec.throughput_factor,
-                seed=seed * 1000 + i,
-            )
+            engine = build_engine(spec, gpu, start, seed * 1000 + i)
             server = SimEngineServer(
                 engine, clock, target_page_bytes=target_page_bytes, openmetrics=openmetrics
             )
@@ -201,20 +215,7 @@ class SimNode:
         """
         if any(m.server.port == 0 for m in self._members.values()):
             raise RuntimeError("SimNode.engine_configs() needs the servers' ports: await start() first")
-        return [
-            EngineConfig(
-                name=name,
-                kind="vllm",
-                url=m.server.url,
-                gpus=m.spec.gpus,
-                version_file=m.version_file,
-                version_label=VERSION_LABEL,
-                weights_bytes=m.engine.deployment.model.weight_bytes,
-                kv_bytes_per_token=m.engine.deployment.model.kv_bytes_per_token,
-                kv_capacity_tokens=m.engine.deployment.kv_capacity_tokens,
-            )
-            for name, m in self._members.items()
-        ]
+        return [engine_config(m.spec, m.engine, m.server.url, m.version_file) for m in self._members.values()]
 
     def gpu_load(self, index: int, t: float) -> GpuLoad | None:
         """What GPU ``index`` is doing at ``t`` (epoch seconds); None for a GPU no engine uses.

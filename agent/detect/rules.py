@@ -61,6 +61,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agent.detect.baselines import TrailingBaseline, hour_of_week, load_band
+from agent.safe_regex import UnsafeRegexError, compile_safe
 from agent.samples import CostWindow
 
 logger = logging.getLogger(__name__)
@@ -452,9 +453,9 @@ class Rule(_Frozen):
                     f"match label {lbl!r} is not a label of {kind} series; use some of {KIND_LABELS[kind]}"
                 )
             try:
-                re.compile(rx)
-            except re.error as err:
-                raise ValueError(f"match.{lbl}: {rx!r} is not a valid regular expression ({err})") from None
+                compile_safe(rx)
+            except UnsafeRegexError as err:
+                raise ValueError(f"match.{lbl}: {err}") from None
         if self.group_by is not None:
             bad = [g for g in self.group_by if g not in KIND_LABELS[kind]]
             if bad:
@@ -660,7 +661,7 @@ class _CompiledRule:
         self.n = len(names)
         self.cmp = OPS[rule.op]
         self.windows: dict[Labels, _Window] = {}
-        self.match = [(lbl, re.compile(rx)) for lbl, rx in rule.match.items()]
+        self.match = [(lbl, compile_safe(rx)) for lbl, rx in rule.match.items()]
         b = rule.baseline
         self.baseline: TrailingBaseline | None = None
         if b is not None:

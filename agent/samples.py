@@ -90,6 +90,7 @@ class ModelSignals:
     e2e_seconds: Histogram | None = None  # end-to-end request latency
     prefill_seconds_total: float | None = None  # seconds, counter (sum of prefill time)
     decode_seconds_total: float | None = None  # seconds, counter (sum of decode time)
+    kv_capacity_tokens: float | None = None  # tokens one replica's KV cache holds, as the engine reports it
     # signal → series (name and other labels) → value, for counters summed over several series
     # (data-parallel ranks, model versions): lets the window join take deltas per series
     counter_parts: Mapping[str, Mapping[str, float]] = field(default_factory=dict)

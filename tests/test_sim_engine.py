@@ -8,10 +8,9 @@ import math
 
 import pytest
 
+from agent.hardware import A100_SXM_80GB as A100_80GB
+from agent.hardware import H100_SXM, H200
 from agent.sim.engine import (
-    A100_80GB,
-    H100_SXM,
-    H200,
     LLAMA_70B,
     LLAMA_70B_FP8,
     MISTRAL_7B,

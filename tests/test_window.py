@@ -142,21 +142,21 @@ def test_tokens_share_policy() -> None:
     assert w["b"].cost_usd == pytest.approx(per_gpu * 0.25)
 
 
-def test_roofline_efficiency_reads_weights_and_the_resident_kv_cache() -> None:
+def test_roofline_efficiency_is_decode_time_over_the_resident_kv_ceiling() -> None:
     eng = EngineConfig(
         name="a", url="http://x/metrics", gpus=(0,), weights_bytes=140e9, kv_bytes_per_token=327_680,
         kv_capacity_tokens=100_000,
     )  # fmt: skip
     j = WindowJoiner("n1", (eng,), book())
     sig = {"requests_running": 4.0, "kv_cache_usage_ratio": 0.5}
-    for t, g in ((T0, 0.0), (T0 + 10, 0.0)):
+    for t, g, d in ((T0, 0.0, 0.0), (T0 + 10, 428.4, 40.0)):
         j.add_round(rnd(t))
-        s = EngineScrape("a", "vllm", t, True, 0.0, (ModelSignals("m", 0.0, g if t == T0 else 428.4, **sig),))
-        res = j.close_tick(t, {"a": s})
+        m = ModelSignals("m", 0.0, g, decode_seconds_total=d, **sig)
+        res = j.close_tick(t, {"a": EngineScrape("a", "vllm", t, True, 0.0, (m,))})
     (w,) = res.windows
-    # bytes per step = 140e9 + 50,000 resident tokens × 327,680 B = 156.384e9; batch 4 on 3.35 TB/s
-    ceiling = 4 * 3.35e12 / (140e9 + 50_000 * 327_680)
-    assert w.roofline_ratio == pytest.approx(42.84 / ceiling)
+    # fastest step = (140e9 + 50,000 resident tokens × 327,680 B) / 3.35e12 B/s = 46.68 ms;
+    # measured step = 40 request-seconds of decode / 428.4 tokens = 93.37 ms
+    assert w.roofline_ratio == pytest.approx((156.384e9 / 3.35e12) / (40.0 / 428.4))
     assert 0.49 < w.roofline_ratio < 0.51
 
 

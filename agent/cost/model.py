@@ -12,24 +12,11 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from agent.hardware import gpu_spec
+
 SECONDS_PER_HOUR = 3600.0
 JOULES_PER_KWH = 3.6e6
 PER_MILLION = 1e6
-
-# Peak HBM bandwidth by GPU model (bytes/s), matched as a case-insensitive substring of the NVML name.
-# Sources: NVIDIA data sheets (H100 SXM5 3.35 TB/s, H100 PCIe 2.0 TB/s, H200 4.8 TB/s,
-# A100 80GB SXM 2.039 TB/s, A100 40GB 1.555 TB/s, L40S 864 GB/s). Longest match wins.
-GPU_BANDWIDTH_BYTES_PER_SECOND: Mapping[str, float] = {
-    "H100 80GB HBM3": 3.35e12,
-    "H100 PCIe": 2.0e12,
-    "H100": 3.35e12,
-    "H200": 4.8e12,
-    "A100-SXM4-80GB": 2.039e12,
-    "A100 80GB PCIe": 1.935e12,
-    "A100": 1.555e12,
-    "L40S": 0.864e12,
-}
-
 
 MIG_SLICES = 7  # compute slices of an A100 / H100 / H200 in MIG mode (profiles 1g … 7g)
 
@@ -97,13 +84,9 @@ def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, bytes_per_elem
 
 
 def bandwidth_of(gpu_name: str) -> float | None:
-    """Peak memory bandwidth (bytes/s) of a GPU by its NVML name, or None when unknown."""
-    name = gpu_name.lower()
-    best: tuple[int, float] | None = None
-    for key, bw in GPU_BANDWIDTH_BYTES_PER_SECOND.items():
-        if key.lower() in name and (best is None or len(key) > best[0]):
-            best = (len(key), bw)
-    return None if best is None else best[1]
+    """Peak memory bandwidth (bytes/s) of a GPU by its NVML name (:mod:`agent.hardware`), or None."""
+    spec = gpu_spec(gpu_name)
+    return None if spec is None else spec.hbm_bandwidth_bytes_per_s
 
 
 def decode_ceiling_tokens_per_second(

@@ -22,14 +22,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agent.config import EngineConfig
+from agent.cost.efficiency import DecodeObservation, ModelFigures, decode_efficiency
 from agent.cost.model import (
     bandwidth_of,
-    decode_ceiling_tokens_per_second,
     energy_cost,
     energy_from_counter,
     gpu_time_cost,
     mig_slice_fraction,
-    roofline_efficiency,
     split_shares,
     usd_per_million,
 )
@@ -305,9 +304,11 @@ class WindowJoiner:
                     prefill_seconds=_delta(prev, cur, "prefill_seconds_total"),
                     decode_seconds=_delta(prev, cur, "decode_seconds_total"),
                 )
-                windows.append(
-                    self._price(usage, time_usd, energy_usd, e, [last[u] for u in eng_gpu_list], priced)
+                sc = scrapes.get(e.name)
+                roof = _efficiency(
+                    usage, cur, sc.kind if sc is not None else e.kind, e, [last[u] for u in eng_gpu_list]
                 )
+                windows.append(self._price(usage, time_usd, energy_usd, priced, roof))
 
         gpus: list[GpuTick] = []
         for u, cost in gpu_cost.items():
@@ -348,29 +349,11 @@ class WindowJoiner:
         usage: UsageWindow,
         time_usd: float,
         energy_usd: float,
-        eng: EngineConfig,
-        gpus: Sequence[GpuSample],
         priced: bool = True,
+        roofline: float | None = None,
     ) -> CostWindow:
         cost = time_usd + energy_usd
         tokens = usage.prompt_tokens + usage.generation_tokens
-        roof: float | None = None
-        if eng.weights_bytes and usage.generation_tokens > 0 and usage.duration > 0:
-            bw = sum(bandwidth_of(g.name) or 0.0 for g in gpus)
-            if bw > 0:
-                batch = max(usage.requests_running or 1.0, 1.0)
-                # KV bytes read per step: the tokens resident in the cache (usage × capacity) when
-                # the engine config gives the model's KV shape and cache size; else weights only
-                kv = usage.kv_cache_usage_ratio
-                resident = (
-                    kv * eng.kv_capacity_tokens
-                    if kv is not None and eng.kv_capacity_tokens and eng.kv_bytes_per_token
-                    else 0.0
-                )
-                ceiling = decode_ceiling_tokens_per_second(
-                    bw, eng.weights_bytes, batch, resident / batch, eng.kv_bytes_per_token or 0.0
-                )
-                roof = roofline_efficiency(usage.generation_tokens / usage.duration, ceiling)
         return CostWindow(
             usage=usage,
             gpu_time_usd=time_usd,
@@ -379,5 +362,26 @@ class WindowJoiner:
             usd_per_1m_total=usd_per_million(cost, tokens) if priced else None,
             idle_usd=cost if tokens <= 0 else 0.0,
             priced=priced,
-            roofline_ratio=roof,
+            roofline_ratio=roofline,
         )
+
+
+def _efficiency(
+    usage: UsageWindow, cur: ModelSignals | None, kind: str, eng: EngineConfig, gpus: Sequence[GpuSample]
+) -> float | None:
+    """Decode efficiency of one model window (:mod:`agent.cost.efficiency`); None when unknown."""
+    if cur is None:
+        return None
+    ranks = len(cur.counter_parts.get("generation_tokens_total", {})) or 1
+    obs = DecodeObservation(
+        engine_kind=kind,
+        generation_tokens=usage.generation_tokens,
+        decode_seconds=usage.decode_seconds,
+        requests_running=usage.requests_running,
+        kv_cache_usage_ratio=usage.kv_cache_usage_ratio,
+        kv_capacity_tokens=cur.kv_capacity_tokens,
+        replicas=ranks,
+        bandwidth_bytes_per_s=sum(bandwidth_of(g.name) or 0.0 for g in gpus),
+    )
+    figures = ModelFigures(eng.weights_bytes, eng.kv_bytes_per_token, eng.kv_capacity_tokens)
+    return decode_efficiency(obs, figures)

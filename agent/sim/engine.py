@@ -31,29 +31,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from agent.hardware import H100_SXM as H100_SXM
+from agent.hardware import H200 as H200
+from agent.hardware import GpuSpec
 from agent.samples import GpuLoad
 
-MIB = 1024 * 1024  # bytes
-GIB = 1024 * MIB  # bytes
+GIB = 1024 * 1024 * 1024  # bytes
 
 # ---------------------------------------------------------------------------------------------
 # Hardware and model shapes
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class GpuSpec:
-    """One GPU model's figures that matter to decode and prefill."""
-
-    name: str  # as NVML reports it
-    hbm_bandwidth_bytes_per_s: float  # bytes/s, peak HBM bandwidth
-    peak_flops: float  # FLOP/s, dense fp16/bf16 tensor-core peak
-    memory_bytes: float  # bytes, HBM capacity as NVML's memory total reports it
-
-
-H100_SXM = GpuSpec("NVIDIA H100 80GB HBM3", 3.35e12, 989e12, 81559 * MIB)
-A100_80GB = GpuSpec("NVIDIA A100-SXM4-80GB", 2.0e12, 312e12, 81920 * MIB)
-H200 = GpuSpec("NVIDIA H200", 4.8e12, 989e12, 143771 * MIB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,6 +317,7 @@ HISTOGRAMS = (
     "request_num_preemptions",
 )
 
+KV_BLOCK_TOKENS = 16  # tokens per KV-cache block (vLLM's default block_size)
 _POOL_SIZE = 8192  # requests pre-drawn per engine; lengths are drawn from this pool (cheap, exact mean)
 _BASE_TICK_S = 1.0  # seconds; the finest step of the simulation
 _MAX_TICKS_PER_ADVANCE = 240  # bounds CPU per scrape on an accelerated clock (ticks grow instead)
@@ -511,7 +499,7 @@ class SimEngine:
                 kv_cache_usage_ratio=self.kv_cache_usage_ratio,
                 histograms={name: h.cumulative() for name, h in self.hists.items()},
                 histogram_sums={name: h.total for name, h in self.hists.items()},
-                num_gpu_blocks=int(self.deployment.kv_capacity_tokens // 16),
+                num_gpu_blocks=int(self.deployment.kv_capacity_tokens // KV_BLOCK_TOKENS),
             )
 
     def capacity_rps(self) -> float:

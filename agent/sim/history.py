@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 
 from agent.cost.window import WindowJoiner
 from agent.samples import CostWindow, EngineScrape, GpuLoad, GpuSample, Histogram, ModelSignals, NvmlRound
-from agent.sim.engine import H100_SXM, EngineState
+from agent.sim.engine import H100_SXM, KV_BLOCK_TOKENS, EngineState
 from agent.sim.node import DEFAULT_ENGINES, EngineSpec, build_engine, engine_config
 from agent.sources.nvml.fake import PROFILES, model_power_watts
 from agent.sources.prices import PriceBook
@@ -45,6 +45,9 @@ def signals_of(state: EngineState) -> ModelSignals:
         ttft_seconds=_hist(state, "time_to_first_token_seconds"),
         itl_seconds=_hist(state, "inter_token_latency_seconds"),
         e2e_seconds=_hist(state, "e2e_request_latency_seconds"),
+        prefill_seconds_total=state.histogram_sums["request_prefill_time_seconds"],
+        decode_seconds_total=state.histogram_sums["request_decode_time_seconds"],
+        kv_capacity_tokens=float(state.num_gpu_blocks * KV_BLOCK_TOKENS),
     )
 
 

@@ -1,0 +1,104 @@
+"""Decode efficiency against the memory-bandwidth roofline (pure: no clock, no I/O, no config).
+
+Decode is bandwidth bound: one step of a replica reads its weights once and every resident
+sequence's KV cache once, so the fastest a step can be is
+
+    step_min = (weights_bytes + resident_kv_tokens × kv_bytes_per_token) / replica_bandwidth
+
+and every running sequence gains one token per step. The efficiency is ``step_min`` over the step
+the engine actually took, measured from its own **decode-time** series, never from wall-clock
+time: wall-clock tokens/s moves with the share of time spent in prefill (the prompt mix, the hour
+of the day) and with how full the batch is (load), decode time does not. Two kinds of decode time:
+
+- ``request`` seconds (vLLM ``request_decode_time_seconds_sum``, trtllm-serve's, llama.cpp
+  ``tokens_predicted_seconds_total``): summed over requests, so generation tokens ÷ decode seconds is
+  the per-sequence rate, one token per step: ``step = decode_seconds / generation_tokens``;
+- ``batch`` seconds (TGI ``tgi_batch_forward_duration{method="decode"}``): engine time in decode
+  forward passes, each producing ``batch`` tokens: ``step = decode_seconds × batch / generation_tokens``.
+
+Engines without a decode-time series (SGLang, Triton) get no efficiency: absent, not guessed.
+
+Ceilings are per data-parallel replica: a vLLM engine with ``n`` DP ranks over ``g`` GPUs has
+``g / n`` GPUs' bandwidth per replica, and each replica holds its own weights and KV cache. The
+KV cache's size comes from the engine where it says (vLLM ``cache_config_info``: ``num_gpu_blocks ×
+block_size``), else from the configured ``kv_capacity_tokens``; a deploy that shrinks the cache
+is then read as what it is. Reference: 70B fp16 (140 GB) on one H100 (3.35 TB/s), one sequence ≈
+24 tok/s, so a measured step of 1/12 s is an efficiency of 0.5.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+DecodeTime = Literal["request", "batch"]
+
+# Which kind of decode time each engine kind reports (see the module docstring); a kind not
+# listed has no decode-time series.
+DECODE_TIME_KIND: Mapping[str, DecodeTime] = {
+    "vllm": "request",
+    "trtllm": "request",
+    "llamacpp": "request",
+    "tgi": "batch",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFigures:
+    """What the efficiency needs to know about a served model (from the engine's config)."""
+
+    weights_bytes: float | None  # bytes of weights one replica reads per decode step
+    kv_bytes_per_token: float | None  # bytes of KV cache per token
+    kv_capacity_tokens: float | None  # tokens per replica's KV cache (config fallback)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeObservation:
+    """One window's decode figures, as the engine reported them."""
+
+    engine_kind: str  # vllm | tgi | trtllm | llamacpp | ...
+    generation_tokens: float  # tokens in the window
+    decode_seconds: float | None  # seconds of decode time in the window (request or batch seconds)
+    requests_running: float | None  # running sequences over all replicas
+    kv_cache_usage_ratio: float | None  # 0–1, mean over replicas
+    kv_capacity_tokens: float | None  # tokens per replica's cache as the engine reports it
+    replicas: int  # data-parallel replicas (vLLM ``engine`` ranks); 1 when the page shows one
+    bandwidth_bytes_per_s: float  # bytes/s, peak bandwidth summed over the engine's GPUs
+
+
+def min_step_seconds(
+    weights_bytes: float, resident_kv_tokens: float, kv_bytes_per_token: float, bandwidth_bytes_per_s: float
+) -> float:
+    """Seconds of the fastest possible decode step: weights + resident KV read once at peak bandwidth."""
+    return (weights_bytes + resident_kv_tokens * kv_bytes_per_token) / bandwidth_bytes_per_s
+
+
+def decode_efficiency(obs: DecodeObservation, model: ModelFigures) -> float | None:
+    """Fastest possible decode step ÷ the measured one, per data-parallel replica (0–1).
+
+    None when the engine has no decode-time series, the window decoded nothing, or the model's
+    weights or the GPUs' bandwidth are unknown.
+    """
+    kind = DECODE_TIME_KIND.get(obs.engine_kind)
+    if (
+        kind is None
+        or obs.decode_seconds is None
+        or obs.decode_seconds <= 0
+        or obs.generation_tokens <= 0
+        or not model.weights_bytes
+        or obs.bandwidth_bytes_per_s <= 0
+    ):
+        return None
+    replicas = max(1, obs.replicas)
+    capacity = obs.kv_capacity_tokens or model.kv_capacity_tokens
+    resident = 0.0
+    if obs.kv_cache_usage_ratio is not None and capacity and model.kv_bytes_per_token:
+        resident = obs.kv_cache_usage_ratio * capacity
+    ideal = min_step_seconds(
+        model.weights_bytes, resident, model.kv_bytes_per_token or 0.0, obs.bandwidth_bytes_per_s / replicas
+    )
+    measured = obs.decode_seconds / obs.generation_tokens
+    if kind == "batch":
+        measured *= max(1.0, (obs.requests_running or 1.0) / replicas)
+    return ideal / measured

@@ -1,0 +1,82 @@
+"""Decode efficiency against the bandwidth roofline: hand-computed values (agent.cost.efficiency)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.cost.efficiency import DecodeObservation, ModelFigures, decode_efficiency, min_step_seconds
+
+H100_BW = 3.35e12  # bytes/s
+W70 = 140e9  # bytes, 70B fp16
+KV70 = 327_680.0  # bytes per token, 70B GQA fp16
+FIG = ModelFigures(W70, KV70, 100_000.0)
+
+
+def obs(**kw: object) -> DecodeObservation:
+    base: dict[str, object] = {
+        "engine_kind": "vllm",
+        "generation_tokens": 1000.0,
+        "decode_seconds": 100.0,
+        "requests_running": 8.0,
+        "kv_cache_usage_ratio": 0.5,
+        "kv_capacity_tokens": None,
+        "replicas": 1,
+        "bandwidth_bytes_per_s": H100_BW,
+    }
+    base.update(kw)
+    return DecodeObservation(**base)  # type: ignore[arg-type]
+
+
+def test_single_stream_reference_70b_on_one_h100() -> None:
+    # DESIGN.md: 70B fp16 on one H100 ≈ 24 tok/s single-stream, i.e. a fastest step of 41.8 ms
+    assert 1.0 / min_step_seconds(W70, 0.0, KV70, H100_BW) == pytest.approx(23.93, abs=0.01)
+
+
+def test_request_seconds_give_the_per_sequence_step() -> None:
+    # measured step 100 s / 1000 tokens = 0.1 s; fastest (140e9 + 50,000 × 327,680) / 3.35e12 = 46.68 ms
+    assert decode_efficiency(obs(), FIG) == pytest.approx(0.46682, rel=1e-4)
+
+
+def test_the_figure_does_not_move_with_wall_clock_time_or_batch() -> None:
+    # the same per-sequence step at twice the traffic: twice the tokens and decode seconds
+    assert decode_efficiency(
+        obs(generation_tokens=2000.0, decode_seconds=200.0, requests_running=16.0), FIG
+    ) == (pytest.approx(decode_efficiency(obs(), FIG)))
+
+
+def test_batch_seconds_count_one_step_per_forward_of_the_whole_batch() -> None:
+    # TGI: 12.5 s of decode forwards for 1000 tokens at batch 8 → 125 steps of 0.1 s
+    got = decode_efficiency(obs(engine_kind="tgi", decode_seconds=12.5), FIG)
+    assert got == pytest.approx(0.46682, rel=1e-4)
+
+
+def test_data_parallel_ranks_each_get_their_share_of_the_bandwidth() -> None:
+    # two ranks over 2 GPUs: each replica reads its weights at one GPU's bandwidth
+    one = decode_efficiency(obs(), FIG)
+    two = decode_efficiency(obs(replicas=2, bandwidth_bytes_per_s=2 * H100_BW), FIG)
+    assert two == pytest.approx(one)
+
+
+def test_the_engine_reported_kv_capacity_wins_over_the_config() -> None:
+    # the engine says 20,000 tokens (a deploy shrank the cache): resident = 10,000 tokens
+    got = decode_efficiency(obs(kv_capacity_tokens=20_000.0), FIG)
+    assert got == pytest.approx((140e9 + 10_000 * KV70) / H100_BW / 0.1)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"engine_kind": "sglang"},  # no decode-time series
+        {"engine_kind": "triton"},
+        {"decode_seconds": None},
+        {"decode_seconds": 0.0},
+        {"generation_tokens": 0.0},
+        {"bandwidth_bytes_per_s": 0.0},  # unknown GPU
+    ],
+)
+def test_absent_not_guessed(kw: dict[str, object]) -> None:
+    assert decode_efficiency(obs(**kw), FIG) is None
+
+
+def test_unknown_weights_mean_no_figure() -> None:
+    assert decode_efficiency(obs(), ModelFigures(None, KV70, 1.0)) is None

@@ -4,7 +4,7 @@ infercost demo                       a simulated 8×H100 node, the real pipeline
 infercost run [--config node.yaml]   the daemon
 infercost check --config node.yaml   validate config, price book and rules (exit 2 when bad)
 infercost bench overhead|detection|parse
-infercost report --store DIR | --prometheus URL [--format md|html|csv]
+infercost report --state-dir DIR | --prometheus URL [--format md|html|csv|json|slack]
 """
 
 from __future__ import annotations
@@ -215,7 +215,16 @@ def build_parser() -> argparse.ArgumentParser:
     src = rep.add_mutually_exclusive_group(required=True)
     src.add_argument("--state-dir", type=Path, help="read the local store in this state directory")
     src.add_argument("--prometheus", help="read the fleet from this Prometheus base URL")
-    rep.add_argument("--format", default="md", choices=["md", "html", "csv"])
+    rep.add_argument("--format", default="md", choices=["md", "html", "csv", "json", "slack"])
+    rep.add_argument("--bearer-token-file", type=Path, help="Prometheus: Authorization: Bearer <file>")
+    rep.add_argument(
+        "--basic-auth-user", help="Prometheus: basic-auth user (with --basic-auth-password-file)"
+    )
+    rep.add_argument("--basic-auth-password-file", type=Path, help="Prometheus: basic-auth password file")
+    rep.add_argument("--ca-file", type=Path, help="Prometheus: PEM CA bundle for https")
+    rep.add_argument(
+        "--header", action="append", default=[], help="Prometheus: extra header 'Name: value' (repeatable)"
+    )
     rep.add_argument("--end", type=float, default=None, help="epoch seconds the week ends (default now)")
     rep.add_argument("--output", type=Path, default=None)
     rep.set_defaults(func=cmd_report)

@@ -406,6 +406,29 @@ class Store:
         row = self._db.execute("SELECT MIN(minute), MAX(minute) FROM model_minutes").fetchone()
         return None if row is None or row[0] is None else (float(row[0]), float(row[1]))
 
+    def hourly_model_sums(
+        self, start: float, end: float, bucket_seconds: float = 3600.0
+    ) -> list[tuple[Any, ...]]:
+        """Model minutes in [start, end) summed in SQL per series and bucket of ``bucket_seconds``
+        counted from ``start`` (read-only; the weekly report reads weeks without loading minutes).
+
+        Rows: (node, engine, model, model_version, bucket start, seconds, prompt_tokens,
+        generation_tokens, cost_usd, idle_usd, gpu_seconds, idle GPU-seconds (minutes without
+        tokens), gpu_util_s, gpu_util_w, running_s, running_w, roofline_s, roofline_w)."""
+        sql = (
+            "SELECT node, engine, model, model_version, "
+            "? + CAST((minute - ?) / ? AS INTEGER) * ? AS bucket, "
+            "SUM(seconds), SUM(prompt_tokens), SUM(generation_tokens), SUM(cost_usd), SUM(idle_usd), "
+            "SUM(gpu_seconds), "
+            "SUM(CASE WHEN generation_tokens + prompt_tokens > 0 THEN 0 ELSE gpu_seconds END), "
+            "SUM(gpu_util_s), SUM(gpu_util_w), SUM(running_s), SUM(running_w), "
+            "SUM(roofline_s), SUM(roofline_w) "
+            "FROM model_minutes WHERE minute >= ? AND minute < ? "
+            "GROUP BY node, engine, model, model_version, bucket"
+        )
+        b = float(bucket_seconds)
+        return [tuple(r) for r in self._db.execute(sql, (start, start, b, b, start, end))]
+
     def baseline(
         self,
         signal: str,

@@ -33,9 +33,9 @@ from agent.report.data import (
     MIN_OUTPUT_TOKENS,
     ReportError,
     WeeklyReport,
-    build_from_prometheus,
     build_from_windows,
 )
+from agent.report.prom import build_from_prometheus
 from agent.report.render import render_csv, render_html, render_markdown
 from agent.samples import CostWindow, UsageWindow
 from agent.store import Store
@@ -344,9 +344,23 @@ def test_markdown() -> None:
     assert md.startswith("# infercost weekly cost report: ")
     assert "| Total cost | $840.00 | $504.00 | +66.7 % |" in md
     assert (
-        "| llama-70b | v2 | $336.00 | 302.40 M | $1.1111 | $0.5556 | +100.0 % | model, all versions |" in md
+        "| llama-70b | v2 | $336.00 | 302.40 M | $1.1111 | $0.5556 | +100.0 % | model, all versions | — |"
+        in md
     )
-    assert "- **llama-70b v2**: $1.1111 per 1M output tokens, +100.0 % vs model, all versions last week" in md
+    # qwen: 1000 → 700 tok/s stays in one load band (2^9 ≤ tps < 2^10): a like-load comparison
+    assert (
+        "| qwen-7b | v1 | $168.00 | 423.36 M | $0.3968 | $0.2778 | +42.9 % | same version | +42.9 % vs" in md
+    )
+    # v2 at 500 tok/s shares no load band with v1 at 1000: the plain change, said to be so;
+    # excess = $336 − 302.4 M × $0.5556/1M = $168
+    assert (
+        "- **llama-70b v2**: $1.1111 per 1M output tokens, +100.0 % (not at like load: no common load band) "
+        "vs model, all versions last week ($0.5556); $168.00 more this week" in md
+    )
+    # qwen: $168 − 423.36 M × $0.27778/1M = $50.40
+    assert "+42.9 % at like load vs same version last week (100 % of tokens compared); $50.40 more" in md
+    # e2 at 40 % busy over 167 steady hours ($334): 334 × (1 − 0.4 / 0.85) = $176.82
+    assert "| low utilisation at steady load | node-b/e2 llama-70b v2 | $176.82 |" in md
     assert "| e1 | 80.0 % | $336.00 |" in md
 
 

@@ -6,47 +6,39 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sqlite3
-from collections.abc import Iterable
 from pathlib import Path
 
 from agent.clock import Clock, SystemClock
-from agent.detect.rules import MINUTE, MinuteRecord, window_from_record
-from agent.report.data import (
-    WEEK_SECONDS,
-    ReportError,
-    WeeklyReport,
-    build_from_prometheus,
-    build_from_windows,
-)
-from agent.report.render import render_csv, render_html, render_markdown
-from agent.samples import CostWindow
+from agent.report.data import ReportError, WeeklyReport, build_from_store
+from agent.report.prom import PromAuth, build_from_prometheus, parse_header
+from agent.report.render import render_csv, render_html, render_json, render_markdown, render_slack
 
 logger = logging.getLogger(__name__)
 
-RENDERERS = {"md": render_markdown, "csv": render_csv, "html": render_html}
+RENDERERS = {
+    "md": render_markdown,
+    "csv": render_csv,
+    "html": render_html,
+    "json": render_json,
+    "slack": lambda r: render_slack(r) + "\n",
+}
 STORE_FILE = "history.sqlite"  # the store's file name inside the state directory
-
-
-def windows_from_records(records: Iterable[MinuteRecord]) -> list[CostWindow]:
-    """The store's per-minute model rollups as CostWindows (one per minute and series)."""
-    return [window_from_record(r) for r in records if r.kind == "model"]
 
 
 def report_from_store(state_dir: Path, end: float) -> WeeklyReport:
     """The week ending at ``end`` from the store in ``state_dir``."""
-    from agent.store import Store, StoreError  # sqlite only when this path is taken
+    return build_from_store(state_dir / STORE_FILE, end)
 
-    path = state_dir / STORE_FILE
-    if not path.exists():
-        raise ReportError(f"{path}: no store here; fix: pass the agent's state directory (--state-dir)")
-    try:
-        store = Store(path)
-    except (StoreError, sqlite3.Error) as err:
-        raise ReportError(f"{path}: cannot open the store: {err}") from None
-    # Two weeks of minutes, plus the minute whose window ends exactly at `end - 2 weeks`.
-    records = store.records(end - 2 * WEEK_SECONDS - MINUTE, end, kinds=("model",))
-    return build_from_windows(windows_from_records(records), end)
+
+def prom_auth(args: argparse.Namespace) -> PromAuth:
+    """The Prometheus auth options of ``args`` (raises ReportError on a malformed header)."""
+    return PromAuth(
+        bearer_token_file=getattr(args, "bearer_token_file", None),
+        basic_auth_user=getattr(args, "basic_auth_user", None),
+        basic_auth_password_file=getattr(args, "basic_auth_password_file", None),
+        ca_file=getattr(args, "ca_file", None),
+        headers=tuple(parse_header(h) for h in getattr(args, "header", None) or ()),
+    )
 
 
 def run_report(args: argparse.Namespace, clock: Clock | None = None) -> int:
@@ -56,7 +48,7 @@ def run_report(args: argparse.Namespace, clock: Clock | None = None) -> int:
     end = args.end if args.end is not None else (clock or SystemClock()).now()
     try:
         if args.prometheus:
-            report = build_from_prometheus(args.prometheus, end)
+            report = build_from_prometheus(args.prometheus, end, auth=prom_auth(args))
         else:
             report = report_from_store(Path(args.state_dir), end)
     except ReportError as err:

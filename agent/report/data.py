@@ -1,32 +1,40 @@
-"""Weekly cost report: the data. One :class:`WeeklyReport` per week ending at ``end``, built either
-from Prometheus' HTTP API (the fleet) or from a node's per-minute :class:`CostWindow` records (the
-local store). Both paths fill the same per-(model, version) totals and share :func:`assemble`, so
-the two reports of the same traffic agree.
+"""Weekly cost report: the data. One :class:`WeeklyReport` per week ending at ``end``, built from
+hourly per-series sums (:class:`HourRow`, one per (node, engine, model, model_version) and hour over
+the two weeks before ``end``), whichever path they come from:
 
-Every $/token figure is a ratio of sums (Σ cost / Σ tokens over the week), never a mean of ratios.
-The Prometheus path reads the agents' raw counters with ``increase(…[1w])`` at ``end`` and at
-``end offset 1w``: correct on any Prometheus holding two weeks of history, whether or not the
-fleet recording rules were deployed all that time, and cheap at one query set per week.
+- the local store: one SQL ``GROUP BY`` over the minute rollups (:func:`build_from_store`), so a
+  35-day history is never loaded into Python;
+- Prometheus' HTTP API: ``increase(…[1h])`` range queries at a 1-hour step (:func:`build_from_prometheus`,
+  in :mod:`agent.report.prom`);
+- cost windows in memory (:func:`build_from_windows`, tests and tools).
+
+All paths share :func:`assemble`, so the reports of the same traffic agree. Every $/token figure is
+a ratio of sums (Σ cost / Σ tokens), never a mean of ratios.
+
+**Like load.** Cost per token falls as batches fill, so two weeks (or two versions) are compared
+hour by hour *in the same load band* (requests running when the engine reports it, as the alert
+rules do; else output tokens/s), bands :data:`BAND_RATIO` wide on a log scale. A version's like-load
+change is Σ its cost ÷ Σ (its tokens × the baseline's $/token in the same band) over the bands both
+have. Its baseline is, in order: the same version last week; the version it replaced on the same
+engine (what a deploy changed); the model's other versions.
 """
 
 from __future__ import annotations
 
-import json
+import itertools
 import logging
 import math
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
 
-from agent.clock import Clock, SystemClock
+from agent.detect.deploys import DeployEvent
 from agent.samples import CostWindow
 
 logger = logging.getLogger(__name__)
 
+HOUR_SECONDS = 3600.0
 DAY_SECONDS = 86_400.0
 WEEK_SECONDS = 7 * DAY_SECONDS
 # Why 1.2×: with an unchanged deployment the weekly ratio of sums of a busy model moves well
@@ -36,18 +44,84 @@ REGRESSION_RATIO = 1.2
 # "regression" is the noise of a barely used version.
 MIN_OUTPUT_TOKENS = 1e6
 TOP_REGRESSIONS = 5
-HTTP_TIMEOUT_S = 30.0  # seconds; a week of raw counters is a heavy-ish query on a big Prometheus
+TOP_SAVINGS = 8
+# Why 2.0: the same band width as the shipped cost rule's like_load (rules/agent/default.yaml),
+# so the report and the alert compare the same minutes.
+BAND_RATIO = 2.0
+# Why a quarter: a like-load figure resting on a sliver of the week's tokens is noise; below it
+# the report shows the plain week-over-week change and says it is not at like load.
+MIN_LIKE_SHARE = 0.25
+# Why $5 a week: below that an opportunity is not worth a person's time to act on.
+MIN_SAVING_USD = 5.0
+# Why 0.5 and 0.85: continuous batching runs GPUs at 85–95 % busy (DESIGN.md); under half at
+# steady traffic means more GPUs than the traffic needs. The saving sizes them to 85 %.
+LOW_UTIL_RATIO = 0.5
+TARGET_UTIL_RATIO = 0.85
+# Why 10 %: a cheaper version must beat the others by more than the week-to-week noise.
+CHEAPER_BY_RATIO = 0.9
 
 Key = tuple[str, str]  # (model, model_version)
+SeriesKey = tuple[str, str, str, str]  # (node, engine, model, model_version)
+LoadKey = tuple[str, int]  # (signal, band)
 
 
 class ReportError(Exception):
-    """The report's data source failed (Prometheus unreachable, an API error)."""
+    """The report's data source failed (store unreadable, Prometheus unreachable, an API error)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HourRow:
+    """Sums of one (node, engine, model, model_version) over one hour of the two weeks."""
+
+    node: str
+    engine: str
+    model: str
+    model_version: str
+    hour: float  # epoch seconds, start of the hour bucket (buckets are aligned to the report's end)
+    seconds: float  # seconds of data in the hour
+    prompt_tokens: float  # tokens
+    output_tokens: float  # tokens
+    cost_usd: float  # dollars
+    idle_usd: float  # dollars of cost in minutes without tokens
+    gpu_seconds: float  # GPU-seconds attributed
+    idle_gpu_seconds: float | None = None  # GPU-seconds in minutes without tokens (None: unknown)
+    gpu_util_ratio: float | None = None  # 0–1, time-weighted mean
+    requests_running: float | None = None  # mean requests in flight
+    roofline_ratio: float | None = None  # observed decode tok/s ÷ bandwidth ceiling, mean
+
+    @property
+    def series(self) -> SeriesKey:
+        """(node, engine, model, model_version)."""
+        return (self.node, self.engine, self.model, self.model_version)
+
+    @property
+    def load(self) -> LoadKey | None:
+        """The hour's load band: requests running when known, else output tokens/s (None: no load)."""
+        if self.requests_running is not None and self.requests_running > 0:
+            return ("running", _band(self.requests_running))
+        if self.seconds > 0 and self.output_tokens > 0:
+            return ("tps", _band(self.output_tokens / self.seconds))
+        return None
+
+
+def _band(v: float) -> int:
+    return math.floor(math.log(v) / math.log(BAND_RATIO))
+
+
+@dataclass(frozen=True, slots=True)
+class VersionTrend:
+    """One model version hour by hour over the week: what its chart draws. Absent = None."""
+
+    usd_per_1m_output: tuple[float | None, ...]  # 168 hourly values, None without tokens
+    baseline_low: tuple[float | None, ...]  # 168: the baseline's 25th percentile in the hour's band
+    baseline_high: tuple[float | None, ...]  # 168: the baseline's 75th percentile in that band
+    daily_usd: tuple[float | None, ...]  # 7 values: dollars per day, None on days without data
+    daily_idle_usd: tuple[float | None, ...]  # 7 values: idle dollars per day
 
 
 @dataclass(frozen=True, slots=True)
 class ModelWeek:
-    """One model version over the week, with the baseline it is compared with."""
+    """One model version over the week, with the baselines it is compared with."""
 
     model: str
     model_version: str
@@ -55,8 +129,16 @@ class ModelWeek:
     output_tokens: float  # tokens this week
     prompt_tokens: float  # tokens this week
     idle_usd: float  # dollars of this version's cost in windows without tokens
-    last_usd_per_1m_output: float | None  # dollars per 1M output tokens last week (the baseline)
-    baseline: str | None  # "version" (same version last week), "model" (all its versions), None
+    last_usd_per_1m_output: float | None  # dollars per 1M output tokens last week (the plain baseline)
+    baseline: str | None  # plain baseline: "version" (same version last week), "model", None
+    like_change_ratio: float | None = None  # this week ÷ like-load baseline; None when not comparable
+    like_baseline: str | None = None  # "version", "replaced" (same engine's previous version), "model"
+    like_share: float = 0.0  # 0–1: share of this week's output tokens in bands the baseline has
+    excess_usd: float | None = None  # dollars above the baseline's cost for the same tokens at like load
+    idle_gpu_hours: float | None = None  # GPU-hours without tokens (None: unknown)
+    gpu_util_ratio: float | None = None  # 0–1, mean over the week
+    roofline_ratio: float | None = None  # 0–1, mean decode efficiency (None: unknown)
+    trend: VersionTrend | None = None
 
     @property
     def usd_per_1m_output(self) -> float | None:
@@ -71,9 +153,30 @@ class ModelWeek:
 
     @property
     def change_ratio(self) -> float | None:
-        """This week's $/1M output ÷ the baseline's; None when either is absent."""
+        """This week's $/1M output ÷ the plain baseline's; None when either is absent."""
         now, before = self.usd_per_1m_output, self.last_usd_per_1m_output
         return now / before if now is not None and before else None
+
+    @property
+    def effective_change_ratio(self) -> float | None:
+        """The like-load change where there is one, else the plain one."""
+        return self.like_change_ratio if self.like_change_ratio is not None else self.change_ratio
+
+    @property
+    def cost_floor_usd_per_1m(self) -> float | None:
+        """$/1M output at the bandwidth ceiling (this week's $/1M × decode efficiency); None unknown."""
+        p, r = self.usd_per_1m_output, self.roofline_ratio
+        return p * min(1.0, r) if p is not None and r is not None and r > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class Saving:
+    """One savings opportunity, in dollars per week."""
+
+    kind: str  # "idle" | "low_utilization" | "cheaper_version"
+    subject: str  # what to act on, e.g. "node-a/e1 llama-70b 2024-07"
+    usd_per_week: float  # dollars a week it would save
+    detail: str  # how the figure was made, for the reader
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +211,10 @@ class WeeklyReport:
     idle_by_node: tuple[NodeIdle, ...]  # by idle cost, highest first
     utilization: tuple[UtilRow, ...]
     utilization_by: str  # what UtilRow.group is: "gpu_model" or "engine"
-    daily_usd: tuple[float, ...] = field(default=())  # dollars per day, oldest first (7 values)
+    daily_usd: tuple[float | None, ...] = field(default=())  # dollars per day, oldest first; None: no data
+    daily_idle_usd: tuple[float | None, ...] = field(default=())  # idle dollars per day
+    savings: tuple[Saving, ...] = ()  # biggest first
+    deploys: tuple[DeployEvent, ...] = ()  # deploys during the week, oldest first
 
     @property
     def output_tokens(self) -> float:
@@ -124,58 +230,209 @@ class WeeklyReport:
 
     @property
     def regressions(self) -> tuple[ModelWeek, ...]:
-        """Versions whose $/1M output rose ≥ REGRESSION_RATIO × their baseline, worst first."""
+        """Versions whose $/1M output rose ≥ REGRESSION_RATIO × their baseline (at like load where
+        comparable), biggest excess in dollars first."""
         hits = [
             m
             for m in self.models
-            if m.change_ratio is not None
-            and m.change_ratio >= REGRESSION_RATIO
+            if (r := m.effective_change_ratio) is not None
+            and r >= REGRESSION_RATIO
             and m.output_tokens >= MIN_OUTPUT_TOKENS
         ]
-        hits.sort(key=lambda m: m.change_ratio or 0.0, reverse=True)
+        hits.sort(key=lambda m: (-(m.excess_usd or 0.0), -(m.effective_change_ratio or 0.0)))
         return tuple(hits[:TOP_REGRESSIONS])
 
 
-@dataclass(slots=True)
-class Totals:
-    """Running sums of one (model, version) over one week."""
+# ---------------------------------------------------------------------------------------------
+# Assembly (pure)
+# ---------------------------------------------------------------------------------------------
 
+
+@dataclass(slots=True)
+class _Sums:
     cost_usd: float = 0.0  # dollars
     output_tokens: float = 0.0  # tokens
     prompt_tokens: float = 0.0  # tokens
     idle_usd: float = 0.0  # dollars
+    idle_gpu_seconds: float | None = None  # GPU-seconds
+    util_s: float = 0.0  # Σ util × seconds
+    util_w: float = 0.0  # seconds with a util reading
+    roof_s: float = 0.0  # Σ roofline × seconds
+    roof_w: float = 0.0  # seconds with a roofline reading
+
+    def add(self, r: HourRow) -> None:
+        self.cost_usd += r.cost_usd
+        self.output_tokens += r.output_tokens
+        self.prompt_tokens += r.prompt_tokens
+        self.idle_usd += r.idle_usd
+        if r.idle_gpu_seconds is not None:
+            self.idle_gpu_seconds = (self.idle_gpu_seconds or 0.0) + r.idle_gpu_seconds
+        if r.gpu_util_ratio is not None and r.seconds > 0:
+            self.util_s += r.gpu_util_ratio * r.seconds
+            self.util_w += r.seconds
+        if r.roofline_ratio is not None and r.seconds > 0:
+            self.roof_s += r.roofline_ratio * r.seconds
+            self.roof_w += r.seconds
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    s = sorted(values)
+    pos = q * (len(s) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True, slots=True)
+class _Like:
+    ratio: float | None  # this ÷ baseline at like load
+    share: float  # 0–1, share of output tokens in matched bands
+    excess_usd: float  # dollars above the baseline's cost of the same tokens
+
+
+def _band_prices(rows: Iterable[HourRow]) -> dict[LoadKey, tuple[float, float]]:
+    """(Σ cost, Σ output tokens) per load band."""
+    out: dict[LoadKey, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for r in rows:
+        if (k := r.load) is not None and r.output_tokens > 0:
+            acc = out[k]
+            acc[0] += r.cost_usd
+            acc[1] += r.output_tokens
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def like_load(this: Sequence[HourRow], baseline: Sequence[HourRow]) -> _Like:
+    """Compare ``this`` with ``baseline`` band by band (see the module docstring)."""
+    base = _band_prices(baseline)
+    cost = expected = matched = total = 0.0
+    for k, (c, t) in _band_prices(this).items():
+        total += t
+        b = base.get(k)
+        if b is None or b[1] <= 0:
+            continue
+        cost += c
+        expected += t * b[0] / b[1]
+        matched += t
+    share = matched / total if total > 0 else 0.0
+    if expected <= 0 or share < MIN_LIKE_SHARE:
+        return _Like(None, share, 0.0)
+    return _Like(cost / expected, share, cost - expected)
+
+
+def _trend(this: Sequence[HourRow], baseline: Sequence[HourRow], start: float) -> VersionTrend:
+    hourly: list[list[float]] = [[0.0, 0.0] for _ in range(168)]  # cost, output tokens
+    seen_hour = [False] * 168
+    daily: list[float | None] = [None] * 7
+    daily_idle: list[float | None] = [None] * 7
+    loads: list[LoadKey | None] = [None] * 168
+    by_hour: dict[int, list[HourRow]] = defaultdict(list)
+    for r in this:
+        i = int((r.hour - start) // HOUR_SECONDS)
+        if not 0 <= i < 168:
+            continue
+        by_hour[i].append(r)
+        hourly[i][0] += r.cost_usd
+        hourly[i][1] += r.output_tokens
+        seen_hour[i] = True
+        d = i // 24
+        daily[d] = (daily[d] or 0.0) + r.cost_usd
+        daily_idle[d] = (daily_idle[d] or 0.0) + r.idle_usd
+    for i, rows in by_hour.items():
+        # the hour's band: that of its busiest series (one version is usually on one engine)
+        busiest = max(rows, key=lambda r: r.output_tokens)
+        loads[i] = busiest.load
+    per_band: dict[LoadKey, list[float]] = defaultdict(list)
+    for r in baseline:
+        if (k := r.load) is not None and r.output_tokens > 0:
+            per_band[k].append(r.cost_usd / r.output_tokens * 1e6)
+    lows: list[float | None] = []
+    highs: list[float | None] = []
+    for i in range(168):
+        vals = per_band.get(loads[i]) if loads[i] is not None else None  # type: ignore[arg-type]
+        lows.append(_quantile(vals, 0.25) if vals else None)
+        highs.append(_quantile(vals, 0.75) if vals else None)
+    return VersionTrend(
+        usd_per_1m_output=tuple(
+            c / t * 1e6 if seen_hour[i] and t > 0 else None for i, (c, t) in enumerate(hourly)
+        ),
+        baseline_low=tuple(lows),
+        baseline_high=tuple(highs),
+        daily_usd=tuple(daily),
+        daily_idle_usd=tuple(daily_idle),
+    )
+
+
+def _subject(model: str, version: str) -> str:
+    return f"{model} {version}"
 
 
 def assemble(
+    rows: Iterable[HourRow],
     *,
-    start: float,
     end: float,
     source: str,
-    this_week: Mapping[Key, Totals],
-    last_week: Mapping[Key, Totals],
-    idle_usd: float,
-    last_idle_usd: float | None,
-    idle_by_node: Mapping[str, float],
-    utilization: Sequence[UtilRow],
-    utilization_by: str,
-    daily_usd: Sequence[float],
+    deploys: Sequence[DeployEvent] = (),
+    idle_usd: float | None = None,
+    last_idle_usd: float | None = None,
+    idle_by_node: Mapping[str, float] | None = None,
+    utilization: Sequence[UtilRow] | None = None,
+    utilization_by: str = "engine",
 ) -> WeeklyReport:
-    """Build the report from per-(model, version) totals of both weeks (pure)."""
-    last_by_model: dict[str, Totals] = defaultdict(Totals)
-    for (model, _), t in last_week.items():
-        agg = last_by_model[model]
-        agg.cost_usd += t.cost_usd
-        agg.output_tokens += t.output_tokens
-    models = []
-    for (model, version), t in this_week.items():
+    """Build the report from the hourly rows of the two weeks before ``end`` (pure).
+
+    ``idle_usd``/``idle_by_node``/``utilization`` override what the model rows give (Prometheus
+    has per-GPU idle cost, which includes GPUs no engine uses)."""
+    start, last_start = end - WEEK_SECONDS, end - 2 * WEEK_SECONDS
+    this_rows: dict[Key, list[HourRow]] = defaultdict(list)
+    last_rows: dict[Key, list[HourRow]] = defaultdict(list)
+    by_engine_model: dict[tuple[str, str, str], list[HourRow]] = defaultdict(list)
+    by_model: dict[str, list[HourRow]] = defaultdict(list)
+    for r in rows:
+        if not last_start <= r.hour < end:
+            continue
+        key = (r.model, r.model_version)
+        (this_rows if r.hour >= start else last_rows)[key].append(r)
+        by_engine_model[(r.node, r.engine, r.model)].append(r)
+        by_model[r.model].append(r)
+
+    last_by_model: dict[str, _Sums] = defaultdict(_Sums)
+    for (model, _), rs in last_rows.items():
+        for r in rs:
+            last_by_model[model].add(r)
+    models: list[ModelWeek] = []
+    for (model, version), rs in this_rows.items():
+        t = _Sums()
+        for r in rs:
+            t.add(r)
+        own_last = _Sums()
+        for r in last_rows.get((model, version), []):
+            own_last.add(r)
         baseline: str | None = None
         last: float | None = None
-        own = last_week.get((model, version))
-        if own is not None and own.output_tokens > 0:
-            baseline, last = "version", own.cost_usd / own.output_tokens * 1e6
-        elif last_by_model[model].output_tokens > 0:  # a new version: compare with its model
+        if own_last.output_tokens > 0:
+            baseline, last = "version", own_last.cost_usd / own_last.output_tokens * 1e6
+        elif last_by_model[model].output_tokens > 0:
             agg = last_by_model[model]
             baseline, last = "model", agg.cost_usd / agg.output_tokens * 1e6
+        # like-load baselines, in order of preference
+        candidates: list[tuple[str, list[HourRow]]] = [("version", last_rows.get((model, version), []))]
+        engines = {(r.node, r.engine, r.model) for r in rs}
+        replaced = [r for e in sorted(engines) for r in by_engine_model[e] if r.model_version != version]
+        candidates.append(("replaced", replaced))
+        candidates.append(("model", [r for r in by_model[model] if r.model_version != version]))
+        like, like_kind, like_rows = _Like(None, 0.0, 0.0), None, candidates[0][1]
+        for kind, base_rows in candidates:
+            if not base_rows:
+                continue
+            got = like_load(rs, base_rows)
+            if got.ratio is not None:
+                like, like_kind, like_rows = got, kind, base_rows
+                break
+        if like_kind is None:  # no like-load baseline: chart against the first that has data
+            like_rows = next((b for _, b in candidates if b), [])
+        excess = like.excess_usd if like.ratio is not None else None
+        if excess is None and last is not None:
+            excess = t.cost_usd - t.output_tokens * last / 1e6
         models.append(
             ModelWeek(
                 model=model,
@@ -186,225 +443,229 @@ def assemble(
                 idle_usd=t.idle_usd,
                 last_usd_per_1m_output=last,
                 baseline=baseline,
+                like_change_ratio=like.ratio,
+                like_baseline=like_kind,
+                like_share=like.share,
+                excess_usd=excess,
+                idle_gpu_hours=None if t.idle_gpu_seconds is None else t.idle_gpu_seconds / HOUR_SECONDS,
+                gpu_util_ratio=t.util_s / t.util_w if t.util_w > 0 else None,
+                roofline_ratio=t.roof_s / t.roof_w if t.roof_w > 0 else None,
+                trend=_trend(rs, like_rows, start),
             )
         )
     models.sort(key=lambda m: (-m.cost_usd, m.model, m.model_version))
-    last_total = sum(t.cost_usd for t in last_week.values()) if last_week else None
+
+    all_this = [r for rs in this_rows.values() for r in rs]
+    daily: list[float | None] = [None] * 7
+    daily_idle: list[float | None] = [None] * 7
+    node_idle: dict[str, float] = defaultdict(float)
+    eng: dict[str, _Sums] = defaultdict(_Sums)
+    for r in all_this:
+        d = min(6, int((r.hour - start) // DAY_SECONDS))
+        daily[d] = (daily[d] or 0.0) + r.cost_usd
+        daily_idle[d] = (daily_idle[d] or 0.0) + r.idle_usd
+        node_idle[r.node] += r.idle_usd
+        eng[r.engine].add(r)
+    if utilization is None:
+        utilization = [
+            UtilRow(e, s.util_s / s.util_w if s.util_w > 0 else None, s.cost_usd) for e, s in eng.items()
+        ]
+    last_total = sum(r.cost_usd for rs in last_rows.values() for r in rs) if last_rows else None
+    last_idle = sum(r.idle_usd for rs in last_rows.values() for r in rs) if last_rows else None
     return WeeklyReport(
         start=start,
         end=end,
         source=source,
-        total_usd=sum(t.cost_usd for t in this_week.values()),
+        total_usd=sum(r.cost_usd for r in all_this),
         last_total_usd=last_total,
-        idle_usd=idle_usd,
-        last_idle_usd=last_idle_usd,
+        idle_usd=sum(r.idle_usd for r in all_this) if idle_usd is None else idle_usd,
+        last_idle_usd=last_idle if idle_usd is None else last_idle_usd,
         models=tuple(models),
         idle_by_node=tuple(
-            NodeIdle(n, v) for n, v in sorted(idle_by_node.items(), key=lambda kv: (-kv[1], kv[0]))
+            NodeIdle(n, v)
+            for n, v in sorted(
+                (node_idle if idle_by_node is None else idle_by_node).items(), key=lambda kv: (-kv[1], kv[0])
+            )
         ),
         utilization=tuple(sorted(utilization, key=lambda u: u.group)),
         utilization_by=utilization_by,
-        daily_usd=tuple(daily_usd),
+        daily_usd=tuple(daily),
+        daily_idle_usd=tuple(daily_idle),
+        savings=tuple(find_savings(all_this, models)),
+        deploys=tuple(d for d in deploys if start <= d.at < end),
     )
 
 
+def find_savings(this_week: Sequence[HourRow], models: Sequence[ModelWeek]) -> list[Saving]:
+    """Savings opportunities in dollars a week, biggest first (only those the data supports)."""
+    out: list[Saving] = []
+    by_series: dict[SeriesKey, list[HourRow]] = defaultdict(list)
+    for r in this_week:
+        by_series[r.series].append(r)
+    for (node, engine, model, version), rs in sorted(by_series.items()):
+        subject = f"{node}/{engine} {_subject(model, version)}"
+        idle = sum(r.idle_usd for r in rs)
+        idle_gpu_s = [r.idle_gpu_seconds for r in rs if r.idle_gpu_seconds is not None]
+        if idle >= MIN_SAVING_USD:
+            hours = f"{sum(idle_gpu_s) / HOUR_SECONDS:,.1f} GPU-hours" if idle_gpu_s else "GPU time"
+            out.append(Saving("idle", subject, idle, f"{hours} produced no tokens: scale down when idle"))
+        # steady hours: the load band did not change from the hour before (no ramp)
+        ordered = sorted(rs, key=lambda r: r.hour)
+        steady = [
+            b
+            for a, b in itertools.pairwise(ordered)
+            if b.hour - a.hour == HOUR_SECONDS and b.load is not None and a.load == b.load
+        ]
+        util_s = sum(r.gpu_util_ratio * r.seconds for r in steady if r.gpu_util_ratio is not None)
+        util_w = sum(r.seconds for r in steady if r.gpu_util_ratio is not None)
+        if util_w > 0:
+            util = util_s / util_w
+            cost = sum(r.cost_usd for r in steady if r.gpu_util_ratio is not None)
+            save = cost * (1.0 - util / TARGET_UTIL_RATIO)
+            if util < LOW_UTIL_RATIO and save >= MIN_SAVING_USD:
+                out.append(
+                    Saving(
+                        "low_utilization",
+                        subject,
+                        save,
+                        f"GPUs {util * 100:.0f} % busy over {len(steady)} steady hours "
+                        f"(${cost:,.2f}); sized to {TARGET_UTIL_RATIO * 100:.0f} % busy",
+                    )
+                )
+    # a cheaper version of the same model, compared at like load this week
+    by_version: dict[Key, list[HourRow]] = defaultdict(list)
+    for r in this_week:
+        by_version[(r.model, r.model_version)].append(r)
+    for m in models:
+        if m.output_tokens < MIN_OUTPUT_TOKENS:
+            continue
+        best: tuple[float, str, _Like] | None = None
+        for (model, version), rows in by_version.items():
+            if model != m.model or version == m.model_version:
+                continue
+            like = like_load(by_version[(m.model, m.model_version)], rows)
+            if like.ratio is None or like.ratio * CHEAPER_BY_RATIO < 1.0:
+                continue  # not at least 10 % dearer than that version at like load
+            if best is None or like.excess_usd > best[0]:
+                best = (like.excess_usd, version, like)
+        if best is not None and best[0] >= MIN_SAVING_USD:
+            excess, version, like = best
+            out.append(
+                Saving(
+                    "cheaper_version",
+                    _subject(m.model, m.model_version),
+                    excess,
+                    f"version {version} served the same load "
+                    f"{(1 - 1 / (like.ratio or 1.0)) * 100:.0f} % cheaper "
+                    f"per token (like load, {like.share * 100:.0f} % of tokens compared)",
+                )
+            )
+    out.sort(key=lambda s: (-s.usd_per_week, s.kind, s.subject))
+    return out[:TOP_SAVINGS]
+
+
 # ---------------------------------------------------------------------------------------------
-# From the local store: per-minute CostWindow records
+# From cost windows in memory, and from the local store (SQL)
 # ---------------------------------------------------------------------------------------------
+
+
+def rows_from_windows(windows: Iterable[CostWindow], end: float) -> list[HourRow]:
+    """Hourly rows of the two weeks before ``end`` from cost windows (a window belongs to the
+    hour bucket holding its start, as a store row belongs to its minute)."""
+    first = end - 2 * WEEK_SECONDS
+    acc: dict[tuple[SeriesKey, int], list[float]] = {}
+    for w in windows:
+        u = w.usage
+        if not first <= u.start < end:
+            continue
+        i = int((u.start - first) // HOUR_SECONDS)
+        secs = u.end - u.start
+        a = acc.setdefault(((u.node, u.engine, u.model, u.model_version), i), [0.0] * 13)
+        a[0] += secs
+        a[1] += u.prompt_tokens
+        a[2] += u.generation_tokens
+        a[3] += w.cost_usd
+        a[4] += w.idle_usd
+        a[5] += u.gpu_seconds
+        if u.generation_tokens + u.prompt_tokens <= 0:
+            a[6] += u.gpu_seconds
+        for j, v in ((7, u.gpu_util_ratio), (9, u.requests_running)):
+            if v is not None:
+                a[j] += v * secs
+                a[j + 1] += secs
+        if w.roofline_ratio is not None:
+            a[11] += w.roofline_ratio * secs
+            a[12] += secs
+    return [
+        HourRow(
+            *key,
+            hour=first + i * HOUR_SECONDS,
+            seconds=a[0],
+            prompt_tokens=a[1],
+            output_tokens=a[2],
+            cost_usd=a[3],
+            idle_usd=a[4],
+            gpu_seconds=a[5],
+            idle_gpu_seconds=a[6],
+            gpu_util_ratio=a[7] / a[8] if a[8] > 0 else None,
+            requests_running=a[9] / a[10] if a[10] > 0 else None,
+            roofline_ratio=a[11] / a[12] if a[12] > 0 else None,
+        )
+        for (key, i), a in acc.items()
+    ]
 
 
 def build_from_windows(windows: Iterable[CostWindow], end: float) -> WeeklyReport:
-    """The week ending at ``end`` from cost windows (a window belongs to the week holding its
-    end time); windows older than two weeks or after ``end`` are ignored."""
-    start, last_start = end - WEEK_SECONDS, end - 2 * WEEK_SECONDS
-    this_week: dict[Key, Totals] = defaultdict(Totals)
-    last_week: dict[Key, Totals] = defaultdict(Totals)
-    idle_this = idle_last = 0.0
-    seen_last = False
-    idle_by_node: dict[str, float] = defaultdict(float)
-    util_sum: dict[str, float] = defaultdict(float)  # Σ util × GPU-seconds
-    util_weight: dict[str, float] = defaultdict(float)  # Σ GPU-seconds with a util reading
-    engine_cost: dict[str, float] = defaultdict(float)
-    daily = [0.0] * 7
-    for w in windows:
-        u = w.usage
-        if not last_start < u.end <= end:
-            continue
-        key = (u.model, u.model_version)
-        current = u.end > start
-        totals = (this_week if current else last_week)[key]
-        totals.cost_usd += w.cost_usd
-        totals.output_tokens += u.generation_tokens
-        totals.prompt_tokens += u.prompt_tokens
-        totals.idle_usd += w.idle_usd
-        if not current:
-            idle_last += w.idle_usd
-            seen_last = True
-            continue
-        idle_this += w.idle_usd
-        idle_by_node[u.node] += w.idle_usd
-        engine_cost[u.engine] += w.gpu_time_usd
-        if u.gpu_util_ratio is not None and u.gpu_seconds > 0:
-            util_sum[u.engine] += u.gpu_util_ratio * u.gpu_seconds
-            util_weight[u.engine] += u.gpu_seconds
-        # (start, end] splits into 7 days; a window ending exactly at a day's end belongs to it.
-        daily[min(6, max(0, math.ceil((u.end - start) / DAY_SECONDS) - 1))] += w.cost_usd
-    util = [
-        UtilRow(engine, util_sum[engine] / util_weight[engine] if util_weight[engine] > 0 else None, cost)
-        for engine, cost in engine_cost.items()
-    ]
-    return assemble(
-        start=start,
-        end=end,
-        source="local store",
-        this_week=this_week,
-        last_week=last_week,
-        idle_usd=idle_this,
-        last_idle_usd=idle_last if seen_last else None,
-        idle_by_node=idle_by_node,
-        utilization=util,
-        utilization_by="engine",
-        daily_usd=daily,
-    )
+    """The week ending at ``end`` from cost windows (windows older than two weeks or starting at
+    or after ``end`` are ignored)."""
+    return assemble(rows_from_windows(windows, end), end=end, source="local store")
 
 
-# ---------------------------------------------------------------------------------------------
-# From Prometheus' HTTP API (the fleet)
-# ---------------------------------------------------------------------------------------------
-
-Fetch = Callable[[str], Any]  # URL → decoded JSON body
-
-
-def _http_get_json(url: str) -> Any:
-    try:
-        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        try:
-            detail = json.loads(err.read()).get("error", "")
-        except (ValueError, OSError):
-            detail = ""
-        raise ReportError(f"Prometheus answered HTTP {err.code}: {detail or err.reason}") from None
-    except (urllib.error.URLError, OSError, ValueError) as err:
-        raise ReportError(f"cannot query Prometheus: {err}") from None
-
-
-class _Prom:
-    """The few Prometheus HTTP API calls the report makes."""
-
-    def __init__(self, base_url: str, fetch: Fetch) -> None:
-        self.base = base_url.rstrip("/")
-        self.fetch = fetch
-
-    def _call(self, path: str, params: Mapping[str, str]) -> list[dict[str, Any]]:
-        body = self.fetch(f"{self.base}{path}?{urllib.parse.urlencode(params)}")
-        if not isinstance(body, dict) or body.get("status") != "success":
-            raise ReportError(f"Prometheus query failed: {body!r:.300}")
-        return list(body["data"]["result"])
-
-    def query(self, expr: str, at: float) -> list[dict[str, Any]]:
-        """Instant vector at ``at``."""
-        return self._call("/api/v1/query", {"query": expr, "time": f"{at:.3f}"})
-
-    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
-        """Range matrix from ``start`` to ``end``."""
-        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:.0f}s"}
-        return self._call("/api/v1/query_range", params)
-
-
-def _value(sample: Mapping[str, Any]) -> float | None:
-    v = float(sample["value"][1])
-    return None if math.isnan(v) or math.isinf(v) else v
-
-
-def _by_key(result: Sequence[Mapping[str, Any]]) -> dict[Key, float]:
-    out: dict[Key, float] = {}
-    for s in result:
-        v = _value(s)
-        if v is not None:
-            out[(s["metric"].get("model", ""), s["metric"].get("model_version", "unknown"))] = v
+def rows_from_store_sums(sums: Iterable[Sequence[object]]) -> list[HourRow]:
+    """HourRows from :meth:`agent.store.Store.hourly_model_sums` tuples."""
+    out = []
+    for s in sums:
+        node, engine, model, version = (str(x) for x in s[:4])
+        v = [float(x or 0.0) for x in s[4:]]  # type: ignore[arg-type]
+        out.append(
+            HourRow(
+                node,
+                engine,
+                model,
+                version or "unknown",
+                hour=v[0],
+                seconds=v[1],
+                prompt_tokens=v[2],
+                output_tokens=v[3],
+                cost_usd=v[4],
+                idle_usd=v[5],
+                gpu_seconds=v[6],
+                idle_gpu_seconds=v[7],
+                gpu_util_ratio=v[8] / v[9] if v[9] > 0 else None,
+                requests_running=v[10] / v[11] if v[11] > 0 else None,
+                roofline_ratio=v[12] / v[13] if v[13] > 0 else None,
+            )
+        )
     return out
 
 
-def _week_totals(prom: _Prom, at: float) -> dict[Key, Totals]:
-    by = "sum by (model, model_version) (increase(infercost_{}[1w]))"
-    series = {
-        "cost_usd": _by_key(prom.query(by.format("cost_usd_total"), at)),
-        "output_tokens": _by_key(prom.query(by.format("generation_tokens_total"), at)),
-        "prompt_tokens": _by_key(prom.query(by.format("prompt_tokens_total"), at)),
-        "idle_usd": _by_key(prom.query(by.format("idle_cost_usd_total"), at)),
-    }
-    totals: dict[Key, Totals] = defaultdict(Totals)
-    for attr, values in series.items():
-        for key, v in values.items():
-            setattr(totals[key], attr, v)
-    return dict(totals)
+def build_from_store(path: Path, end: float) -> WeeklyReport:
+    """The week ending at ``end`` from the store file at ``path`` (aggregated in SQL)."""
+    import sqlite3
 
+    from agent.store import Store, StoreError  # sqlite only when this path is taken
 
-def _scalar(prom: _Prom, expr: str, at: float) -> float | None:
-    result = prom.query(expr, at)
-    return _value(result[0]) if result else None
-
-
-# Attach gpu_model to per-GPU series from infercost_gpu_info (any GPU seen during the week).
-GPU_MODEL_JOIN = (
-    "* on (node, gpu) group_left (gpu_model)"
-    " max by (node, gpu, gpu_model) (max_over_time(infercost_gpu_info[1w]))"
-)
-
-
-def build_from_prometheus(
-    url: str, end: float | None = None, clock: Clock | None = None, fetch: Fetch | None = None
-) -> WeeklyReport:
-    """The fleet's week ending at ``end`` (default: now by ``clock``) from Prometheus' HTTP API at
-    ``url`` (e.g. ``http://prometheus:9090``). Raises :class:`ReportError` when it cannot."""
-    end = (clock or SystemClock()).now() if end is None else end
-    prom = _Prom(url, fetch or _http_get_json)
-    start = end - WEEK_SECONDS
-    this_week = _week_totals(prom, end)
-    last_week = _week_totals(prom, start)
-    idle_expr = "sum(increase(infercost_gpu_idle_cost_usd_total[1w]))"
-    idle = _scalar(prom, idle_expr, end)
-    last_idle = _scalar(prom, idle_expr, start)
-    idle_by_node = {
-        s["metric"].get("node", ""): v
-        for s in prom.query("sum by (node) (increase(infercost_gpu_idle_cost_usd_total[1w]))", end)
-        if (v := _value(s)) is not None
-    }
-    util = {
-        s["metric"].get("gpu_model", ""): _value(s)
-        for s in prom.query(
-            f"avg by (gpu_model) (avg_over_time(infercost_gpu_utilization_ratio[1w]) {GPU_MODEL_JOIN})", end
-        )
-    }
-    gpu_cost = {
-        s["metric"].get("gpu_model", ""): _value(s) or 0.0
-        for s in prom.query(
-            f"sum by (gpu_model) (increase(infercost_gpu_cost_usd_total[1w]) {GPU_MODEL_JOIN})", end
-        )
-    }
-    daily_result = prom.query_range(
-        "sum(increase(infercost_cost_usd_total[1d]))", start + DAY_SECONDS, end, DAY_SECONDS
-    )
-    daily = [0.0] * 7
-    if daily_result:
-        for ts, v in daily_result[0]["values"]:
-            i = round((float(ts) - start) / DAY_SECONDS) - 1
-            if 0 <= i < 7 and not math.isnan(float(v)):
-                daily[i] = float(v)
-    logger.info("weekly report from %s: %d model versions", url, len(this_week))
-    return assemble(
-        start=start,
-        end=end,
-        source=f"Prometheus {url}",
-        this_week=this_week,
-        last_week=last_week,
-        idle_usd=idle or 0.0,
-        last_idle_usd=last_idle,
-        idle_by_node=idle_by_node,
-        utilization=[
-            UtilRow(g, util.get(g), gpu_cost.get(g, 0.0)) for g in sorted(set(util) | set(gpu_cost))
-        ],
-        utilization_by="gpu_model",
-        daily_usd=daily,
-    )
+    if not path.exists():
+        raise ReportError(f"{path}: no store here; fix: pass the agent's state directory (--state-dir)")
+    try:
+        store = Store(path)
+    except (StoreError, sqlite3.Error) as err:
+        raise ReportError(f"{path}: cannot open the store: {err}") from None
+    try:
+        sums = store.hourly_model_sums(end - 2 * WEEK_SECONDS, end, HOUR_SECONDS)
+        deploys = store.deploys(end - WEEK_SECONDS)
+    except sqlite3.Error as err:
+        raise ReportError(f"{path}: cannot read the store: {err}") from None
+    finally:
+        store.close()
+    return assemble(rows_from_store_sums(sums), end=end, source="local store", deploys=deploys)

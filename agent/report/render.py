@@ -1,18 +1,38 @@
-"""Weekly cost report: renderers. Markdown (chat, tickets), CSV (spreadsheets) and one
-self-contained HTML page (inline CSS and SVG bars, no external assets, so it can be mailed or
-opened from disk). All three are pure functions of a :class:`WeeklyReport`."""
+"""Weekly cost report: renderers, all pure functions of a :class:`WeeklyReport`.
+
+- :func:`render_html`: one self-contained page (inline CSS and SVG, no external assets, so it can
+  be mailed or opened from disk): summary cards, week over week at like load, regressions and
+  savings in dollars, and per model version line charts over the week ($ per 1M output tokens
+  against its baseline band at like load, spend per day, idle per day) with deploy markers. Hours
+  and days without data are gaps in the lines, never $0.00.
+- :func:`render_markdown` (tickets, GitHub) and :func:`render_slack` (the summary posted to Slack).
+- :func:`render_csv` and :func:`render_json`: the numbers.
+
+Every name is escaped for its destination (:mod:`agent.report.escape`).
+"""
 
 from __future__ import annotations
 
 import csv
 import io
+import json
+import math
 from collections.abc import Sequence
+from dataclasses import asdict
 from datetime import UTC, datetime
 from html import escape
+from typing import Any
 
-from agent.report.data import REGRESSION_RATIO, ModelWeek, WeeklyReport
+from agent.report import escape as esc
+from agent.report.data import (
+    DAY_SECONDS,
+    HOUR_SECONDS,
+    REGRESSION_RATIO,
+    ModelWeek,
+    Saving,
+    WeeklyReport,
+)
 
-BAR_WIDTH_PX = 320  # width of the longest SVG bar
 CSV_COLUMNS = (
     "model",
     "model_version",
@@ -25,7 +45,16 @@ CSV_COLUMNS = (
     "last_usd_per_1m_output",
     "change_ratio",
     "baseline",
+    "like_load_change_ratio",
+    "like_load_baseline",
+    "like_load_share",
+    "excess_usd",
+    "idle_gpu_hours",
+    "gpu_util_ratio",
+    "cost_floor_usd_per_1m_output",
 )
+MAX_CHARTS = 12  # model versions charted (by cost); the tables list every version
+SLACK_MAX_LINES = 5  # regressions and savings listed in the Slack summary
 
 
 def _day(ts: float) -> str:
@@ -59,18 +88,55 @@ def _title(r: WeeklyReport) -> str:
     return f"infercost weekly cost report: {_day(r.start)} – {_day(r.end)}"
 
 
+BASELINES = {
+    "version": "same version last week",
+    "replaced": "the version it replaced on the same engine",
+    "model": "the model's other versions",
+}
+
+
 def _baseline(m: ModelWeek) -> str:
     return {"version": "same version", "model": "model, all versions"}.get(m.baseline or "", "—")
 
 
+def _like(m: ModelWeek) -> str:
+    if m.like_change_ratio is None:
+        return "—"
+    return f"{change(m.like_change_ratio)} vs {BASELINES.get(m.like_baseline or '', '')}"
+
+
+def _regression_line(m: ModelWeek) -> tuple[str, str]:
+    """(how it changed, against what) for a regression."""
+    if m.like_change_ratio is not None:
+        return (
+            f"{change(m.like_change_ratio)} at like load",
+            f"{BASELINES.get(m.like_baseline or '', '')} ({m.like_share * 100:.0f} % of tokens compared)",
+        )
+    return (
+        f"{change(m.change_ratio)} (not at like load: no common load band)",
+        f"{_baseline(m)} last week ({usd(m.last_usd_per_1m_output, 4)})",
+    )
+
+
+SAVING_KINDS = {
+    "idle": "idle GPUs",
+    "low_utilization": "low utilisation at steady load",
+    "cheaper_version": "a cheaper version of the same model",
+}
+
+
+def _daily_cells(values: Sequence[float | None]) -> list[str]:
+    return [usd(v) for v in values]
+
+
 # ---------------------------------------------------------------------------------------------
-# Markdown
+# Markdown (GitHub)
 # ---------------------------------------------------------------------------------------------
 
 
 def render_markdown(r: WeeklyReport) -> str:
-    """The report as GitHub-flavoured Markdown."""
-    out = [f"# {_title(r)}", "", f"Source: {r.source}", ""]
+    """The report as GitHub-flavoured Markdown (every name escaped)."""
+    out = [f"# {_title(r)}", "", f"Source: {esc.md(r.source)}", ""]
     last_total = r.last_total_usd
     out += [
         "| | this week | last week | change |",
@@ -84,26 +150,43 @@ def render_markdown(r: WeeklyReport) -> str:
         "",
         "## $ per 1M output tokens by model and version",
         "",
-        "| model | version | cost | output tokens | $/1M output | last week | change | baseline |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
+        "| model | version | cost | output tokens | $/1M output | last week | change | baseline "
+        "| at like load |",
+        "|---|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for m in r.models:
         out.append(
-            f"| {m.model} | {m.model_version} | {usd(m.cost_usd)} | {tokens(m.output_tokens)} | "
-            f"{usd(m.usd_per_1m_output, 4)} | {usd(m.last_usd_per_1m_output, 4)} | "
-            f"{change(m.change_ratio)} | {_baseline(m)} |"
+            f"| {esc.md(m.model)} | {esc.md(m.model_version)} | {usd(m.cost_usd)} | "
+            f"{tokens(m.output_tokens)} | {usd(m.usd_per_1m_output, 4)} | "
+            f"{usd(m.last_usd_per_1m_output, 4)} | "
+            f"{change(m.change_ratio)} | {_baseline(m)} | {_like(m)} |"
         )
     out += ["", f"## Top regressions (≥ {REGRESSION_RATIO:g} × baseline)", ""]
     if r.regressions:
         for m in r.regressions:
+            how, against = _regression_line(m)
             out.append(
-                f"- **{m.model} {m.model_version}**: {usd(m.usd_per_1m_output, 4)} per 1M output tokens, "
-                f"{change(m.change_ratio)} vs {_baseline(m)} last week ({usd(m.last_usd_per_1m_output, 4)})"
+                f"- **{esc.md(m.model)} {esc.md(m.model_version)}**: {usd(m.usd_per_1m_output, 4)} per 1M "
+                f"output tokens, {how} vs {against}; {usd(m.excess_usd)} more this week"
             )
     else:
         out.append("None.")
+    out += ["", "## Savings opportunities", ""]
+    if r.savings:
+        out += ["| opportunity | where | $ a week | how |", "|---|---|---:|---|"]
+        out += [
+            f"| {SAVING_KINDS.get(s.kind, s.kind)} | {esc.md(s.subject)} | {usd(s.usd_per_week)} | "
+            f"{esc.md(s.detail, 400)} |"
+            for s in r.savings
+        ]
+    else:
+        out.append("None found in this week's data.")
+    days = [_day(r.start + (i + 1) * DAY_SECONDS)[:10] for i in range(len(r.daily_usd))]
+    out += ["", "## Cost per day", "", "| day | cost | idle |", "|---|---:|---:|"]
+    idle = list(r.daily_idle_usd) or [None] * len(days)
+    out += [f"| {d} | {usd(c)} | {usd(i)} |" for d, c, i in zip(days, r.daily_usd, idle, strict=False)]
     out += ["", "## Idle GPU cost by node", "", "| node | idle cost |", "|---|---:|"]
-    out += [f"| {n.node} | {usd(n.idle_usd)} |" for n in r.idle_by_node]
+    out += [f"| {esc.md(n.node)} | {usd(n.idle_usd)} |" for n in r.idle_by_node]
     out += [
         "",
         f"## GPU utilisation by {r.utilization_by}",
@@ -111,12 +194,58 @@ def render_markdown(r: WeeklyReport) -> str:
         f"| {r.utilization_by} | utilisation | GPU cost |",
     ]
     out += ["|---|---:|---:|"]
-    out += [f"| {u.group} | {ratio(u.gpu_util_ratio)} | {usd(u.cost_usd)} |" for u in r.utilization]
+    out += [f"| {esc.md(u.group)} | {ratio(u.gpu_util_ratio)} | {usd(u.cost_usd)} |" for u in r.utilization]
     return "\n".join(out) + "\n"
 
 
 # ---------------------------------------------------------------------------------------------
-# CSV
+# Slack (mrkdwn summary)
+# ---------------------------------------------------------------------------------------------
+
+
+def render_slack(r: WeeklyReport, link: str | None = None) -> str:
+    """A short Slack mrkdwn summary: totals, regressions and savings in dollars (names escaped)."""
+    last = r.last_total_usd
+    lines = [
+        f"*infercost weekly cost report* {_day(r.start)[:10]} – {_day(r.end)[:10]} "
+        f"({esc.slack(r.source, 80)})",
+        f"Total {usd(r.total_usd)} (last week {usd(last)}, {change(r.total_usd / last if last else None)}) · "
+        f"idle {usd(r.idle_usd)} · {usd(r.usd_per_1m_output, 4)} per 1M output tokens",
+    ]
+    if r.regressions:
+        lines.append("*Top regressions*")
+        for m in r.regressions[:SLACK_MAX_LINES]:
+            how, against = _regression_line(m)
+            lines.append(
+                f"• {esc.slack_code(m.model)} {esc.slack_code(m.model_version)}: "
+                f"{usd(m.usd_per_1m_output, 4)}/1M, {esc.slack(how, 200)} vs {esc.slack(against, 200)}, "
+                f"{usd(m.excess_usd)} more"
+            )
+    else:
+        lines.append("No cost regression this week.")
+    if r.savings:
+        total = sum(s.usd_per_week for s in r.savings)
+        lines.append(f"*Savings opportunities* (up to {usd(total)} a week)")
+        for s in r.savings[:SLACK_MAX_LINES]:
+            lines.append(
+                f"• {usd(s.usd_per_week)}/week: {SAVING_KINDS.get(s.kind, s.kind)}, "
+                f"{esc.slack_code(s.subject)}: {esc.slack(s.detail, 300)}"
+            )
+    if link:
+        lines.append(f"Full report: {esc.slack(link, 500)}")
+    return "\n".join(lines)
+
+
+def slack_message(r: WeeklyReport, channel: str | None = None, link: str | None = None) -> dict[str, Any]:
+    """The incoming-webhook JSON body of the weekly summary."""
+    body: dict[str, Any] = {"username": "infercost", "text": render_slack(r, link), "mrkdwn": True}
+    if channel:
+        body["channel"] = channel
+    return body
+
+
+# ---------------------------------------------------------------------------------------------
+# CSV and JSON
 # ---------------------------------------------------------------------------------------------
 
 
@@ -132,8 +261,8 @@ def render_csv(r: WeeklyReport) -> str:
     for m in r.models:
         w.writerow(
             [
-                m.model,
-                m.model_version,
+                esc.csv_cell(m.model),
+                esc.csv_cell(m.model_version),
                 f"{m.cost_usd:.6f}",
                 f"{m.output_tokens:.0f}",
                 f"{m.prompt_tokens:.0f}",
@@ -143,6 +272,13 @@ def render_csv(r: WeeklyReport) -> str:
                 _num(m.last_usd_per_1m_output),
                 _num(m.change_ratio),
                 m.baseline or "",
+                _num(m.like_change_ratio),
+                m.like_baseline or "",
+                _num(m.like_share),
+                _num(m.excess_usd),
+                _num(m.idle_gpu_hours),
+                _num(m.gpu_util_ratio),
+                _num(m.cost_floor_usd_per_1m),
             ]
         )
     prompt = sum(m.prompt_tokens for m in r.models)
@@ -157,56 +293,252 @@ def render_csv(r: WeeklyReport) -> str:
             f"{r.idle_usd:.6f}",
             _num(r.usd_per_1m_output),
             _num(r.total_usd / total_tokens * 1e6 if total_tokens > 0 else None),
-            "",
-            "",
-            "",
+            *[""] * (len(CSV_COLUMNS) - 8),
         ]
     )
     return buf.getvalue()
 
 
+def report_dict(r: WeeklyReport) -> dict[str, Any]:
+    """Every number of the report as plain data (absent = null), for JSON."""
+    models = []
+    for m in r.models:
+        d = asdict(m)
+        d.update(
+            usd_per_1m_output=m.usd_per_1m_output,
+            usd_per_1m_total=m.usd_per_1m_total,
+            change_ratio=m.change_ratio,
+            cost_floor_usd_per_1m_output=m.cost_floor_usd_per_1m,
+        )
+        models.append(d)
+    return {
+        "start": r.start,
+        "end": r.end,
+        "source": r.source,
+        "total_usd": r.total_usd,
+        "last_total_usd": r.last_total_usd,
+        "idle_usd": r.idle_usd,
+        "last_idle_usd": r.last_idle_usd,
+        "usd_per_1m_output": r.usd_per_1m_output,
+        "output_tokens": r.output_tokens,
+        "daily_usd": list(r.daily_usd),
+        "daily_idle_usd": list(r.daily_idle_usd),
+        "models": models,
+        "regressions": [[m.model, m.model_version] for m in r.regressions],
+        "savings": [asdict(s) for s in r.savings],
+        "deploys": [asdict(d) for d in r.deploys],
+        "idle_by_node": [asdict(n) for n in r.idle_by_node],
+        "utilization_by": r.utilization_by,
+        "utilization": [asdict(u) for u in r.utilization],
+    }
+
+
+def render_json(r: WeeklyReport) -> str:
+    """The numbers as JSON (absent values are ``null``, never 0)."""
+    return json.dumps(report_dict(r), indent=1, allow_nan=False) + "\n"
+
+
 # ---------------------------------------------------------------------------------------------
-# HTML
+# HTML and SVG charts
 # ---------------------------------------------------------------------------------------------
 
 _CSS = """
-body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px;color:#1f2328}
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px;color:#1f2328;
+max-width:1200px}
 h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #d0d7de;padding-bottom:4px}
-table{border-collapse:collapse;font-size:14px}th,td{padding:4px 10px;border-bottom:1px solid #eaeef2}
-th{text-align:left;background:#f6f8fa}td.n{text-align:right;font-variant-numeric:tabular-nums}
+h3{font-size:14px;margin:18px 0 4px;overflow-wrap:anywhere}
+table{border-collapse:collapse;font-size:13px}th,td{padding:4px 8px;border-bottom:1px solid #eaeef2;
+vertical-align:top}td{overflow-wrap:anywhere;max-width:420px}
+th{text-align:left;background:#f6f8fa}td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .cards{display:flex;gap:16px;flex-wrap:wrap}
 .card{border:1px solid #d0d7de;border-radius:6px;padding:10px 16px}
 .card .v{font-size:22px;font-weight:600}.card .l{font-size:12px;color:#59636e}
 .up{color:#cf222e}.down{color:#1a7f37}.muted{color:#59636e;font-size:12px}
+.charts{display:flex;gap:12px;flex-wrap:wrap}.chart{font-size:12px}
+li{overflow-wrap:anywhere}
 """
 
+CHART_W, CHART_H = 360, 150  # pixels of one chart
+PAD_L, PAD_R, PAD_T, PAD_B = 58, 8, 10, 22  # pixels around the plot area
+LINE = "#0969da"
+BAND = "#afb8c1"
+IDLE = "#bc4c00"
+DEPLOY = "#8250df"
 
-def _bars(rows: Sequence[tuple[str, float, float | None]], unit_digits: int = 2) -> str:
-    """Horizontal SVG bars: (label, this week, last week or None) per row."""
-    top = max([v for _, a, b in rows for v in (a, b) if v is not None] or [1.0]) or 1.0
-    row_h, label_w = 34, 260
-    height = row_h * len(rows) + 8
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + BAR_WIDTH_PX + 120}" '
-        f'height="{height}" role="img">'
+
+def _nice_top(v: float) -> float:
+    """A round axis maximum ≥ v."""
+    if v <= 0:
+        return 1.0
+    exp = 10 ** math.floor(math.log10(v))
+    for m in (1, 2, 2.5, 5, 10):
+        if m * exp >= v:
+            return m * exp
+    return 10 * exp
+
+
+def _path(points: Sequence[tuple[float, float] | None]) -> tuple[list[str], list[tuple[float, float]]]:
+    """SVG path segments through consecutive points (a None breaks the line: a gap) and the lone
+    points (a segment of one point, drawn as a dot)."""
+    segs: list[list[tuple[float, float]]] = [[]]
+    for p in points:
+        if p is None:
+            if segs[-1]:
+                segs.append([])
+        else:
+            segs[-1].append(p)
+    paths, dots = [], []
+    for s in segs:
+        if len(s) == 1:
+            dots.append(s[0])
+        elif s:
+            paths.append("M" + " L".join(f"{x:.1f},{y:.1f}" for x, y in s))
+    return paths, dots
+
+
+def line_chart(
+    title: str,
+    lines: Sequence[tuple[Sequence[float | None], str, str]],
+    x_slots: int,
+    day_start: float,
+    band: tuple[Sequence[float | None], Sequence[float | None]] | None = None,
+    markers: Sequence[tuple[float, str]] = (),
+    digits: int = 2,
+) -> str:
+    """One SVG line chart over the week: ``lines`` of (values per slot, colour, label), ``x_slots``
+    slots (168 hours or 7 days) from ``day_start``; None values are gaps; an optional shaded
+    ``band`` (low, high per slot); ``markers`` (fraction 0–1 of the week, label) as dashed lines."""
+    vals = [v for vs, _, _ in lines for v in vs if v is not None]
+    if band is not None:
+        vals += [v for v in band[1] if v is not None]
+    top = _nice_top(max(vals, default=0.0))
+    pw, ph = CHART_W - PAD_L - PAD_R, CHART_H - PAD_T - PAD_B
+
+    def xy(i: int, v: float) -> tuple[float, float]:
+        x = PAD_L + (i + 0.5) / x_slots * pw
+        return x, PAD_T + ph - v / top * ph
+
+    p = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{CHART_W}" height="{CHART_H}" role="img" '
+        f'font-size="10" font-family="system-ui,sans-serif"><title>{escape(title)}</title>',
+        f'<rect x="{PAD_L}" y="{PAD_T}" width="{pw}" height="{ph}" fill="#fff" stroke="#d0d7de"/>',
     ]
-    for i, (label, now, before) in enumerate(rows):
-        y = i * row_h + 4
-        parts.append(f'<text x="0" y="{y + 14}" font-size="13">{escape(label)}</text>')
-        w_now = max(1.0, now / top * BAR_WIDTH_PX)
-        parts.append(f'<rect x="{label_w}" y="{y}" width="{w_now:.1f}" height="14" fill="#0969da"/>')
-        parts.append(
-            f'<text x="{label_w + w_now + 6:.1f}" y="{y + 12}" font-size="12">{usd(now, unit_digits)}</text>'
+    for frac in (0.5, 1.0):  # y gridlines and labels
+        y = PAD_T + ph - frac * ph
+        p.append(f'<line x1="{PAD_L}" x2="{PAD_L + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eaeef2"/>')
+        p.append(f'<text x="{PAD_L - 4}" y="{y + 3:.1f}" text-anchor="end">{usd(top * frac, digits)}</text>')
+    p.append(f'<text x="{PAD_L - 4}" y="{PAD_T + ph + 3}" text-anchor="end">$0</text>')
+    for d in range(7):  # day ticks
+        x = PAD_L + d / 7 * pw
+        label = datetime.fromtimestamp(day_start + d * DAY_SECONDS, UTC).strftime("%a %d")
+        p.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{PAD_T}" y2="{PAD_T + ph}" stroke="#f0f2f4"/>')
+        p.append(f'<text x="{x + 2:.1f}" y="{CHART_H - 8}">{escape(label)}</text>')
+    if band is not None:
+        lo, hi = band
+        pts = [
+            (xy(i, a), xy(i, b)) if a is not None and b is not None else None
+            for i, (a, b) in enumerate(zip(lo, hi, strict=True))
+        ]
+        run: list[tuple[tuple[float, float], tuple[float, float]]] = []
+        for q in [*pts, None]:
+            if q is not None:
+                run.append(q)
+                continue
+            if run:
+                half = pw / x_slots / 2
+                upper = [(a[0] - half, b[1]) for a, b in run[:1]] + [b for _, b in run]
+                upper += [(run[-1][1][0] + half, run[-1][1][1])]
+                lower = [(run[-1][0][0] + half, run[-1][0][1])] + [a for a, _ in reversed(run)]
+                lower += [(run[0][0][0] - half, run[0][0][1])]
+                poly = " ".join(f"{x:.1f},{y:.1f}" for x, y in upper + lower)
+                p.append(f'<polygon points="{poly}" fill="{BAND}" fill-opacity="0.45" stroke="none"/>')
+                run = []
+    for frac, label in markers:
+        x = PAD_L + frac * pw
+        p.append(
+            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{PAD_T}" y2="{PAD_T + ph}" stroke="{DEPLOY}" '
+            f'stroke-dasharray="4 3" stroke-width="1.5"><title>{escape(label)}</title></line>'
         )
-        if before is not None:
-            w_b = max(1.0, before / top * BAR_WIDTH_PX)
-            parts.append(f'<rect x="{label_w}" y="{y + 16}" width="{w_b:.1f}" height="10" fill="#afb8c1"/>')
-            parts.append(
-                f'<text x="{label_w + w_b + 6:.1f}" y="{y + 25}" font-size="11" fill="#59636e">'
-                f"{usd(before, unit_digits)} last week</text>"
+        p.append(f'<text x="{x + 3:.1f}" y="{PAD_T + 10}" fill="{DEPLOY}">deploy</text>')
+    for values, colour, label in lines:
+        paths, dots = _path([xy(i, v) if v is not None else None for i, v in enumerate(values)])
+        for seg in paths:
+            p.append(
+                f'<path d="{seg}" fill="none" stroke="{colour}" stroke-width="1.6">'
+                f"<title>{escape(label)}</title></path>"
             )
-    parts.append("</svg>")
-    return "".join(parts)
+        for x, y in dots:
+            p.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{colour}"/>')
+    p.append("</svg>")
+    return "".join(p)
+
+
+def _legend(items: Sequence[tuple[str, str]]) -> str:
+    return " ".join(
+        f'<span style="display:inline-block;width:10px;height:10px;background:{c};margin:0 3px 0 8px"></span>'
+        f"{escape(label)}"
+        for c, label in items
+    )
+
+
+def _version_charts(r: WeeklyReport, m: ModelWeek) -> str:
+    t = m.trend
+    if t is None:
+        return ""
+    markers = [
+        (
+            (d.at - r.start) / (r.end - r.start),
+            f"{d.node}/{d.engine}: {d.from_version} → {d.to_version} at {_day(d.at)}",
+        )
+        for d in r.deploys
+        if d.model == m.model and m.model_version in (d.from_version, d.to_version)
+    ]
+    has_band = any(v is not None for v in t.baseline_high)
+    base = BASELINES.get(m.like_baseline or "", "")
+    c1 = line_chart(
+        f"$ per 1M output tokens, hourly: {m.model} {m.model_version}",
+        [(t.usd_per_1m_output, LINE, "$ per 1M output tokens")],
+        168,
+        r.start,
+        band=(t.baseline_low, t.baseline_high) if has_band else None,
+        markers=markers,
+        digits=3,
+    )
+    c2 = line_chart(
+        f"spend per day: {m.model} {m.model_version}",
+        [(t.daily_usd, LINE, "spend per day")],
+        7,
+        r.start,
+        markers=markers,
+    )
+    c3 = line_chart(
+        f"idle per day: {m.model} {m.model_version}",
+        [(t.daily_idle_usd, IDLE, "idle per day")],
+        7,
+        r.start,
+        markers=markers,
+    )
+    legend1 = [(LINE, "$ per 1M output tokens (hourly)")]
+    if has_band:
+        legend1.append((BAND, f"baseline at like load, 25–75 % ({base or 'none'})"))
+    return (
+        f"<h3>{escape(m.model)} <span style='color:#0969da'>{escape(m.model_version)}</span></h3>"
+        f'<div class="muted">{_like_html(m)}</div>'
+        '<div class="charts">'
+        f'<div class="chart">{c1}<div>{_legend(legend1)}</div></div>'
+        f'<div class="chart">{c2}<div>{_legend([(LINE, "spend per day")])}</div></div>'
+        f'<div class="chart">{c3}<div>{_legend([(IDLE, "idle per day")])}</div></div>'
+        "</div>"
+    )
+
+
+def _like_html(m: ModelWeek) -> str:
+    if m.like_change_ratio is not None:
+        return escape(
+            f"{change(m.like_change_ratio)} at like load vs {BASELINES.get(m.like_baseline or '', '')} "
+            f"({m.like_share * 100:.0f} % of this week's tokens in common load bands)"
+        )
+    return escape("no like-load comparison (no common load band with a baseline)")
 
 
 def _card(label: str, value: str, sub: str = "") -> str:
@@ -222,8 +554,15 @@ def _change_cell(ratio_: float | None) -> str:
     return f'<td class="n {cls}">{escape(change(ratio_))}</td>'
 
 
+def _saving_row(s: Saving) -> str:
+    return (
+        f"<tr><td>{escape(SAVING_KINDS.get(s.kind, s.kind))}</td><td>{escape(s.subject)}</td>"
+        f'<td class="n">{usd(s.usd_per_week)}</td><td>{escape(s.detail)}</td></tr>'
+    )
+
+
 def render_html(r: WeeklyReport) -> str:
-    """A self-contained HTML page: summary cards, SVG bars, tables."""
+    """A self-contained HTML page: summary cards, tables, SVG line charts (every name escaped)."""
     last = r.last_total_usd
     total_change = r.total_usd / last if last else None
     h = [
@@ -231,33 +570,48 @@ def render_html(r: WeeklyReport) -> str:
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{escape(_title(r))}</title><style>{_CSS}</style></head><body>",
         f"<h1>{escape(_title(r))}</h1>",
-        f'<p class="muted">Source: {escape(r.source)}. $/token figures are ratios of sums over the week.</p>',
+        f'<p class="muted">Source: {escape(r.source)}. $/token figures are ratios of sums; "at like load" '
+        "compares hours in the same load band (requests running, else output tokens/s). Gaps in a line "
+        "are hours or days without data.</p>",
         '<div class="cards">',
-        _card(
-            "Total cost",
-            usd(r.total_usd),
-            f"last week {usd(last)} ({change(total_change)})",
-        ),
+        _card("Total cost", usd(r.total_usd), f"last week {usd(last)} ({change(total_change)})"),
         _card("Idle GPU cost", usd(r.idle_usd), f"last week {usd(r.last_idle_usd)}"),
         _card("$ per 1M output tokens", usd(r.usd_per_1m_output, 4), "all models"),
         _card("Output tokens", tokens(r.output_tokens), ""),
+        _card(
+            "Savings opportunities",
+            usd(sum(s.usd_per_week for s in r.savings)),
+            f"{len(r.savings)} found, per week",
+        ),
         "</div>",
-        "<h2>$ per 1M output tokens by model and version</h2>",
+        f"<h2>Top regressions (≥ {REGRESSION_RATIO:g} × baseline)</h2>",
     ]
-    priced = [m for m in r.models if m.usd_per_1m_output is not None]
-    if priced:
-        h.append(
-            _bars(
-                [
-                    (f"{m.model} {m.model_version}", m.usd_per_1m_output or 0.0, m.last_usd_per_1m_output)
-                    for m in priced
-                ],
-                4,
+    if r.regressions:
+        h.append("<ul>")
+        for m in r.regressions:
+            how, against = _regression_line(m)
+            h.append(
+                f"<li><b>{escape(m.model)} {escape(m.model_version)}</b>: "
+                f"{usd(m.usd_per_1m_output, 4)} per 1M output tokens, "
+                f"<span class=up>{escape(how)}</span> vs {escape(against)}; "
+                f"<b>{usd(m.excess_usd)}</b> more this week</li>"
             )
-        )
+        h.append("</ul>")
+    else:
+        h.append("<p>None.</p>")
+    h.append("<h2>Savings opportunities</h2>")
+    if r.savings:
+        h.append("<table><tr><th>opportunity</th><th>where</th><th>$ a week</th><th>how</th></tr>")
+        h += [_saving_row(s) for s in r.savings]
+        h.append("</table>")
+    else:
+        h.append("<p>None found in this week's data.</p>")
     h += [
+        "<h2>Week over week by model and version</h2>",
         "<table><tr><th>model</th><th>version</th><th>cost</th><th>output tokens</th><th>$/1M output</th>"
-        "<th>last week</th><th>change</th><th>baseline</th></tr>"
+        "<th>last week</th><th>change</th><th>baseline</th><th>at like load</th><th>like-load baseline</th>"
+        "<th>GPU util</th>"
+        "<th>cost floor $/1M</th></tr>",
     ]
     for m in r.models:
         h.append(
@@ -265,29 +619,46 @@ def render_html(r: WeeklyReport) -> str:
             f'<td class="n">{usd(m.cost_usd)}</td><td class="n">{tokens(m.output_tokens)}</td>'
             f'<td class="n">{usd(m.usd_per_1m_output, 4)}</td>'
             f'<td class="n">{usd(m.last_usd_per_1m_output, 4)}</td>'
-            f"{_change_cell(m.change_ratio)}<td>{escape(_baseline(m))}</td></tr>"
+            f"{_change_cell(m.change_ratio)}<td>{escape(_baseline(m))}</td>"
+            f"{_change_cell(m.like_change_ratio)}<td>{escape(BASELINES.get(m.like_baseline or '', ''))}</td>"
+            f'<td class="n">{ratio(m.gpu_util_ratio)}</td>'
+            f'<td class="n">{usd(m.cost_floor_usd_per_1m, 4)}</td></tr>'
         )
     h.append("</table>")
-    h.append(f"<h2>Top regressions (≥ {REGRESSION_RATIO:g} × baseline)</h2>")
-    if r.regressions:
-        h.append("<ul>")
-        for m in r.regressions:
-            h.append(
-                f"<li><b>{escape(m.model)} {escape(m.model_version)}</b>: "
-                f"{usd(m.usd_per_1m_output, 4)} per 1M output tokens, "
-                f"<span class=up>{escape(change(m.change_ratio))}</span> vs "
-                f"{escape(_baseline(m))} last week ({usd(m.last_usd_per_1m_output, 4)})</li>"
-            )
+    h.append("<h2>Fleet cost per day</h2>")
+    h.append(
+        '<div class="chart">'
+        + line_chart(
+            "cost and idle per day",
+            [(r.daily_usd, LINE, "cost per day"), (r.daily_idle_usd, IDLE, "idle per day")],
+            7,
+            r.start,
+            markers=[((d.at - r.start) / (r.end - r.start), f"{d.model} {d.to_version}") for d in r.deploys],
+        )
+        + f"<div>{_legend([(LINE, 'cost per day'), (IDLE, 'idle per day'), (DEPLOY, 'deploy')])}</div></div>"
+    )
+    h.append("<h2>By model version over the week</h2>")
+    charted = r.models[:MAX_CHARTS]
+    if len(r.models) > MAX_CHARTS:
+        h.append(
+            f'<p class="muted">The {MAX_CHARTS} versions with the highest cost; the table lists all.</p>'
+        )
+    h += [_version_charts(r, m) for m in charted]
+    if r.deploys:
+        h.append("<h2>Deploys this week</h2><ul>")
+        h += [
+            f"<li>{escape(_day(d.at))}: {escape(d.node)}/{escape(d.engine)} {escape(d.model)} "
+            f"{escape(d.from_version)} → {escape(d.to_version)}</li>"
+            for d in r.deploys
+        ]
         h.append("</ul>")
-    else:
-        h.append("<p>None.</p>")
-    if any(r.daily_usd):
-        h.append("<h2>Cost per day</h2>")
-        days = [(_day(r.start + (i + 1) * 86_400.0)[:10], v, None) for i, v in enumerate(r.daily_usd)]
-        h.append(_bars(days))
     h.append("<h2>Idle GPU cost by node</h2>")
     if r.idle_by_node:
-        h.append(_bars([(n.node, n.idle_usd, None) for n in r.idle_by_node]))
+        h.append("<table><tr><th>node</th><th>idle cost</th></tr>")
+        h += [
+            f'<tr><td>{escape(n.node)}</td><td class="n">{usd(n.idle_usd)}</td></tr>' for n in r.idle_by_node
+        ]
+        h.append("</table>")
     else:
         h.append("<p>None.</p>")
     h.append(f"<h2>GPU utilisation by {escape(r.utilization_by)}</h2>")
@@ -297,5 +668,9 @@ def render_html(r: WeeklyReport) -> str:
             f'<tr><td>{escape(u.group)}</td><td class="n">{ratio(u.gpu_util_ratio)}</td>'
             f'<td class="n">{usd(u.cost_usd)}</td></tr>'
         )
-    h.append("</table></body></html>")
+    h.append("</table>")
+    h.append(
+        f'<p class="muted">Hours are counted from {escape(_day(r.start))}; one hour is '
+        f"{HOUR_SECONDS:.0f} s of data per series.</p></body></html>"
+    )
     return "\n".join(h) + "\n"

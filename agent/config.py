@@ -182,6 +182,34 @@ class AlertsConfig(_Frozen):
     webhook: WebhookConfig | None = None
 
 
+class KubernetesConfig(_Frozen):
+    """Engine discovery from the Kubernetes API and GPU mapping from the kubelet (see README
+    "Kubernetes"). Off by default: static ``engines:`` are used alone."""
+
+    enabled: bool = False
+    node_name: str | None = None  # the node whose pods are watched; default: ``node`` (spec.nodeName)
+    kubeconfig: Path | None = None  # None: in-cluster service account, else $KUBECONFIG / ~/.kube/config
+    namespaces: tuple[str, ...] = ()  # empty = every namespace
+    annotations: bool = True  # pods annotated infercost.io/scrape: "true" are engines
+    # pods carrying all these labels are engines (an infercost.io/scrape: "false" annotation still
+    # excludes one); with a selector only matching pods are watched at all
+    label_selector: dict[str, str] = Field(default_factory=dict)
+    default_path: str = "/metrics"
+    version_labels: tuple[str, ...] = ("app.kubernetes.io/version",)  # first present wins, then image tag
+    # Ports a discovered engine may be scraped on even if its pod does not declare them (SSRF limit:
+    # otherwise only the pod's own IP and a containerPort it declares are ever contacted)
+    allowed_ports: tuple[int, ...] = ()
+    pod_resources_socket: Path | None = Path("/var/lib/kubelet/pod-resources/kubelet.sock")  # None = off
+    # Why 15 s: devices are assigned once per container start; a few seconds late costs a few
+    # seconds of one pod's GPUs attributed as idle, and List is cheap for the kubelet.
+    pod_resources_seconds: float = Field(15.0, gt=0)
+    # Backoff after an API-server error: doubles from min to max (seconds), the last engines kept.
+    backoff_min_seconds: float = Field(1.0, gt=0)
+    backoff_max_seconds: float = Field(60.0, gt=0)
+    timeout_seconds: float = Field(2.0, gt=0)  # per scrape of a discovered engine
+    max_bytes: int = Field(8 * 1024 * 1024, gt=0)  # per page of a discovered engine
+
+
 class Config(_Frozen):
     """The whole agent configuration."""
 
@@ -194,6 +222,7 @@ class Config(_Frozen):
     exporters: ExportersConfig = ExportersConfig()
     store: StoreConfig = StoreConfig()
     alerts: AlertsConfig = AlertsConfig()
+    kubernetes: KubernetesConfig = KubernetesConfig()
 
     @model_validator(mode="after")
     def _unique_engines(self) -> Config:
@@ -231,6 +260,43 @@ def apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]
     return tree
 
 
+def _deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` on ``base``: mappings merge key by key, anything else (lists included) replaces."""
+    out = dict(base)
+    for k, v in over.items():
+        cur = out.get(k)
+        out[k] = _deep_merge(cur, v) if isinstance(cur, dict) and isinstance(v, dict) else v
+    return out
+
+
+def apply_node_overrides(
+    raw: dict[str, Any], source: str, environ: Mapping[str, str]
+) -> tuple[dict[str, Any], str]:
+    """Merge the ``nodes.<this node>`` section over the file (one ConfigMap for a mixed fleet).
+
+    The node is ``INFERCOST_NODE`` (the chart sets it from ``spec.nodeName``), else ``node``, else
+    the hostname. Returns the merged tree and the source name to use in messages.
+    """
+    tree = dict(raw)
+    nodes = tree.pop("nodes", None)
+    if nodes is None:
+        return tree, source
+    if not isinstance(nodes, dict) or not all(isinstance(v, dict) for v in nodes.values()):
+        raise ConfigError(
+            f"{source}: key 'nodes': must map node names to partial configurations "
+            "(e.g. nodes: {gpu-node-17: {engines: [...]}}); fix: correct the value"
+        )
+    name = str(environ.get("INFERCOST_NODE") or tree.get("node") or socket.gethostname())
+    over = nodes.get(name)
+    if not over:
+        return tree, source
+    if "node" in over or "nodes" in over:
+        raise ConfigError(
+            f"{source}: key 'nodes.{name}': a node override cannot set 'node' or 'nodes'; fix: remove it"
+        )
+    return _deep_merge(tree, over), f"{source} (with nodes.{name})"
+
+
 def format_validation_error(source: str, err: ValidationError) -> str:
     """One line per problem: file, dotted key, what is wrong and how to fix it."""
     lines = [f"{source}: invalid configuration"]
@@ -257,7 +323,9 @@ def parse_config(raw: Any, source: str, environ: Mapping[str, str] | None = None
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of keys (node, engines, ...)")
-    tree = apply_env(raw, os.environ if environ is None else environ)
+    env = os.environ if environ is None else environ
+    tree, source = apply_node_overrides(raw, source, env)
+    tree = apply_env(tree, env)
     try:
         return Config.model_validate(tree)
     except ValidationError as err:

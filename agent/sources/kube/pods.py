@@ -1,0 +1,216 @@
+"""Which pods are engines, where to scrape them, and their versions (pure: no I/O, no clock).
+
+A pod is an engine when it is annotated ``infercost.io/scrape: "true"`` (or matches the configured
+label selector), is running and has an IP. Annotations:
+
+- ``infercost.io/port``: the port of ``/metrics`` (default: the pod's port named ``metrics``, else its
+  first declared port);
+- ``infercost.io/path``: the page's path (default ``/metrics``);
+- ``infercost.io/engine``: ``vllm``, ``sglang``, ``tgi``, ``triton``, ``trtllm``, ``llamacpp`` or ``auto``;
+- ``infercost.io/name``: the engine name (default: the Deployment / DaemonSet name, else the pod name).
+
+SSRF limit: the scrape URL is always ``http://<the pod's own IP>:<port><path>`` where the port is one
+the pod declares (``containerPort``) or one the config allows; a path that is not a plain absolute
+path is refused. What an annotation names is checked, never trusted.
+
+Versions: the model version is the first of the configured pod labels present (default
+``app.kubernetes.io/version``), else the engine container's image tag; the engine version is the
+running image and its digest from ``status.containerStatuses``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, get_args
+from urllib.parse import urlsplit
+
+from agent.config import EngineKind, KubernetesConfig
+
+ANN = "infercost.io/"
+KINDS = frozenset(get_args(EngineKind))
+_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")  # the engine-name pattern of the config
+# A path is printable ASCII without spaces, '\', '#' or '?'-less tricks: it must start with one '/'.
+_PATH = re.compile(r"^/(?!/)[\x21-\x7e]{0,1023}$")
+
+
+class PodRefused(Exception):
+    """A pod selected as an engine whose annotations cannot be used; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class EnginePod:
+    """One engine pod on this node, ready to scrape."""
+
+    namespace: str
+    pod: str
+    workload: str  # engine name before collisions are resolved (annotation, owner or pod name)
+    kind: str  # an EngineKind
+    url: str  # http://<pod IP>:<port><path>
+    container: str  # the container serving the page
+    model_version: str | None  # from the pod's labels, else the image tag
+    image: str | None  # the running image of that container (status), e.g. vllm/vllm-openai:v0.9.0
+    image_digest: str | None  # sha256:… of the running image, when the runtime reports it
+
+    @property
+    def engine_version(self) -> str | None:
+        """The engine build: image and digest (a re-pushed tag is a new build)."""
+        if self.image is None:
+            return None
+        return f"{self.image}@{self.image_digest}" if self.image_digest else self.image
+
+
+def _get(obj: Any, *path: str) -> Any:
+    """Attribute path on a lightkube model or key path on a plain dict (None when absent)."""
+    cur = obj
+    for p in path:
+        if cur is None:
+            return None
+        cur = cur.get(p) if isinstance(cur, Mapping) else getattr(cur, p, None)
+    return cur
+
+
+def image_tag(image: str | None) -> str | None:
+    """The tag of an image reference (``repo:tag`` or ``repo:tag@sha256:…``), None without one."""
+    if not image:
+        return None
+    ref = image.split("@", 1)[0]
+    last = ref.rsplit("/", 1)[-1]
+    return last.rsplit(":", 1)[1] if ":" in last else None
+
+
+def _digest(image_id: str | None) -> str | None:
+    if image_id and "@" in image_id:
+        return image_id.rsplit("@", 1)[1]
+    if image_id and image_id.startswith("sha256:"):
+        return image_id
+    return None
+
+
+def workload_name(pod: Any) -> str:
+    """A name that survives rollouts: ``infercost.io/name``, the Deployment or DaemonSet, else the pod."""
+    name = str(_get(pod, "metadata", "name") or "")
+    ann = _get(pod, "metadata", "annotations") or {}
+    if ann.get(ANN + "name"):
+        return str(ann[ANN + "name"])
+    labels = _get(pod, "metadata", "labels") or {}
+    for ref in _get(pod, "metadata", "ownerReferences") or ():
+        kind, owner = _get(ref, "kind"), str(_get(ref, "name") or "")
+        if kind == "ReplicaSet":
+            h = labels.get("pod-template-hash")
+            return owner[: -len(h) - 1] if h and owner.endswith("-" + h) else owner
+        if kind == "DaemonSet":
+            return owner
+    return name
+
+
+def is_selected(pod: Any, cfg: KubernetesConfig) -> bool:
+    """Whether the pod is meant to be an engine (selection only; its annotations are checked later)."""
+    ann = _get(pod, "metadata", "annotations") or {}
+    flag = str(ann.get(ANN + "scrape", "")).lower()
+    if flag == "false":
+        return False
+    if cfg.label_selector:
+        labels = _get(pod, "metadata", "labels") or {}
+        if all(labels.get(k) == v for k, v in cfg.label_selector.items()):
+            return True
+    return cfg.annotations and flag == "true"
+
+
+def _declared_ports(pod: Any) -> list[tuple[str, int, str | None]]:
+    """(container, port, port name) for every containerPort the pod declares."""
+    out: list[tuple[str, int, str | None]] = []
+    for c in _get(pod, "spec", "containers") or ():
+        for p in _get(c, "ports") or ():
+            port = _get(p, "containerPort")
+            if isinstance(port, int):
+                out.append((str(_get(c, "name")), port, _get(p, "name")))
+    return out
+
+
+def engine_pod(pod: Any, cfg: KubernetesConfig) -> EnginePod | None:
+    """The engine a selected pod is, None while it is not running with an IP yet.
+
+    Raises :class:`PodRefused` naming what is wrong (bad port, unknown kind, a target outside the
+    pod) so the caller logs it once and skips the pod.
+    """
+    meta_ns = str(_get(pod, "metadata", "namespace") or "")
+    meta_name = str(_get(pod, "metadata", "name") or "")
+    ann: Mapping[str, str] = _get(pod, "metadata", "annotations") or {}
+    ip = _get(pod, "status", "podIP")
+    if _get(pod, "status", "phase") != "Running" or not ip:
+        return None
+    kind = str(ann.get(ANN + "engine", "auto")).strip().lower()
+    if kind not in KINDS:
+        raise PodRefused(f"annotation {ANN}engine {ann.get(ANN + 'engine')!r} is not one of {sorted(KINDS)}")
+    name = workload_name(pod)
+    if not _NAME.match(name):
+        raise PodRefused(f"engine name {name!r} must match [A-Za-z0-9_.:-]{{1,128}} (set {ANN}name)")
+    declared = _declared_ports(pod)
+    raw_port = ann.get(ANN + "port")
+    container: str | None = None
+    if raw_port is not None:
+        try:
+            port = int(str(raw_port).strip())
+        except ValueError:
+            raise PodRefused(f"annotation {ANN}port {raw_port!r} is not a port number (1-65535)") from None
+        if not 1 <= port <= 65535:
+            raise PodRefused(f"annotation {ANN}port {raw_port!r} is not a port number (1-65535)")
+    elif declared:
+        named = [d for d in declared if d[2] == "metrics"]
+        port = (named or declared)[0][1]
+    else:
+        raise PodRefused(f"no {ANN}port annotation and no declared containerPort to scrape")
+    owners = [c for c, p, _n in declared if p == port]
+    if owners:
+        container = owners[0]
+    elif port not in cfg.allowed_ports:
+        raise PodRefused(
+            f"refused scrape target port {port}: the pod declares no such containerPort "
+            "(add it to the pod's ports or to kubernetes.allowed_ports)"
+        )
+    path = str(ann.get(ANN + "path", cfg.default_path)).strip()
+    if not _PATH.match(path) or "\\" in path or "#" in path:
+        raise PodRefused(f"refused scrape target path {path!r}: it must be an absolute path such as /metrics")
+    url = f"http://{_host(str(ip))}:{port}{path}"
+    parts = urlsplit(url)
+    if parts.hostname != str(ip).lower() or parts.port != port or parts.username or parts.password:
+        raise PodRefused(f"refused scrape target {url!r}: it is not the pod's own address {ip}:{port}")
+    containers = list(_get(pod, "spec", "containers") or ())
+    if container is None and containers:
+        container = str(_get(containers[0], "name"))
+    spec_image = next((_get(c, "image") for c in containers if _get(c, "name") == container), None)
+    status = next(
+        (s for s in _get(pod, "status", "containerStatuses") or () if _get(s, "name") == container), None
+    )
+    image = _get(status, "image") or spec_image
+    labels: Mapping[str, str] = _get(pod, "metadata", "labels") or {}
+    version = next((labels[k] for k in cfg.version_labels if labels.get(k)), None) or image_tag(spec_image)
+    return EnginePod(
+        namespace=meta_ns,
+        pod=meta_name,
+        workload=name,
+        kind=kind,
+        url=url,
+        container=container or "",
+        model_version=version,
+        image=image,
+        image_digest=_digest(_get(status, "imageID")),
+    )
+
+
+def _host(ip: str) -> str:
+    return f"[{ip}]" if ":" in ip else ip
+
+
+def engine_names(pods: Sequence[EnginePod]) -> dict[tuple[str, str], str]:
+    """(namespace, pod) → engine name: the workload name, or ``namespace.pod`` when two pods on this
+    node would share it (two replicas of one Deployment), so every engine name is unique."""
+    count: dict[str, int] = {}
+    for p in pods:
+        count[p.workload] = count.get(p.workload, 0) + 1
+    out: dict[tuple[str, str], str] = {}
+    for p in pods:
+        out[(p.namespace, p.pod)] = p.workload if count[p.workload] == 1 else f"{p.namespace}.{p.pod}"
+    return out

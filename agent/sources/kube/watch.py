@@ -1,0 +1,137 @@
+"""The pods on this node, followed through the Kubernetes API (lightkube): list, then watch.
+
+One loop per watched namespace (or one for all): list the pods with the field selector
+``spec.nodeName=<node>`` (and the label selector, when configured), remember the list's
+``resourceVersion``, then watch from it. ADDED/MODIFIED/DELETED update the set as they arrive; a
+watch the server ends is resumed from the last version; ``410 Gone`` (the version is too old) means
+a fresh list; any other failure (API server down, token refused) keeps the last known pods, logs one
+warning per outage and retries with exponential backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from lightkube import AsyncClient, KubeConfig
+from lightkube.core.exceptions import ApiError
+from lightkube.resources.core_v1 import Pod
+
+from agent.config import KubernetesConfig
+
+logger = logging.getLogger(__name__)
+
+ALL_NAMESPACES = "*"
+PodKey = tuple[str, str]  # (namespace, name)
+
+
+def make_client(cfg: KubernetesConfig) -> AsyncClient:
+    """A lightkube client: the configured kubeconfig file, else in-cluster (service-account token
+    and CA), else $KUBECONFIG or ~/.kube/config."""
+    if cfg.kubeconfig is not None:
+        config = KubeConfig.from_file(cfg.kubeconfig)
+    else:
+        config = KubeConfig.from_env()
+    return AsyncClient(config, trust_env=False)
+
+
+def _key(pod: Any) -> PodKey:
+    return (str(pod.metadata.namespace), str(pod.metadata.name))
+
+
+class PodWatcher:
+    """The current pods of one node; ``on_change`` is called after every change to the set."""
+
+    def __init__(
+        self,
+        cfg: KubernetesConfig,
+        node: str,
+        client: AsyncClient,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.cfg = cfg
+        self.node = node
+        self.client = client
+        self.on_change = on_change
+        self._pods: dict[str, dict[PodKey, Any]] = {}  # namespace loop → its pods
+        self.synced = asyncio.Event()  # set once every loop has listed successfully
+        self._listed: set[str] = set()
+        self.lists = 0  # full lists done (the first, then after 410 or an outage)
+
+    def pods(self) -> list[Any]:
+        """Every known pod (lightkube ``Pod`` models)."""
+        return [p for pods in self._pods.values() for p in pods.values()]
+
+    def _scopes(self) -> list[str]:
+        return list(self.cfg.namespaces) or [ALL_NAMESPACES]
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Follow the pods until ``stop`` is set."""
+        async with asyncio.TaskGroup() as tg:
+            for ns in self._scopes():
+                tg.create_task(self._follow(ns, stop))
+
+    async def _follow(self, ns: str, stop: asyncio.Event) -> None:
+        task = asyncio.ensure_future(self._list_and_watch(ns))
+        stopper = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (task, stopper):
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+
+    async def _list_and_watch(self, ns: str) -> None:
+        fields = {"spec.nodeName": self.node}
+        labels = dict(self.cfg.label_selector) or None
+        backoff = self.cfg.backoff_min_seconds
+        failing = False
+        while True:
+            try:
+                listing = self.client.list(Pod, namespace=ns, fields=fields, labels=labels)
+                pods = {_key(p): p async for p in listing}
+                rv = listing.resourceVersion
+                self._pods[ns] = pods
+                self.lists += 1
+                self._listed.add(ns)
+                if len(self._listed) == len(self._scopes()):
+                    self.synced.set()
+                self.on_change()
+                if failing:
+                    logger.info("kubernetes API answering again: %d pod(s) on node %s", len(pods), self.node)
+                failing = False
+                backoff = self.cfg.backoff_min_seconds
+                async for event, pod in self.client.watch(
+                    Pod, namespace=ns, fields=fields, labels=labels, resource_version=rv
+                ):
+                    if event in ("ADDED", "MODIFIED"):
+                        pods[_key(pod)] = pod
+                    elif event == "DELETED":
+                        pods.pop(_key(pod), None)
+                    else:
+                        continue  # BOOKMARK: only moves the resourceVersion (lightkube keeps it)
+                    self.on_change()
+            except ApiError as err:
+                if err.status.code == 410:
+                    logger.info("pod watch expired (410 Gone): listing the node's pods again")
+                    continue
+                failing = self._log_outage(failing, f"{err.status.code} {err.status.message}")
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # connection refused, TLS, a garbled stream: keep the last pods
+                failing = self._log_outage(failing, f"{type(err).__name__}: {err}")
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self.cfg.backoff_max_seconds)
+
+    def _log_outage(self, failing: bool, why: str) -> bool:
+        if not failing:
+            logger.warning(
+                "kubernetes API unavailable (%s): keeping the last %d known pod(s), retrying with backoff",
+                why,
+                len(self.pods()),
+            )
+        return True

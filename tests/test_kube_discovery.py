@@ -1,0 +1,215 @@
+"""Engine discovery from the Kubernetes API: pod annotations, SSRF limits, versions, and the
+list → watch → 410 → relist loop through the real lightkube client against a local API server."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.config import Config, EngineConfig, KubernetesConfig
+from agent.sources.kube.pods import PodRefused, engine_names, engine_pod, image_tag, is_selected
+from agent.sources.kube.source import KubeEngines
+from tests.kubeapi import FakeKubeApi, gone_event, pod, write_kubeconfig
+
+K = KubernetesConfig(enabled=True, pod_resources_socket=None)
+SCRAPE = {"infercost.io/scrape": "true"}
+
+
+def _ann(**kw: str) -> dict[str, str]:
+    return {**SCRAPE, **{f"infercost.io/{k}": v for k, v in kw.items()}}
+
+
+# ------------------------------------------------------------------------------------ pure: one pod
+def test_an_annotated_deployment_pod_becomes_an_engine_at_its_own_ip() -> None:
+    p = pod(
+        "llama-70b-7d9f8c6b5-x2x9q",
+        labels={"app.kubernetes.io/version": "2024-09", "pod-template-hash": "7d9f8c6b5"},
+        annotations=_ann(port="8000", engine="vllm"),
+        owner=("ReplicaSet", "llama-70b-7d9f8c6b5"),
+    )
+    ep = engine_pod(p, K)
+    assert ep is not None
+    assert (ep.workload, ep.kind, ep.url, ep.container) == (
+        "llama-70b",
+        "vllm",
+        "http://10.244.1.17:8000/metrics",
+        "vllm",
+    )
+    assert ep.model_version == "2024-09"
+    assert ep.engine_version == "docker.io/vllm/vllm-openai:v0.8.4@sha256:" + "a" * 64
+
+
+def test_version_falls_back_to_the_image_tag_then_to_the_next_configured_label() -> None:
+    p = pod("e-0", annotations=SCRAPE, image="ghcr.io/acme/llm:2024-10.3")
+    ep = engine_pod(p, K)
+    assert ep is not None and ep.model_version == "2024-10.3"
+    k2 = KubernetesConfig(version_labels=("acme.io/model-rev", "app.kubernetes.io/version"))
+    p2 = pod("e-0", annotations=SCRAPE, labels={"app.kubernetes.io/version": "v7"})
+    assert (ep2 := engine_pod(p2, k2)) is not None and ep2.model_version == "v7"
+    assert image_tag("registry:5000/a/b@sha256:00") is None
+    assert image_tag("registry:5000/a/b:1.2@sha256:00") == "1.2"
+
+
+@pytest.mark.parametrize(
+    ("annotations", "fragment"),
+    [
+        (_ann(port="abc"), "infercost.io/port 'abc' is not a port number"),
+        (_ann(port="70000"), "'70000' is not a port number"),
+        (_ann(engine="foo"), "infercost.io/engine 'foo' is not one of"),
+        # SSRF: a port the pod does not declare (the kubelet's 10250 on a host-network pod, say)
+        (_ann(port="10250"), "refused scrape target port 10250"),
+        # SSRF: a path that would make the URL point at another host
+        (_ann(path="http://169.254.169.254/latest/meta-data/"), "refused scrape target path"),
+        (_ann(path="//169.254.169.254/latest/meta-data/"), "refused scrape target path"),
+        (_ann(path="/metrics x"), "refused scrape target path"),
+        (_ann(name="a/b"), "engine name 'a/b'"),
+    ],
+)
+def test_bad_annotations_are_refused_with_the_reason(annotations: dict[str, str], fragment: str) -> None:
+    with pytest.raises(PodRefused, match=None) as err:
+        engine_pod(pod("bad", annotations=annotations), K)
+    assert fragment in str(err.value)
+
+
+def test_an_allow_listed_port_may_be_undeclared_and_a_named_metrics_port_is_preferred() -> None:
+    k = KubernetesConfig(allowed_ports=(9400,))
+    ep = engine_pod(pod("e", annotations=_ann(port="9400")), k)
+    assert ep is not None and ep.url == "http://10.244.1.17:9400/metrics"
+    ep2 = engine_pod(pod("e", annotations=SCRAPE, ports=(("http", 8000), ("metrics", 8001))), K)
+    assert ep2 is not None and ep2.url == "http://10.244.1.17:8001/metrics"
+
+
+def test_selection_by_annotation_or_label_selector_and_pending_pods_wait() -> None:
+    assert not is_selected(pod("x"), K)
+    assert is_selected(pod("x", annotations=SCRAPE), K)
+    by_label = KubernetesConfig(label_selector={"app.kubernetes.io/component": "llm"})
+    assert is_selected(pod("x", labels={"app.kubernetes.io/component": "llm"}), by_label)
+    no = pod("x", labels={"app.kubernetes.io/component": "llm"}, annotations={"infercost.io/scrape": "false"})
+    assert not is_selected(no, by_label)
+    assert engine_pod(pod("x", annotations=SCRAPE, ip=None, phase="Pending"), K) is None
+
+
+def test_two_replicas_on_one_node_get_distinct_names() -> None:
+    a = engine_pod(
+        pod(
+            "m-5f-aaaaa", annotations=SCRAPE, owner=("ReplicaSet", "m-5f"), labels={"pod-template-hash": "5f"}
+        ),
+        K,
+    )
+    b = engine_pod(
+        pod(
+            "m-5f-bbbbb", annotations=SCRAPE, owner=("ReplicaSet", "m-5f"), labels={"pod-template-hash": "5f"}
+        ),
+        K,
+    )
+    c = engine_pod(pod("solo-0", annotations=SCRAPE, owner=("StatefulSet", "solo")), K)
+    assert a and b and c
+    assert engine_names([a, b, c]) == {
+        ("llm", "m-5f-aaaaa"): "llm.m-5f-aaaaa",
+        ("llm", "m-5f-bbbbb"): "llm.m-5f-bbbbb",
+        ("llm", "solo-0"): "solo-0",
+    }
+
+
+# ------------------------------------------------------------------------------------ list + watch
+async def _until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    async def poll() -> None:
+        while not cond():
+            await asyncio.sleep(0.02)
+
+    await asyncio.wait_for(poll(), timeout)
+
+
+def _urls(src: KubeEngines) -> dict[str, tuple[str, str | None]]:
+    return {e.name: (e.url, e.model_version) for e in src.engines()}
+
+
+async def test_list_then_watch_follows_pods_relists_after_410_and_keeps_engines_in_an_outage(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    caplog.set_level(logging.INFO)
+    api = FakeKubeApi()
+    v1 = {"app.kubernetes.io/version": "v1"}
+    a = pod("a-0", ip="10.244.1.10", annotations=_ann(engine="vllm"), labels=v1)
+    bad = pod("bad-0", ip="10.244.1.11", annotations=_ann(port="abc"))
+    other_node = pod("far-0", node="gpu-node-2", ip="10.244.2.10", annotations=SCRAPE)
+    not_engine = pod("web-0", ip="10.244.1.12")
+    for p in (a, bad, other_node, not_engine):
+        api.put(p)
+    await api.start()
+    k = KubernetesConfig(
+        enabled=True,
+        kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", api.url),
+        pod_resources_socket=None,
+        backoff_min_seconds=0.05,
+        backoff_max_seconds=0.2,
+    )
+    static = EngineConfig(name="static", url="http://127.0.0.1:9/metrics")
+    src = KubeEngines(
+        Config(node="gpu-node-1", kubernetes=k, engines=(static,)),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(src.run(stop))
+    try:
+        await _until(lambda: "a-0" in _urls(src))
+        assert _urls(src) == {
+            "a-0": ("http://10.244.1.10:8000/metrics", "v1"),
+            "static": ("http://127.0.0.1:9/metrics", None),  # static engines keep working
+        }
+        # the list is scoped to this node; the watch resumes from the list's resourceVersion
+        first = api.requests[0]
+        assert first["fieldSelector"] == "spec.nodeName=gpu-node-1" and "watch" not in first
+        await _until(lambda: len(api.requests) == 2)
+        assert api.requests[1]["watch"] == "true" and api.requests[1]["resourceVersion"] == "1004"
+
+        # ADDED, MODIFIED (a new version label), a bad pod changed again, then DELETED
+        c = pod("c-0", ip="10.244.1.13", annotations=_ann(port="8000", path="/v2/metrics"))
+        api.emit("ADDED", c)
+        api.emit(
+            "MODIFIED",
+            pod(
+                "a-0",
+                ip="10.244.1.10",
+                annotations=_ann(engine="vllm"),
+                labels={"app.kubernetes.io/version": "v2"},
+            ),
+        )
+        api.emit("MODIFIED", bad)
+        api.emit("DELETED", bad)
+        await _until(lambda: "c-0" in _urls(src) and _urls(src)["a-0"][1] == "v2")
+        assert _urls(src) == {
+            "a-0": ("http://10.244.1.10:8000/metrics", "v2"),
+            "c-0": ("http://10.244.1.13:8000/v2/metrics", "v0.8.4"),  # no label: the image tag
+            "static": ("http://127.0.0.1:9/metrics", None),
+        }
+        skipped = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+        assert skipped == [
+            "pod llm/bad-0 skipped: annotation infercost.io/port 'abc' is not a port number (1-65535)"
+        ]
+
+        # 410 Gone → a fresh list, which sees a pod deleted while no watch was open
+        lists = src.watcher.lists
+        api.pods.pop(("llm", "c-0"))
+        api.emit("ERROR", gone_event("1004")["object"])
+        await _until(lambda: src.watcher.lists == lists + 1)
+        await _until(lambda: "c-0" not in _urls(src))
+        assert set(_urls(src)) == {"a-0", "static"}
+
+        # API-server outage: lists answer 503 twice; the last engines stay, one warning, then back
+        caplog.clear()
+        api.fail_lists = 2
+        api.emit("ERROR", gone_event("1010")["object"])
+        await _until(lambda: api.fail_lists == 0)
+        assert set(_urls(src)) == {"a-0", "static"}
+        await _until(lambda: src.watcher.lists == lists + 2)
+        outage = [r.getMessage() for r in caplog.records if "unavailable" in r.getMessage()]
+        assert len(outage) == 1 and "503" in outage[0] and "keeping the last 2 known pod(s)" in outage[0]
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+        await api.stop()

@@ -7,7 +7,6 @@ import asyncio
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 

@@ -93,15 +93,17 @@ def list_gpus_blocking(socket_path: Path, timeout: float = 5.0) -> list[Containe
 class GpuMap:
     """The latest pod → GPUs map from the kubelet, refreshed on demand, falling back to nothing.
 
-    ``refresh()`` never raises: when the socket is absent or refuses, the previous map is kept (or
-    none, so the config's GPUs apply) and one warning is logged per state change.
+    ``refresh()`` never raises: when the socket is absent or refuses, the last map is kept (a
+    kubelet restart does not move cost), or, before any answer, there is none and the config's GPUs
+    apply; one warning is logged per state change.
     """
 
     def __init__(self, socket_path: Path = DEFAULT_SOCKET, timeout: float = 5.0) -> None:
         self.socket_path = socket_path
         self.timeout = timeout  # seconds for one List call
         self._by_container: dict[tuple[str, str, str], tuple[str, ...]] = {}
-        self.available: bool | None = None  # None until the first refresh
+        self.available: bool | None = None  # whether the last List answered; None before the first
+        self.known = False  # whether any List ever answered (then the map is used)
 
     async def refresh(self) -> None:
         """Ask the kubelet again (off the event loop)."""
@@ -109,12 +111,13 @@ class GpuMap:
             found = await asyncio.to_thread(list_gpus_blocking, self.socket_path, self.timeout)
         except PodResourcesError as err:
             if self.available is not False:
-                logger.warning("kubelet pod-resources unavailable, using the GPUs in the config: %s", err)
+                fallback = "keeping the last GPU map" if self.known else "using the GPUs in the config"
+                logger.warning("kubelet pod-resources unavailable, %s: %s", fallback, err)
             self.available = False
             return
         if self.available is False:
             logger.info("kubelet pod-resources answering again at %s", self.socket_path)
-        self.available = True
+        self.available = self.known = True
         self._by_container = {(c.namespace, c.pod, c.container): c.gpus for c in found}
 
     def containers(self) -> Mapping[tuple[str, str, str], tuple[str, ...]]:

@@ -4,46 +4,49 @@
 # source: podresources.proto
 # Protobuf Python Version: 7.35.1
 """Generated protocol buffer code."""
-
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import descriptor_pool as _descriptor_pool
 from google.protobuf import runtime_version as _runtime_version
 from google.protobuf import symbol_database as _symbol_database
 from google.protobuf.internal import builder as _builder
-
 _runtime_version.ValidateProtobufRuntimeVersion(
-    _runtime_version.Domain.PUBLIC, 7, 35, 1, "", "podresources.proto"
+    _runtime_version.Domain.PUBLIC,
+    7,
+    35,
+    1,
+    '',
+    'podresources.proto'
 )
 # @@protoc_insertion_point(imports)
 
 _sym_db = _symbol_database.Default()
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
-    b'\n\x12podresources.proto\x12\x02v1"\x19\n\x17ListPodResourcesRequest"C\n\x18ListPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x03(\x0b\x32\x10.v1.PodResources"[\n\x0cPodResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\ncontainers\x18\x03 \x03(\x0b\x32\x16.v1.ContainerResources"y\n\x12\x43ontainerResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x14.v1.ContainerDevices\x12.\n\x11\x64ynamic_resources\x18\x05 \x03(\x0b\x32\x13.v1.DynamicResource"=\n\x10\x43ontainerDevices\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t"j\n\x0f\x44ynamicResource\x12\x12\n\nclaim_name\x18\x02 \x01(\t\x12\x17\n\x0f\x63laim_namespace\x18\x03 \x01(\t\x12*\n\x0f\x63laim_resources\x18\x04 \x03(\x0b\x32\x11.v1.ClaimResource"p\n\rClaimResource\x12"\n\x0b\x63\x64i_devices\x18\x01 \x03(\x0b\x32\r.v1.CDIDevice\x12\x13\n\x0b\x64river_name\x18\x02 \x01(\t\x12\x11\n\tpool_name\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65vice_name\x18\x04 \x01(\t"\x19\n\tCDIDevice\x12\x0c\n\x04name\x18\x01 \x01(\t2Y\n\x12PodResourcesLister\x12\x43\n\x04List\x12\x1b.v1.ListPodResourcesRequest\x1a\x1c.v1.ListPodResourcesResponse"\x00\x62\x06proto3'
-)
+
+
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12podresources.proto\x12\x02v1\"\x19\n\x17ListPodResourcesRequest\"C\n\x18ListPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x03(\x0b\x32\x10.v1.PodResources\"[\n\x0cPodResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\ncontainers\x18\x03 \x03(\x0b\x32\x16.v1.ContainerResources\"y\n\x12\x43ontainerResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x14.v1.ContainerDevices\x12.\n\x11\x64ynamic_resources\x18\x05 \x03(\x0b\x32\x13.v1.DynamicResource\"=\n\x10\x43ontainerDevices\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t\"j\n\x0f\x44ynamicResource\x12\x12\n\nclaim_name\x18\x02 \x01(\t\x12\x17\n\x0f\x63laim_namespace\x18\x03 \x01(\t\x12*\n\x0f\x63laim_resources\x18\x04 \x03(\x0b\x32\x11.v1.ClaimResource\"p\n\rClaimResource\x12\"\n\x0b\x63\x64i_devices\x18\x01 \x03(\x0b\x32\r.v1.CDIDevice\x12\x13\n\x0b\x64river_name\x18\x02 \x01(\t\x12\x11\n\tpool_name\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65vice_name\x18\x04 \x01(\t\"\x19\n\tCDIDevice\x12\x0c\n\x04name\x18\x01 \x01(\t2Y\n\x12PodResourcesLister\x12\x43\n\x04List\x12\x1b.v1.ListPodResourcesRequest\x1a\x1c.v1.ListPodResourcesResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, "podresources_pb2", _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'podresources_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-    DESCRIPTOR._loaded_options = None
-    _globals["_LISTPODRESOURCESREQUEST"]._serialized_start = 26
-    _globals["_LISTPODRESOURCESREQUEST"]._serialized_end = 51
-    _globals["_LISTPODRESOURCESRESPONSE"]._serialized_start = 53
-    _globals["_LISTPODRESOURCESRESPONSE"]._serialized_end = 120
-    _globals["_PODRESOURCES"]._serialized_start = 122
-    _globals["_PODRESOURCES"]._serialized_end = 213
-    _globals["_CONTAINERRESOURCES"]._serialized_start = 215
-    _globals["_CONTAINERRESOURCES"]._serialized_end = 336
-    _globals["_CONTAINERDEVICES"]._serialized_start = 338
-    _globals["_CONTAINERDEVICES"]._serialized_end = 399
-    _globals["_DYNAMICRESOURCE"]._serialized_start = 401
-    _globals["_DYNAMICRESOURCE"]._serialized_end = 507
-    _globals["_CLAIMRESOURCE"]._serialized_start = 509
-    _globals["_CLAIMRESOURCE"]._serialized_end = 621
-    _globals["_CDIDEVICE"]._serialized_start = 623
-    _globals["_CDIDEVICE"]._serialized_end = 648
-    _globals["_PODRESOURCESLISTER"]._serialized_start = 650
-    _globals["_PODRESOURCESLISTER"]._serialized_end = 739
+  DESCRIPTOR._loaded_options = None
+  _globals['_LISTPODRESOURCESREQUEST']._serialized_start=26
+  _globals['_LISTPODRESOURCESREQUEST']._serialized_end=51
+  _globals['_LISTPODRESOURCESRESPONSE']._serialized_start=53
+  _globals['_LISTPODRESOURCESRESPONSE']._serialized_end=120
+  _globals['_PODRESOURCES']._serialized_start=122
+  _globals['_PODRESOURCES']._serialized_end=213
+  _globals['_CONTAINERRESOURCES']._serialized_start=215
+  _globals['_CONTAINERRESOURCES']._serialized_end=336
+  _globals['_CONTAINERDEVICES']._serialized_start=338
+  _globals['_CONTAINERDEVICES']._serialized_end=399
+  _globals['_DYNAMICRESOURCE']._serialized_start=401
+  _globals['_DYNAMICRESOURCE']._serialized_end=507
+  _globals['_CLAIMRESOURCE']._serialized_start=509
+  _globals['_CLAIMRESOURCE']._serialized_end=621
+  _globals['_CDIDEVICE']._serialized_start=623
+  _globals['_CDIDEVICE']._serialized_end=648
+  _globals['_PODRESOURCESLISTER']._serialized_start=650
+  _globals['_PODRESOURCESLISTER']._serialized_end=739
 # @@protoc_insertion_point(module_scope)

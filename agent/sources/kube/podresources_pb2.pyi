@@ -24,12 +24,7 @@ class PodResources(_message.Message):
     name: str
     namespace: str
     containers: _containers.RepeatedCompositeFieldContainer[ContainerResources]
-    def __init__(
-        self,
-        name: _Optional[str] = ...,
-        namespace: _Optional[str] = ...,
-        containers: _Optional[_Iterable[_Union[ContainerResources, _Mapping]]] = ...,
-    ) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., namespace: _Optional[str] = ..., containers: _Optional[_Iterable[_Union[ContainerResources, _Mapping]]] = ...) -> None: ...
 
 class ContainerResources(_message.Message):
     __slots__ = ("name", "devices", "dynamic_resources")
@@ -39,12 +34,7 @@ class ContainerResources(_message.Message):
     name: str
     devices: _containers.RepeatedCompositeFieldContainer[ContainerDevices]
     dynamic_resources: _containers.RepeatedCompositeFieldContainer[DynamicResource]
-    def __init__(
-        self,
-        name: _Optional[str] = ...,
-        devices: _Optional[_Iterable[_Union[ContainerDevices, _Mapping]]] = ...,
-        dynamic_resources: _Optional[_Iterable[_Union[DynamicResource, _Mapping]]] = ...,
-    ) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[ContainerDevices, _Mapping]]] = ..., dynamic_resources: _Optional[_Iterable[_Union[DynamicResource, _Mapping]]] = ...) -> None: ...
 
 class ContainerDevices(_message.Message):
     __slots__ = ("resource_name", "device_ids")
@@ -52,9 +42,7 @@ class ContainerDevices(_message.Message):
     DEVICE_IDS_FIELD_NUMBER: _ClassVar[int]
     resource_name: str
     device_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(
-        self, resource_name: _Optional[str] = ..., device_ids: _Optional[_Iterable[str]] = ...
-    ) -> None: ...
+    def __init__(self, resource_name: _Optional[str] = ..., device_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DynamicResource(_message.Message):
     __slots__ = ("claim_name", "claim_namespace", "claim_resources")
@@ -64,12 +52,7 @@ class DynamicResource(_message.Message):
     claim_name: str
     claim_namespace: str
     claim_resources: _containers.RepeatedCompositeFieldContainer[ClaimResource]
-    def __init__(
-        self,
-        claim_name: _Optional[str] = ...,
-        claim_namespace: _Optional[str] = ...,
-        claim_resources: _Optional[_Iterable[_Union[ClaimResource, _Mapping]]] = ...,
-    ) -> None: ...
+    def __init__(self, claim_name: _Optional[str] = ..., claim_namespace: _Optional[str] = ..., claim_resources: _Optional[_Iterable[_Union[ClaimResource, _Mapping]]] = ...) -> None: ...
 
 class ClaimResource(_message.Message):
     __slots__ = ("cdi_devices", "driver_name", "pool_name", "device_name")
@@ -81,13 +64,7 @@ class ClaimResource(_message.Message):
     driver_name: str
     pool_name: str
     device_name: str
-    def __init__(
-        self,
-        cdi_devices: _Optional[_Iterable[_Union[CDIDevice, _Mapping]]] = ...,
-        driver_name: _Optional[str] = ...,
-        pool_name: _Optional[str] = ...,
-        device_name: _Optional[str] = ...,
-    ) -> None: ...
+    def __init__(self, cdi_devices: _Optional[_Iterable[_Union[CDIDevice, _Mapping]]] = ..., driver_name: _Optional[str] = ..., pool_name: _Optional[str] = ..., device_name: _Optional[str] = ...) -> None: ...
 
 class CDIDevice(_message.Message):
     __slots__ = ("name",)

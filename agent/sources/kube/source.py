@@ -150,7 +150,7 @@ class KubeEngines:
         k = self.cfg.kubernetes
         base = self._static.get(name)
         gpus: tuple[int | str, ...] = ()
-        if self.gpu_map is not None and self.gpu_map.available:
+        if self.gpu_map is not None and self.gpu_map.known:
             gpus = self.gpu_map.pod_gpus(p.namespace, p.pod)
         elif base is not None:
             gpus = base.gpus

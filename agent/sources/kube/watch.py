@@ -31,10 +31,7 @@ PodKey = tuple[str, str]  # (namespace, name)
 def make_client(cfg: KubernetesConfig) -> AsyncClient:
     """A lightkube client: the configured kubeconfig file, else in-cluster (service-account token
     and CA), else $KUBECONFIG or ~/.kube/config."""
-    if cfg.kubeconfig is not None:
-        config = KubeConfig.from_file(cfg.kubeconfig)
-    else:
-        config = KubeConfig.from_env()
+    config = KubeConfig.from_file(cfg.kubeconfig) if cfg.kubeconfig is not None else KubeConfig.from_env()
     return AsyncClient(config, trust_env=False)
 
 
@@ -86,8 +83,8 @@ class PodWatcher:
                     await t
 
     async def _list_and_watch(self, ns: str) -> None:
-        fields = {"spec.nodeName": self.node}
-        labels = dict(self.cfg.label_selector) or None
+        fields: dict[str, Any] = {"spec.nodeName": self.node}
+        labels: dict[str, Any] | None = dict(self.cfg.label_selector) or None
         backoff = self.cfg.backoff_min_seconds
         failing = False
         while True:

@@ -20,7 +20,7 @@ or writing the same tick twice, never double counts, and several windows per min
 shorter than 60 s) add up. Windows of one series must arrive in time order, which the window
 join guarantees.
 
-Queries return :class:`agent.detect.rules.MinuteRecord` (sums), so every ratio over a longer
+Queries return :class:`agent.records.MinuteRecord` (sums), so every ratio over a longer
 range is a ratio of sums. Baselines (mean / median / quantiles over 7 d, 1 d, the same hour of the
 week, at like load) come from :meth:`Store.baseline`. SQLite calls are short and synchronous;
 the agent writes at most a few rows per second.
@@ -37,9 +37,17 @@ from pathlib import Path
 from typing import Any
 
 from agent.clock import Clock, SystemClock
-from agent.detect.baselines import hour_of_week, load_band, quantile_of
-from agent.detect.deploys import DeployEvent
-from agent.detect.rules import MINUTE, SIGNALS, Kind, MinuteRecord, model_sums
+from agent.records import (
+    MINUTE,
+    SIGNALS,
+    DeployEvent,
+    Kind,
+    MinuteRecord,
+    hour_of_week,
+    load_band,
+    model_sums,
+    quantile_of,
+)
 from agent.samples import CostWindow, EngineScrape, NvmlRound
 
 logger = logging.getLogger(__name__)

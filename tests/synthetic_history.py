@@ -6,7 +6,7 @@ import math
 import random
 from collections.abc import Sequence
 
-from agent.detect.rules import MINUTE as _M
+from agent.records import MINUTE as _M
 from agent.samples import CostWindow, UsageWindow
 from agent.store import Store
 

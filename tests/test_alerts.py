@@ -7,8 +7,9 @@ from typing import Any
 
 import yaml
 
-from agent.detect.alerts import AlertManager, DeployInfo, dedup_key
+from agent.detect.alerts import AlertManager
 from agent.detect.rules import Finding, Rule, RuleSet, load_rules
+from agent.records import DeployInfo, dedup_key
 
 T0 = 1699833600.0
 LABELS = (("node", "n1"), ("engine", "e"), ("model", "llama"), ("model_version", "v2"))
@@ -121,7 +122,7 @@ def test_snapshot_restore_resolves_after_restart(tmp_path: Path) -> None:
 
 def test_deploy_tracker_attributes_recent_deploys(tmp_path: Path) -> None:
     from agent.detect.deploys import DeployTracker
-    from agent.detect.rules import MinuteRecord
+    from agent.records import MinuteRecord
 
     rs = rules(tmp_path)
     v1 = (*LABELS[:3], ("model_version", "v1"))

@@ -15,7 +15,7 @@ from receivers import Receiver, validate_pagerduty, validate_slack, validate_web
 
 from agent.clock import ManualClock
 from agent.config import PagerDutyConfig, SecretRef, SlackConfig, WebhookConfig
-from agent.detect.alerts import Alert, AlertEvent, dedup_key
+from agent.records import Alert, AlertEvent, dedup_key
 from agent.sinks.notify import Notifier
 from agent.sinks.outbox import Outbox
 from agent.sinks.pagerduty import PagerDutySink, pagerduty_payload

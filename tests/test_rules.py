@@ -11,15 +11,14 @@ import yaml
 
 from agent.detect.alerts import AlertManager
 from agent.detect.rules import (
-    MinuteRecord,
     RuleError,
     RuleEvaluator,
     load_default_rules,
     load_rules,
     parse_duration,
     parse_rules,
-    record_from_cost_window,
 )
+from agent.records import MinuteRecord, record_from_cost_window
 from agent.samples import CostWindow, UsageWindow
 
 MONDAY = 1699833600.0  # 2023-11-13 00:00 UTC, a Monday

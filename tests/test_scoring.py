@@ -11,8 +11,8 @@ from synthetic_history import backfill_simulated
 
 from agent.clock import ManualClock
 from agent.detect.forest import STATE_FILE
-from agent.detect.rules import MINUTE, window_from_record
 from agent.detect.scoring import AnomalyScorer, ForestScoring
+from agent.records import MINUTE, window_from_record
 from agent.store import Store
 
 SERIES = [("n1", "eng", "m", "v1")]

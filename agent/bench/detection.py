@@ -273,7 +273,8 @@ def firing_intervals(
 ) -> dict[str, list[tuple[float, float]]]:
     """Run the rule evaluator and alert lifecycle over the node's minutes; firing intervals by rule."""
     from agent.detect.alerts import AlertManager
-    from agent.detect.rules import RuleEvaluator, load_default_rules, parse_rules, record_from_cost_window
+    from agent.detect.rules import RuleEvaluator, load_default_rules, parse_rules
+    from agent.records import record_from_cost_window
 
     rules = list(load_default_rules()) + parse_rules({"rules": [dict(r) for r in rule_dicts]}, "bench")
     evaluator = RuleEvaluator(rules)

@@ -18,87 +18,18 @@ forgets to resolve.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
-from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
-from agent.detect.rules import SIGNALS, Finding, Labels, Rule, RuleSet
+from agent.detect.rules import Finding, Rule, RuleSet
+from agent.records import SIGNALS, Alert, AlertEvent, DeployInfo, dedup_key, iso
 
 logger = logging.getLogger(__name__)
 
-State = Literal["pending", "firing", "resolved"]
-
-
-def dedup_key(rule_id: str, labels: Labels) -> str:
-    """A stable key for one alert: sha256 of the rule id and the sorted series labels (hex)."""
-    text = rule_id + "\x00" + "\x00".join(f"{k}={v}" for k, v in sorted(labels))
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def iso(t: float) -> str:
-    """RFC 3339 UTC with milliseconds, as Alertmanager writes times."""
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{int(t * 1000) % 1000:03d}Z"
-
-
-@dataclass(frozen=True, slots=True)
-class DeployInfo:
-    """A model version change that an alert is attributed to."""
-
-    node: str
-    engine: str
-    model: str
-    from_version: str
-    to_version: str
-    at: float  # epoch seconds
-    # The previous and new version's value of the rule's signal at like load (None when unknown).
-    previous_value: float | None = None
-    new_value: float | None = None
-
-    def describe(self) -> str:
-        """One line for annotations."""
-        text = f"{self.model} {self.from_version} → {self.to_version} at {iso(self.at)}"
-        if self.previous_value is not None and self.new_value is not None:
-            text += f" (at like load: {self.previous_value:.4g} before, {self.new_value:.4g} after"
-            if self.previous_value > 0:
-                text += f", {(self.new_value / self.previous_value - 1) * 100:+.1f} %"
-            text += ")"
-        return text
-
-
 # A hook the pipeline provides: (rule, finding) → the deploy the alert follows, if any.
 DeployLookup = Callable[[Rule, Finding], DeployInfo | None]
-
-
-@dataclass(frozen=True, slots=True)
-class Alert:
-    """One alert instance (rule × series)."""
-
-    rule_id: str
-    dedup_key: str
-    severity: str
-    state: State
-    labels: Mapping[str, str]  # series labels + alertname + severity + the rule's extra labels
-    annotations: Mapping[str, str]
-    active_since: float  # epoch seconds: first minute the condition held
-    last_true_at: float  # epoch seconds
-    value: float  # latest value, in the signal's unit
-    threshold: float
-    baseline: float | None = None
-    fired_at: float | None = None  # epoch seconds
-    resolved_at: float | None = None  # epoch seconds
-    deploy: DeployInfo | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class AlertEvent:
-    """A lifecycle transition; ``firing`` and ``resolved`` are the ones notifiers deliver."""
-
-    kind: State
-    alert: Alert
-    at: float  # epoch seconds
 
 
 def _fmt(v: float | None) -> str:

@@ -18,26 +18,9 @@ when it is next touched.
 from __future__ import annotations
 
 import bisect
-import math
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-
-HOUR_OF_WEEK_SECONDS = 3600.0  # width of one hour-of-week bucket
-WEEK_SECONDS = 7 * 86400.0
-
-
-def hour_of_week(t: float) -> int:
-    """Hour of the week (0–167, UTC, Monday 00:00 = 0) of epoch seconds ``t``."""
-    # The epoch (1970-01-01) was a Thursday: shift by 3 days so Monday is hour 0.
-    return int(((t + 3 * 86400.0) % WEEK_SECONDS) // HOUR_OF_WEEK_SECONDS)
-
-
-def load_band(tokens_per_second: float, band_ratio: float) -> int | None:
-    """The load band of a rate: bands are ``band_ratio`` wide on a log scale (None at zero load)."""
-    if tokens_per_second <= 0:
-        return None
-    return math.floor(math.log(tokens_per_second) / math.log(band_ratio))
 
 
 @dataclass(slots=True)
@@ -147,14 +130,3 @@ class TrailingBaseline:
         lo = int(pos)
         hi = min(lo + 1, n - 1)
         return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo), n
-
-
-def quantile_of(values: Sequence[float], q: float) -> float | None:
-    """The q-quantile (0–1) of ``values`` with linear interpolation; None when empty."""
-    if not values:
-        return None
-    vals = sorted(values)
-    pos = q * (len(vals) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(vals) - 1)
-    return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo)

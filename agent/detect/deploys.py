@@ -11,28 +11,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
-from agent.detect.alerts import DeployInfo
-from agent.detect.rules import Finding, MinuteRecord, Rule
+from agent.detect.rules import Finding, Rule
+from agent.records import DeployEvent, DeployInfo, MinuteRecord
 
 logger = logging.getLogger(__name__)
 
 # Why 2 hours: a version that regresses cost shows it within its first hour of traffic; an alert
 # starting later is more likely load or infrastructure than the deploy.
 DEFAULT_ATTRIBUTION_SECONDS = 2 * 3600.0
-
-
-@dataclass(frozen=True, slots=True)
-class DeployEvent:
-    """The version of (node, engine, model) changed."""
-
-    node: str
-    engine: str
-    model: str
-    from_version: str
-    to_version: str
-    at: float  # epoch seconds: start of the first minute seen with the new version
 
 
 # (deploy, rule, finding) → (previous version's value, new version's value) at like load.

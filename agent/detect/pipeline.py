@@ -25,18 +25,10 @@ from collections.abc import Mapping, Sequence
 
 from agent.clock import Clock
 from agent.config import Config
-from agent.detect.alerts import Alert, AlertEvent, AlertManager
-from agent.detect.deploys import DeployEvent, DeployTracker
-from agent.detect.rules import (
-    MINUTE,
-    Finding,
-    MinuteRecord,
-    Rule,
-    RuleEvaluator,
-    RuleSet,
-    load_default_rules,
-    load_rules,
-)
+from agent.detect.alerts import AlertManager
+from agent.detect.deploys import DeployTracker
+from agent.detect.rules import Finding, Rule, RuleEvaluator, RuleSet, load_default_rules, load_rules
+from agent.records import MINUTE, Alert, AlertEvent, DeployEvent, MinuteRecord
 from agent.sinks.notify import Notifier, Sink
 from agent.sinks.outbox import Outbox
 from agent.sinks.pagerduty import PagerDutySink

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agent.detect.rules import MINUTE, window_from_record
+from agent.records import MINUTE, window_from_record
 from agent.samples import CostWindow
 from agent.store import Store
 

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.detect.deploys import DeployEvent
+from agent.records import DeployEvent
 from agent.samples import CostWindow
 
 logger = logging.getLogger(__name__)

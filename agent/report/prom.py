@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.clock import Clock, SystemClock
-from agent.detect.deploys import DeployEvent
+from agent.records import DeployEvent
 from agent.report.data import (
     HOUR_SECONDS,
     WEEK_SECONDS,

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from agent.clock import Clock
-from agent.detect.alerts import AlertEvent
+from agent.records import AlertEvent
 from agent.sinks.outbox import Outbox, OutboxItem
 
 logger = logging.getLogger(__name__)

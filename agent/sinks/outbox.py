@@ -36,7 +36,7 @@ class OutboxItem:
     sink: str
     dedup_key: str
     kind: str  # firing | resolved
-    body: Mapping[str, Any]  # the alert as a dict (agent.detect.alerts.Alert, asdict)
+    body: Mapping[str, Any]  # the alert as a dict (agent.records.Alert, asdict)
     created: float  # epoch seconds
     attempts: int
     next_attempt: float  # epoch seconds

@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 
 from agent.config import PagerDutyConfig
-from agent.detect.alerts import iso
+from agent.records import iso
 from agent.sinks.notify import RateLimit, SendResult, post_json
 from agent.sinks.outbox import OutboxItem
 from agent.sinks.slack import title_line

@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 
 from agent.config import WebhookConfig
-from agent.detect.alerts import iso
+from agent.records import iso
 from agent.sinks.notify import RateLimit, SendResult, post_json, url_secrets
 from agent.sinks.outbox import OutboxItem
 

@@ -1,0 +1,337 @@
+"""Plain records that flow between the layers: minute records, signals, deploy and alert events.
+
+Every layer may import this module; it imports nothing above ``agent.samples`` (no store, no
+detectors, no sinks), so the data path stays one-directional (sources → cost → store → detect →
+sinks).
+
+A :class:`MinuteRecord` is one minute of one series as additive *sums* (seconds, tokens, dollars,
+and value × seconds / seconds pairs for gauges), so that any window's value is a ratio of sums.
+Kinds and their labels: ``model`` (node, engine, model, model_version), ``engine`` (node, engine),
+``gpu`` (node, gpu), ``node`` (node). A :class:`Signal` is a formula over those sums (the
+catalogue's names without the ``infercost_`` prefix). Deploy events and alert events are what the
+detectors emit and the sinks deliver.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from agent.samples import CostWindow, UsageWindow
+
+HOUR_OF_WEEK_SECONDS = 3600.0  # width of one hour-of-week bucket
+WEEK_SECONDS = 7 * 86400.0
+
+MINUTE = 60.0  # seconds; the rollup and evaluation granularity
+
+Kind = Literal["model", "engine", "gpu", "node"]
+Labels = tuple[tuple[str, str], ...]
+
+KIND_LABELS: Mapping[str, tuple[str, ...]] = {
+    "model": ("node", "engine", "model", "model_version"),
+    "engine": ("node", "engine"),
+    "gpu": ("node", "gpu"),
+    "node": ("node",),
+}
+
+# ---------------------------------------------------------------------------------------------
+# Records
+# ---------------------------------------------------------------------------------------------
+
+# Gauges are kept as a pair "<name>.s" (value × seconds) and "<name>.w" (seconds with a value),
+# so a window's mean is time-weighted and a minute without the value does not drag it to zero.
+MODEL_GAUGES: Mapping[str, str] = {
+    "gpu_util": "gpu_util_ratio",
+    "mem_bw": "mem_bw_ratio",
+    "power": "power_watts",
+    "running": "requests_running",
+    "kv": "kv_cache_usage_ratio",
+    "ttft_p99": "ttft_p99_seconds",
+    "itl_p99": "itl_p99_seconds",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class MinuteRecord:
+    """One minute of one series as additive sums (see the module docstring for the fields)."""
+
+    kind: Kind
+    labels: Labels  # in KIND_LABELS order
+    minute: float  # epoch seconds, start of the minute
+    sums: Mapping[str, float] = field(default_factory=dict)
+
+    def label(self, name: str) -> str:
+        """The value of one label ("" when absent)."""
+        for k, v in self.labels:
+            if k == name:
+                return v
+        return ""
+
+
+def _gauge(sums: dict[str, float], name: str, value: float | None, seconds: float) -> None:
+    if value is not None:
+        sums[name + ".s"] = sums.get(name + ".s", 0.0) + value * seconds
+        sums[name + ".w"] = sums.get(name + ".w", 0.0) + seconds
+
+
+def model_sums(cw: CostWindow) -> dict[str, float]:
+    """The additive sums of one priced window (seconds, tokens, dollars, gauge pairs)."""
+    u = cw.usage
+    secs = u.duration
+    sums: dict[str, float] = {
+        "seconds": secs,
+        "prompt_tokens": u.prompt_tokens,
+        "generation_tokens": u.generation_tokens,
+        "cost_usd": cw.cost_usd,
+        "gpu_time_usd": cw.gpu_time_usd,
+        "energy_usd": cw.energy_usd,
+        "idle_usd": cw.idle_usd,
+        "gpu_seconds": u.gpu_seconds,
+        "energy_joules": u.energy_joules or 0.0,
+        "preemptions": u.preemptions or 0.0,
+    }
+    for short, attr in MODEL_GAUGES.items():
+        _gauge(sums, short, getattr(u, attr), secs)
+    _gauge(sums, "roofline", cw.roofline_ratio, secs)
+    return sums
+
+
+def record_from_cost_window(cw: CostWindow) -> MinuteRecord:
+    """A MinuteRecord from one priced window (a window belongs to the minute it starts in)."""
+    u = cw.usage
+    minute = (u.start // MINUTE) * MINUTE
+    labels = (("node", u.node), ("engine", u.engine), ("model", u.model), ("model_version", u.model_version))
+    return MinuteRecord("model", labels, minute, model_sums(cw))
+
+
+def mean_of(sums: Mapping[str, float], name: str) -> float | None:
+    w = sums.get(name + ".w", 0.0)
+    return sums.get(name + ".s", 0.0) / w if w > 0 else None
+
+
+def window_from_record(r: MinuteRecord) -> CostWindow:
+    """The inverse of :func:`record_from_cost_window`: one model minute as a priced window
+    ([minute, minute + seconds), gauges as their time-weighted means)."""
+    s = r.sums
+    secs = s.get("seconds", MINUTE)
+    gauges: dict[str, Any] = {attr: mean_of(s, short) for short, attr in MODEL_GAUGES.items()}
+    gen, prompt, cost = s.get("generation_tokens", 0.0), s.get("prompt_tokens", 0.0), s.get("cost_usd", 0.0)
+    usage = UsageWindow(
+        node=r.label("node"),
+        engine=r.label("engine"),
+        model=r.label("model"),
+        model_version=r.label("model_version") or "unknown",
+        start=r.minute,
+        end=r.minute + secs,
+        prompt_tokens=prompt,
+        generation_tokens=gen,
+        gpu_seconds=s.get("gpu_seconds", 0.0),
+        energy_joules=s.get("energy_joules"),
+        preemptions=s.get("preemptions"),
+        **gauges,
+    )
+    return CostWindow(
+        usage=usage,
+        gpu_time_usd=s.get("gpu_time_usd", cost - s.get("energy_usd", 0.0)),
+        energy_usd=s.get("energy_usd", 0.0),
+        usd_per_1m_output=cost / gen * 1e6 if gen > 0 else None,
+        usd_per_1m_total=cost / (gen + prompt) * 1e6 if gen + prompt > 0 else None,
+        idle_usd=s.get("idle_usd", 0.0),
+        roofline_ratio=mean_of(s, "roofline"),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Signals: the catalogue's names (without the infercost_ prefix) as formulas over sums
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Signal:
+    """A signal rules can use: which kind of record, which sums it needs, and how to compute it."""
+
+    name: str
+    kind: Kind
+    inputs: tuple[str, ...]
+    fn: Callable[[Sequence[float]], float | None]
+    unit: str  # for messages: "USD", "ratio", "seconds", ...
+
+
+def _per_1m(s: Sequence[float]) -> float | None:
+    return s[0] / s[1] * 1e6 if s[1] > 0 else None
+
+
+def _per_1m_total(s: Sequence[float]) -> float | None:
+    tokens = s[1] + s[2]
+    return s[0] / tokens * 1e6 if tokens > 0 else None
+
+
+def _rate(s: Sequence[float]) -> float | None:
+    return s[0] / s[1] if s[1] > 0 else None
+
+
+def _per_hour(s: Sequence[float]) -> float | None:
+    return s[0] / s[1] * 3600.0 if s[1] > 0 else None
+
+
+def _total(s: Sequence[float]) -> float | None:
+    return s[0]
+
+
+def _mean(name: str, kind: Kind, short: str, unit: str) -> Signal:
+    return Signal(name, kind, (short + ".s", short + ".w"), _rate, unit)
+
+
+_SIGNAL_LIST: tuple[Signal, ...] = (
+    Signal("usd_per_1m_output_tokens", "model", ("cost_usd", "generation_tokens"), _per_1m, "USD"),
+    Signal(
+        "usd_per_1m_tokens", "model", ("cost_usd", "prompt_tokens", "generation_tokens"), _per_1m_total, "USD"
+    ),
+    Signal("generation_tokens_per_second", "model", ("generation_tokens", "seconds"), _rate, "tokens/s"),
+    Signal("prompt_tokens_per_second", "model", ("prompt_tokens", "seconds"), _rate, "tokens/s"),
+    Signal("cost_usd_per_hour", "model", ("cost_usd", "seconds"), _per_hour, "USD/h"),
+    Signal("cost_usd", "model", ("cost_usd",), _total, "USD"),
+    Signal("energy_cost_usd", "model", ("energy_usd",), _total, "USD"),
+    Signal("idle_cost_usd", "model", ("idle_usd",), _total, "USD"),
+    Signal("idle_cost_usd_per_hour", "model", ("idle_usd", "seconds"), _per_hour, "USD/h"),
+    Signal("gpu_seconds", "model", ("gpu_seconds",), _total, "seconds"),
+    Signal("energy_joules", "model", ("energy_joules",), _total, "joules"),
+    Signal("preemptions", "model", ("preemptions",), _total, "count"),
+    Signal("preemptions_per_second", "model", ("preemptions", "seconds"), _rate, "1/s"),
+    _mean("model_gpu_utilization_ratio", "model", "gpu_util", "ratio"),
+    _mean("model_memory_bandwidth_ratio", "model", "mem_bw", "ratio"),
+    _mean("model_power_watts", "model", "power", "watts"),
+    _mean("roofline_efficiency_ratio", "model", "roofline", "ratio"),
+    _mean("kv_cache_usage_ratio", "model", "kv", "ratio"),
+    _mean("requests_running", "model", "running", "requests"),
+    _mean("ttft_p99_seconds", "model", "ttft_p99", "seconds"),
+    _mean("itl_p99_seconds", "model", "itl_p99", "seconds"),
+    _mean("anomaly_score", "model", "anomaly", "score"),
+    _mean("engine_up", "engine", "up", "ratio"),
+    _mean("engine_scrape_duration_seconds", "engine", "scrape", "seconds"),
+    _mean("nvml_up", "node", "nvml_up", "ratio"),
+    _mean("gpu_up", "gpu", "up", "ratio"),
+    _mean("gpu_utilization_ratio", "gpu", "gpu_util", "ratio"),
+    _mean("gpu_memory_busy_ratio", "gpu", "mem_busy", "ratio"),
+    _mean("gpu_dram_bandwidth_ratio", "gpu", "mem_bw", "ratio"),
+    _mean("gpu_sm_active_ratio", "gpu", "sm_active", "ratio"),
+    _mean("gpu_power_watts", "gpu", "power", "watts"),
+)
+SIGNALS: Mapping[str, Signal] = {s.name: s for s in _SIGNAL_LIST}
+
+
+# ---------------------------------------------------------------------------------------------
+# Baseline helpers (pure)
+# ---------------------------------------------------------------------------------------------
+
+
+def hour_of_week(t: float) -> int:
+    """Hour of the week (0–167, UTC, Monday 00:00 = 0) of epoch seconds ``t``."""
+    # The epoch (1970-01-01) was a Thursday: shift by 3 days so Monday is hour 0.
+    return int(((t + 3 * 86400.0) % WEEK_SECONDS) // HOUR_OF_WEEK_SECONDS)
+
+
+def load_band(tokens_per_second: float, band_ratio: float) -> int | None:
+    """The load band of a rate: bands are ``band_ratio`` wide on a log scale (None at zero load)."""
+    if tokens_per_second <= 0:
+        return None
+    return math.floor(math.log(tokens_per_second) / math.log(band_ratio))
+
+
+def quantile_of(values: Sequence[float], q: float) -> float | None:
+    """The q-quantile (0–1) of ``values`` with linear interpolation; None when empty."""
+    if not values:
+        return None
+    vals = sorted(values)
+    pos = q * (len(vals) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(vals) - 1)
+    return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo)
+
+
+# ---------------------------------------------------------------------------------------------
+# Deploy and alert events
+# ---------------------------------------------------------------------------------------------
+
+State = Literal["pending", "firing", "resolved"]
+
+
+def dedup_key(rule_id: str, labels: Labels) -> str:
+    """A stable key for one alert: sha256 of the rule id and the sorted series labels (hex)."""
+    text = rule_id + "\x00" + "\x00".join(f"{k}={v}" for k, v in sorted(labels))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def iso(t: float) -> str:
+    """RFC 3339 UTC with milliseconds, as Alertmanager writes times."""
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{int(t * 1000) % 1000:03d}Z"
+
+
+@dataclass(frozen=True, slots=True)
+class DeployInfo:
+    """A model version change that an alert is attributed to."""
+
+    node: str
+    engine: str
+    model: str
+    from_version: str
+    to_version: str
+    at: float  # epoch seconds
+    # The previous and new version's value of the rule's signal at like load (None when unknown).
+    previous_value: float | None = None
+    new_value: float | None = None
+
+    def describe(self) -> str:
+        """One line for annotations."""
+        text = f"{self.model} {self.from_version} → {self.to_version} at {iso(self.at)}"
+        if self.previous_value is not None and self.new_value is not None:
+            text += f" (at like load: {self.previous_value:.4g} before, {self.new_value:.4g} after"
+            if self.previous_value > 0:
+                text += f", {(self.new_value / self.previous_value - 1) * 100:+.1f} %"
+            text += ")"
+        return text
+
+
+@dataclass(frozen=True, slots=True)
+class DeployEvent:
+    """The version of (node, engine, model) changed."""
+
+    node: str
+    engine: str
+    model: str
+    from_version: str
+    to_version: str
+    at: float  # epoch seconds: start of the first minute seen with the new version
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """One alert instance (rule × series)."""
+
+    rule_id: str
+    dedup_key: str
+    severity: str
+    state: State
+    labels: Mapping[str, str]  # series labels + alertname + severity + the rule's extra labels
+    annotations: Mapping[str, str]
+    active_since: float  # epoch seconds: first minute the condition held
+    last_true_at: float  # epoch seconds
+    value: float  # latest value, in the signal's unit
+    threshold: float
+    baseline: float | None = None
+    fired_at: float | None = None  # epoch seconds
+    resolved_at: float | None = None  # epoch seconds
+    deploy: DeployInfo | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AlertEvent:
+    """A lifecycle transition; ``firing`` and ``resolved`` are the ones notifiers deliver."""
+
+    kind: State
+    alert: Alert
+    at: float  # epoch seconds

@@ -24,6 +24,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from netutil import free_port
 from procs import terminate
 
 MODEL_ALIAS = "tiny-llama"  # the model id the server reports
@@ -136,15 +137,6 @@ def _serve(model: str, port: int) -> None:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     stop.wait()
     del server
-
-
-def free_port() -> int:
-    """A port nobody listens on right now."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def post_json(url: str, body: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from netutil import free_port
 from procs import terminate
 from prometheus_client import start_http_server
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
@@ -34,13 +34,6 @@ from prometheus_client.core import CollectorRegistry, CounterMetricFamily, Gauge
 from agent.catalog import CATALOG, MetricSpec
 
 READY_TIMEOUT_S = 15.0  # seconds; Prometheus is ready in ~0.4 s, Alertmanager in ~0.6 s
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def binary(name: str) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from netutil import async_wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.clock import AcceleratedClock
@@ -37,14 +38,6 @@ async def _scrape(port: int) -> dict[str, dict[frozenset[tuple[str, str]], float
     async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/metrics") as r:
         assert r.status == 200
         return _parse(await r.text())
-
-
-async def _wait_for(pred, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not await pred():
-        assert loop.time() < end, "condition not reached in time"
-        await asyncio.sleep(0.2)
 
 
 @pytest.fixture
@@ -79,7 +72,7 @@ async def test_costs_add_up_per_model_version_and_per_gpu(running) -> None:  # t
         m = await _scrape(port)
         return len(m.get("infercost_usd_per_1m_output_tokens", {})) >= 4
 
-    await _wait_for(every_model_has_a_price)
+    await async_wait_until(every_model_has_a_price)
     m = await _scrape(port)
 
     versions = {dict(k)["engine"]: dict(k)["model_version"] for k in m["infercost_cost_usd_total"]}
@@ -119,7 +112,7 @@ async def test_rollout_is_a_new_version_series(running) -> None:  # type: ignore
         m = await _scrape(port)
         return any(dict(k).get("model_version") == "2024-09" for k in m.get("infercost_cost_usd_total", {}))
 
-    await _wait_for(old_version_counted)
+    await async_wait_until(old_version_counted)
     sim.rollout("llama-70b-canary", "2024-10", 0.65)
 
     async def new_version_seen() -> bool:
@@ -128,7 +121,7 @@ async def test_rollout_is_a_new_version_series(running) -> None:  # type: ignore
             dict(k).get("model_version") == "2024-10" for k in m.get("infercost_generation_tokens_total", {})
         )
 
-    await _wait_for(new_version_seen)
+    await async_wait_until(new_version_seen)
     m = await _scrape(port)
     canary = {
         dict(k)["model_version"]: v
@@ -147,7 +140,7 @@ async def test_a_vanished_engine_is_down_and_the_rest_goes_on(running) -> None: 
             v == 1.0 for v in m["infercost_engine_up"].values()
         )
 
-    await _wait_for(all_up)
+    await async_wait_until(all_up)
     await sim._members["qwen-14b"].server.stop()
     before = await _scrape(port)
 
@@ -155,7 +148,7 @@ async def test_a_vanished_engine_is_down_and_the_rest_goes_on(running) -> None: 
         m = await _scrape(port)
         return any(dict(k)["engine"] == "qwen-14b" and v == 0.0 for k, v in m["infercost_engine_up"].items())
 
-    await _wait_for(qwen_down)
+    await async_wait_until(qwen_down)
 
     async def others_moved() -> bool:
         m = await _scrape(port)
@@ -165,7 +158,7 @@ async def test_a_vanished_engine_is_down_and_the_rest_goes_on(running) -> None: 
             if dict(k)["engine"] != "qwen-14b"
         )
 
-    await _wait_for(others_moved)
+    await async_wait_until(others_moved)
     m = await _scrape(port)
     up = {dict(k)["engine"]: v for k, v in m["infercost_engine_up"].items()}
     assert up == {"llama-70b": 1.0, "llama-70b-canary": 1.0, "mistral-7b": 1.0, "qwen-14b": 0.0}

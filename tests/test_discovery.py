@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 from aiohttp import web
+from netutil import free_port
 
 from agent.config import EngineConfig
 from agent.sources.discovery import VersionReader, discover_local_engines, parse_labels_file
@@ -31,21 +31,15 @@ def test_version_reader_follows_a_rollout_and_survives_a_missing_file(tmp_path: 
     assert reader.read() == {"e": "v2"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_discovery_finds_only_ports_that_answer_metrics() -> None:
     app = web.Application()
     app.router.add_get("/metrics", lambda _r: web.Response(text="vllm:num_requests_running 0\n"))
     runner = web.AppRunner(app)
     await runner.setup()
-    up = _free_port()
+    up = free_port()
     await web.TCPSite(runner, "127.0.0.1", up).start()
     try:
-        found = await discover_local_engines(ports={"vllm": up, "sglang": _free_port()}, timeout=1.0)
+        found = await discover_local_engines(ports={"vllm": up, "sglang": free_port()}, timeout=1.0)
     finally:
         await runner.cleanup()
     assert [(e.name, e.url, e.kind) for e in found] == [

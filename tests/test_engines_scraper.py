@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
 import pytest
 from aiohttp import web
+from netutil import free_port
 
 from agent.clock import ManualClock
 from agent.config import EngineConfig
@@ -119,12 +119,6 @@ async def server() -> AsyncIterator[tuple[str, dict[str, str]]]:
         await runner.cleanup()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _cfg(url: str, kind: str = "auto", **kw: object) -> EngineConfig:
     return EngineConfig.model_validate(
         {"name": "e", "kind": kind, "url": url, "timeout_seconds": TIMEOUT, "max_bytes": MAX_BYTES, **kw}
@@ -154,7 +148,7 @@ async def test_hostile_endpoints_are_down_with_a_reason_and_a_healthy_one_is_una
     clock = ManualClock()
     async with aiohttp.ClientSession() as session:
         hostile = [EngineScraper(_cfg(base + path, kind), session, clock) for path, kind, _ in HOSTILE]
-        refused = EngineScraper(_cfg(f"http://127.0.0.1:{_free_port()}/metrics"), session, clock)
+        refused = EngineScraper(_cfg(f"http://127.0.0.1:{free_port()}/metrics"), session, clock)
         healthy = EngineScraper(_cfg(base + "/vllm", model="unused"), session, clock)
         results = await asyncio.gather(*(s.scrape() for s in [*hostile, refused, healthy]))
     for (path, _, reason), got in zip(HOSTILE, results, strict=False):

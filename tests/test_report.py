@@ -323,7 +323,7 @@ def test_both_paths_agree(prometheus: Prometheus) -> None:
 
 
 def test_unreachable_prometheus_raises_report_error() -> None:
-    from promstack import free_port
+    from netutil import free_port
 
     with pytest.raises(ReportError, match="cannot query Prometheus"):
         build_from_prometheus(f"http://127.0.0.1:{free_port()}", end=T)

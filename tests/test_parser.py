@@ -122,7 +122,11 @@ def test_edge_cases_of_the_text_format() -> None:
     assert math.isnan(m[4].value)
     assert m[5].value == math.inf
     assert m[6].value == -0.0125
-    assert len(m) == 7  # not m_created, not m_totalx, nothing after # EOF
+    assert m[7].labels == {"a": "after eof"}  # the text format: "# EOF" is a comment
+    assert len(m) == 8  # not m_created, not m_totalx
+    om = parse(EDGE_PAGE, {"m_total", "h"}, openmetrics=True)["m_total"]
+    assert len(om) == 7  # OpenMetrics: nothing after # EOF
+    assert om[1].timestamp == 1_700_000_000_123.0  # OpenMetrics timestamps are seconds
     assert [s.labels["le"] for s in page["h_bucket"]] == ["0.5", "+Inf"]
     assert page["h_sum"][0].value == 4.25 and page["h_count"][0].value == 3.0
     assert "m_created" not in page
@@ -147,7 +151,13 @@ def test_crlf_line_endings() -> None:
         "want notanumber",
         'want{a="1",a="2"} 1',
         "want {} ",
-        "want 1 2 3",
+        "want",
+        'want{a="1"} ',
+        'want{a="1"b="2"} 1',
+        'want{-a="1"} 1',
+        'want{a="1"-} 1',
+        "want 1 NaN",
+        "want 1 1_0",
     ],
 )
 def test_malformed_wanted_line_raises(line: str) -> None:

@@ -113,9 +113,12 @@ class Adapter:
     families: frozenset[str] = field(init=False, default=frozenset())  # wire families it reads
     parser: FamilyParser = field(init=False, repr=False, compare=False, default=None)  # type: ignore[assignment]
 
-    def parse(self, text: str, default_model: str | None = None) -> tuple[ModelSignals, ...]:
-        """Parse a page and map it (raises ParseError on a malformed wanted line)."""
-        return self.map(self.parser.parse(text), default_model)
+    def parse(
+        self, text: str, default_model: str | None = None, openmetrics: bool = False
+    ) -> tuple[ModelSignals, ...]:
+        """Parse a page (OpenMetrics text when ``openmetrics``) and map it; raises ParseError on a
+        malformed wanted line."""
+        return self.map(self.parser.parse(text, openmetrics), default_model)
 
     def _model_of(self, labels: Mapping[str, str], default_model: str) -> str | None:
         if self.model_label is None:

@@ -1,27 +1,41 @@
-"""A fast Prometheus text-format parser that reads only the metric families it is asked for.
+"""A fast Prometheus / OpenMetrics text parser that reads only the metric families it is asked for.
 
 Engines expose hundreds of series (http_*, process_*, python_gc_*, ``_created`` gauges, buckets of
 histograms nobody uses); an adapter needs a few dozen. :class:`FamilyParser` compiles the wanted
-sample names into one regular expression anchored at the start of a line, so the C regex engine
-skips every other line without Python touching it; only the wanted lines are parsed further.
+sample names into one regular expression (a trie) anchored at the start of a line, so the C regex
+engine skips every other line without Python touching it; only the wanted lines are split further,
+with plain string operations on the common shapes and a validating regex on the rest.
 
-Grammar handled (the Prometheus text format 0.0.4, plus what OpenMetrics pages add):
+Grammar read (the Prometheus text format 0.0.4 and OpenMetrics 1.0 text, as prometheus_client reads
+them; ``tests/test_conformance.py`` holds both public conformance suites against it):
 
-- ``# HELP`` / ``# TYPE`` / other comments and blank lines: ignored;
-- ``name{label="value",...} value [timestamp]``: label values with ``\\\\``, ``\\"`` and ``\\n``
-  escapes (other backslash pairs are kept as written, as prometheus_client does), spaces around
-  labels, a trailing comma; values ``NaN``, ``+Inf``, ``-Inf``, exponents; a timestamp in
-  milliseconds, returned in seconds;
-- ``_created`` series: never wanted, so never read;
-- ``# EOF`` (OpenMetrics): the page ends there.
+- ``# HELP`` / ``# TYPE`` / ``# UNIT`` / other comments and blank lines: ignored;
+- ``name{label="value",...} value [timestamp]``, leading blanks and CRLF allowed; label values
+  with ``\\\\``, ``\\"`` and ``\\n`` escapes (other backslash pairs are kept as written, as
+  prometheus_client does); spaces around labels; empty terms (``{,}``, a trailing comma);
+- UTF-8 quoted names (Prometheus 3 / OpenMetrics 2.0): ``{"vllm:x", model_name="m"} 1`` and quoted
+  label names ``{"my.label"="v"}``;
+- values ``NaN``, ``+Inf``, ``-Inf``, exponents (``1_000`` refused, as Go's parser does); the first
+  token after the labels is the value and the last (if more than one) the timestamp, as
+  prometheus_client reads it: tokens in between are tolerated;
+- exemplars (`` # {trace_id="…"} 0.5``) are ignored; native-histogram samples
+  (``{count:24,sum:100,schema:0,…}``) are skipped while the classic buckets of the same family are
+  read;
+- timestamps: milliseconds in the text format, seconds in OpenMetrics, returned in seconds;
+- OpenMetrics only: the page ends at ``# EOF`` (in the text format that line is a comment);
+- ``_created`` series: never wanted, so never read. NUL and other control characters inside label
+  values are kept as written: the adapter cleans label values (``base.clean_label``).
 
-prometheus_client's ``text_string_to_metric_families`` is the test oracle: for the wanted names
-both produce the same samples.
+Every line of a wanted family is returned, in page order; one value per series (duplicates) is
+the adapter's business. Both spellings of a name with a colon are read (``vllm:x`` and the
+``vllm_x`` that newer prometheus_client releases write when asked for OpenMetrics); a page carrying
+both keeps the canonical one only (:attr:`Page` keys are always canonical).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -33,16 +47,14 @@ logger = logging.getLogger(__name__)
 # Suffixes under which one family's samples appear on the wire. ``_total`` is not here: adapters
 # name counters by their wire name (``vllm:prompt_tokens_total``, TGI's ``tgi_request_count``).
 FAMILY_SUFFIXES: tuple[str, ...] = ("", "_bucket", "_sum", "_count")
+QUOTE_LIMIT = 200  # characters of a bad line quoted in a ParseError (a hostile line may be 1 MB)
 
-_LABEL_NAME = r"[a-zA-Z_][a-zA-Z0-9_]*"
+_LABEL_NAME = r'(?:[a-zA-Z_][a-zA-Z0-9_]*|"[^"\\\n]*(?:\\.[^"\\\n]*)*")'
 _LABEL_VALUE = r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"'  # unrolled (?:[^"\\]|\\.)* : much faster in sre
-_LABEL_PAIR = rf"[ \t]*{_LABEL_NAME}[ \t]*=[ \t]*{_LABEL_VALUE}[ \t]*"
-# After the metric name: an optional label block, the value, an optional timestamp, end of line.
-_REST = (
-    rf"[ \t]*(?:\{{((?:{_LABEL_PAIR}(?:,{_LABEL_PAIR})*,?)?[ \t]*)\}})?[ \t]*([^ \t\r\n]+)"
-    r"(?:[ \t]+([^ \t\r\n]+))?[ \t]*\r?(?=\n)"
-)
-# Label pairs in a block already validated by _REST.
+_TERM = rf"[ \t]*(?:{_LABEL_NAME}[ \t]*=[ \t]*{_LABEL_VALUE}[ \t]*)?"
+# A label block (without its braces): terms separated by commas, empty terms allowed.
+_BLOCK = rf"{_TERM}(?:,{_TERM})*"
+_HEAD_RE = re.compile(rf"\{{({_BLOCK})\}}")
 _PAIR_RE = re.compile(rf'({_LABEL_NAME})[ \t]*=[ \t]*"([^"\\\n]*(?:\\.[^"\\\n]*)*)"')
 _SIMPLE_PAIR_RE = re.compile(r'([a-zA-Z_]\w*)="([^"]*)"')  # the common case: no escapes, no spaces
 _ESCAPE_RE = re.compile(r'\\[\\n"]')
@@ -50,34 +62,47 @@ _ESCAPES: Mapping[str, str] = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
 
 
 class ParseError(ValueError):
-    """A wanted line of the page is not valid exposition text (the message quotes it)."""
+    """A wanted line of the page is not valid exposition text (the message quotes it, truncated)."""
 
 
 class Sample(NamedTuple):
-    """One sample line: wire name, labels, value and the optional timestamp."""
+    """One sample line: name (canonical spelling), labels, value and the optional timestamp."""
 
     name: str
     labels: dict[str, str]
     value: float  # in the metric's unit, as written
-    timestamp: float | None  # seconds since the epoch (the wire carries milliseconds)
+    timestamp: float | None  # seconds since the epoch (the text format carries milliseconds)
 
 
 Page = dict[str, list[Sample]]
-"""Samples by wire name, in page order."""
+"""Samples by canonical wire name, in page order."""
+
+
+def quote(line: str) -> str:
+    """``line`` for a message: stripped and cut to :data:`QUOTE_LIMIT` characters."""
+    line = line.strip()
+    return repr(
+        line if len(line) <= QUOTE_LIMIT else line[:QUOTE_LIMIT] + f"…(+{len(line) - QUOTE_LIMIT} chars)"
+    )
 
 
 def _unescape(value: str) -> str:
-    return _ESCAPE_RE.sub(lambda m: _ESCAPES[m.group(0)], value)
+    return _ESCAPE_RE.sub(lambda m: _ESCAPES[m.group(0)], value) if "\\" in value else value
 
 
-def _number(token: str, line: str) -> float:
+def _escape(name: str) -> str:
+    """``name`` as written between quotes on the wire."""
+    return name.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(token: str, what: str, name: str, rest: str) -> float:
     # Python's float() would take "1_000"; the exposition format does not.
-    if "_" in token:
-        raise ParseError(f"invalid number {token!r} in line {line!r}")
-    try:
-        return float(token)
-    except ValueError:
-        raise ParseError(f"invalid number {token!r} in line {line!r}") from None
+    if "_" not in token:
+        try:
+            return float(token)
+        except ValueError:
+            pass
+    raise ParseError(f"invalid {what} {quote(token)} in line {quote(name + rest)}")
 
 
 def _trie_pattern(names: list[str]) -> str:
@@ -109,6 +134,20 @@ def _cut_at_eof(text: str) -> str:
     return text
 
 
+def _slow_labels(block: str, name: str, rest: str) -> dict[str, str]:
+    """Labels of a block with escapes, blanks, quoted names or empty terms (validated)."""
+    if _HEAD_RE.fullmatch("{" + block + "}") is None:
+        raise ParseError(f"malformed labels in line {quote(name + rest)}")
+    labels: dict[str, str] = {}
+    for key, value in _PAIR_RE.findall(block):
+        if key[0] == '"':
+            key = _unescape(key[1:-1])
+        if key in labels:
+            raise ParseError(f"duplicate label name {key!r} in line {quote(name + rest)}")
+        labels[key] = _unescape(value)
+    return labels
+
+
 def expand_families(families: Iterable[str]) -> frozenset[str]:
     """Every wire sample name under which ``families`` can appear (name, _bucket, _sum, _count)."""
     return frozenset(f + s for f in families for s in FAMILY_SUFFIXES)
@@ -123,56 +162,117 @@ class FamilyParser:
     """
 
     def __init__(self, families: Iterable[str]) -> None:
+        families = frozenset(families)
         self.names = expand_families(families)
         # prometheus_client ≥ 0.2x escapes ':' to '_' when it answers in OpenMetrics with the
         # default "underscores" escaping (vllm:x → vllm_x): read both spellings, report the canonical.
         self._canonical = {n.replace(":", "_"): n for n in self.names if ":" in n}
-        self.names = self.names | frozenset(self._canonical)
+        self._family_of = {n: f for f in families for n in expand_families([f])}
+        all_names = sorted(self.names | frozenset(self._canonical))
         # A trie of the names: sre rejects a line after its first differing character instead of
         # trying every name in turn, and the literal "\n<common prefix>" lets it jump between
-        # candidate lines in C.
-        name = f"({_trie_pattern(sorted(self.names))})" if self.names else "((?!))"
-        tail = rf"(?:(?=[ \t{{]){_REST}|([ \t{{][^\n]*))"
+        # candidate lines in C. Group 2 is the rest of the line ("" when nothing follows the name).
+        name = f"({_trie_pattern(all_names)})" if all_names else "((?!))"
+        tail = r"((?:[ \t{\r][^\n]*)?)(?=\n)"
         self._fast_re = re.compile(rf"\n{name}{tail}")
         self._indented_re = re.compile(rf"\n[ \t]*{name}{tail}")
+        # A quoted name opens the label block: {"vllm:x", a="b"} 1 or {"vllm:x"} 1; the name is
+        # written with escapes (only names outside the legacy charset can need them).
+        self._unquoted = {_escape(n): n for n in all_names}
+        quoted = f"({_trie_pattern(sorted(self._unquoted))})" if all_names else "((?!))"
+        self._quoted_re = re.compile(rf'\n[ \t]*\{{[ \t]*"{quoted}"[ \t]*([,}}][^\n]*)(?=\n)')
 
-    def parse(self, text: str) -> Page:
-        """Samples of the wanted families, by wire name."""
-        text = _cut_at_eof(f"\n{text}\n")
+    def parse(self, text: str, openmetrics: bool = False) -> Page:
+        """Samples of the wanted families, by canonical name.
+
+        ``openmetrics``: the page is OpenMetrics text (``application/openmetrics-text``):
+        timestamps are in seconds and nothing after ``# EOF`` is read.
+        """
+        text = f"\n{text}\n"
+        if openmetrics:
+            text = _cut_at_eof(text)
         line_re = self._indented_re if ("\n " in text or "\n\t" in text) else self._fast_re
+        lines: list[tuple[str, str]]
+        if '{"' in text:  # quoted names: merge both kinds of line in page order
+            merged = [(m.start(), m.group(1), m.group(2)) for m in line_re.finditer(text)]
+            for m in self._quoted_re.finditer(text):
+                rest = m.group(2)
+                name = self._unquoted[m.group(1)]
+                merged.append((m.start(), name, rest[1:] if rest[0] == "}" else "{" + rest[1:]))
+            lines = [(n, r) for _, n, r in sorted(merged)]
+        else:
+            lines = line_re.findall(text)
         out: Page = {}
+        ts_unit = 1.0 if openmetrics else 1000.0  # per second: OpenMetrics seconds, text format ms
         simple_pairs = _SIMPLE_PAIR_RE.findall
-        for m in line_re.finditer(text):
-            name, block, value_tok, ts_tok, bad = m.groups()
-            if bad is not None:
-                raise ParseError(f"malformed sample line {m.group(0).strip()!r}")
+        for name, rest in lines:
             labels: dict[str, str]
-            if block:
-                if "\\" in block:
-                    found = _PAIR_RE.findall(block)
-                    labels = {k: _unescape(v) for k, v in found}
+            if rest[:1] in (" ", "\t") and rest.lstrip(" \t")[:1] == "{":  # blanks before the labels
+                rest = rest.lstrip(" \t")
+            if rest[:1] == "{":
+                # Escapes, exemplars, braces in values, quoted label names, native histograms:
+                # the validating regex finds where the label block ends.
+                if "\\" in rest or "#" in rest or rest.find("{", 1) >= 0:
+                    head = _HEAD_RE.match(rest)
+                    if head is None:
+                        raise ParseError(f"malformed labels in line {quote(name + rest)}")
+                    labels = _slow_labels(head.group(1), name, rest)
+                    tail = rest[head.end() :]
+                    if "#" in tail:  # an exemplar (or a comment) after the value
+                        tail = tail[: tail.index("#")]
                 else:
+                    end = rest.rfind("}")
+                    if end < 0:
+                        raise ParseError(f"unterminated labels in line {quote(name + rest)}")
+                    block = rest[1:end]
+                    tail = rest[end + 1 :]
                     found = simple_pairs(block)
-                    if 2 * len(found) != block.count('"'):  # spaces around "=": the slow path
-                        found = _PAIR_RE.findall(block)
-                    labels = dict(found)
-                if len(labels) != len(found):
-                    raise ParseError(f"duplicate label name in line {m.group(0).strip()!r}")
+                    # Exactly k="v" pairs joined by commas, one trailing comma allowed? (Values
+                    # hold no quote here, so '",' only occurs where a pair ends.)
+                    extra = len(block) - sum([len(k) + len(v) for k, v in found]) - 4 * len(found)
+                    if (extra == -1 or (extra == 0 and found)) and block.count('",') == len(found) + extra:
+                        labels = dict(found)
+                        if len(labels) != len(found):
+                            raise ParseError(f"duplicate label name in line {quote(name + rest)}")
+                    else:  # blanks, empty terms, nothing, or garbage: validate
+                        labels = _slow_labels(block, name, rest)
+                if openmetrics and tail[:1] not in (" ", "\t"):  # the text format lets it pass
+                    raise ParseError(f"no blank before the value in line {quote(name + rest)}")
             else:
                 labels = {}
-            if "_" in value_tok:  # float() would take "1_000"; the exposition format does not
-                raise ParseError(f"invalid value {value_tok!r} in line {m.group(0).strip()!r}")
-            try:
-                value = float(value_tok)
-            except ValueError:
-                raise ParseError(f"invalid value {value_tok!r} in line {m.group(0).strip()!r}") from None
-            ts = _number(ts_tok, m.group(0).strip()) / 1000.0 if ts_tok is not None else None
-            name = self._canonical.get(name, name)
+                tail = rest
+                if "#" in tail:
+                    tail = tail[: tail.index("#")]
+            tokens = tail.split()
+            if not tokens:
+                raise ParseError(f"no value in line {quote(name + rest)}")
+            if tokens[0][:1] == "{":  # a native histogram: {count:24,sum:100,schema:0,...}
+                continue
+            value = _number(tokens[0], "value", name, rest)
+            ts = None
+            if len(tokens) > 1:  # prometheus_client reads the last token as the timestamp
+                ts = _number(tokens[-1], "timestamp", name, rest) / ts_unit
+                if not math.isfinite(ts):
+                    raise ParseError(f"timestamp not finite in line {quote(name + rest)}")
             bucket = out.get(name)
             if bucket is None:
                 out[name] = bucket = []
             bucket.append(Sample(name, labels, value, ts))
+        if self._canonical and not self._canonical.keys().isdisjoint(out):
+            self._canonicalise(out)
         return out
+
+    def _canonicalise(self, out: Page) -> None:
+        """Escaped spellings (``vllm_x``) → canonical (``vllm:x``); a family written both ways
+        keeps only its canonical samples, so nothing is read twice."""
+        canonical_families = {self._family_of[n] for n in out if n in self._family_of}
+        for escaped in [n for n in out if n in self._canonical]:
+            samples = out.pop(escaped)
+            canonical = self._canonical[escaped]
+            if self._family_of[canonical] in canonical_families:
+                logger.debug("both %s and %s on one page: reading %s", canonical, escaped, canonical)
+                continue
+            out[canonical] = [s._replace(name=canonical) for s in samples]
 
 
 @lru_cache(maxsize=64)
@@ -181,6 +281,6 @@ def parser_for(families: frozenset[str]) -> FamilyParser:
     return FamilyParser(families)
 
 
-def parse(text: str, families: Iterable[str]) -> Page:
+def parse(text: str, families: Iterable[str], openmetrics: bool = False) -> Page:
     """Parse the samples of ``families`` out of ``text`` (see :class:`FamilyParser`)."""
-    return parser_for(frozenset(families)).parse(text)
+    return parser_for(frozenset(families)).parse(text, openmetrics)

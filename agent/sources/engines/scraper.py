@@ -64,11 +64,11 @@ class EngineScraper:
         t0 = time.perf_counter()
         size = 0
         try:
-            body = await asyncio.wait_for(self._fetch(), timeout=self.cfg.timeout_seconds)
+            body, openmetrics = await asyncio.wait_for(self._fetch(), timeout=self.cfg.timeout_seconds)
             size = len(body)
             text = self._decode(body)
             adapter = self._adapter_for(text)
-            models = adapter.parse(text, self.cfg.model)
+            models = adapter.parse(text, self.cfg.model, openmetrics)
         except asyncio.CancelledError:
             raise
         except Exception as err:
@@ -94,13 +94,15 @@ class EngineScraper:
             size_bytes=size,
         )
 
-    async def _fetch(self) -> bytes:
+    async def _fetch(self) -> tuple[bytes, bool]:
+        """The body, and whether it is OpenMetrics text (by its content type)."""
         async with self.session.get(self.cfg.url, headers={"Accept": ACCEPT_HEADER}) as resp:
             if resp.status != 200:
                 raise ScrapeFailed(f"HTTP {resp.status}")
             ctype = resp.headers.get("Content-Type")
-            if ctype is not None and not ctype.strip().lower().startswith(ACCEPTED_TYPES):
-                raise ScrapeFailed(f"wrong content type {ctype!r} (want text/plain)")
+            media = (ctype or "").strip().lower()
+            if ctype is not None and not media.startswith(ACCEPTED_TYPES):
+                raise ScrapeFailed(f"wrong content type {ctype[:100]!r} (want text/plain)")
             declared = resp.content_length
             if declared is not None and declared > self.cfg.max_bytes:
                 raise ScrapeFailed(f"page too large: {declared} bytes > max_bytes {self.cfg.max_bytes}")
@@ -111,12 +113,14 @@ class EngineScraper:
                 if size > self.cfg.max_bytes:
                     raise ScrapeFailed(f"page too large: over max_bytes {self.cfg.max_bytes}")
                 chunks.append(chunk)
-            return b"".join(chunks)
+            return b"".join(chunks), media.startswith("application/openmetrics-text")
 
     @staticmethod
     def _decode(body: bytes) -> str:
-        if b"\x00" in body:
-            raise ScrapeFailed("binary body (NUL bytes), not exposition text")
+        # A few NUL bytes are text (the OpenMetrics suite has one in a HELP line; in a label value
+        # the adapter removes it); a compressed body, or one that is more than 1 % NUL, is not.
+        if body[:2] == b"\x1f\x8b" or body.count(b"\x00") * 100 > len(body):
+            raise ScrapeFailed("binary body (compressed or NUL bytes), not exposition text")
         try:
             return body.decode("utf-8")
         except UnicodeDecodeError as err:

@@ -19,6 +19,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from agent.cost.inputs import EngineSpec
+
 EngineKind = Literal["vllm", "sglang", "tgi", "triton", "trtllm", "llamacpp", "auto"]
 
 DEFAULT_ENGINE_PORTS: Mapping[str, int] = {
@@ -112,6 +114,19 @@ class EngineConfig(_Frozen):
     def version_of(self, model: str) -> str:
         """The deployed version of ``model`` from deployment metadata, or "unknown"."""
         return self.model_versions.get(model) or self.model_version or "unknown"
+
+    def cost_spec(self) -> EngineSpec:
+        """This engine as plain data for the cost layer (which imports no configuration model)."""
+        return EngineSpec(
+            name=self.name,
+            kind=self.kind,
+            gpus=self.gpus,
+            model_version=self.model_version,
+            model_versions=dict(self.model_versions),
+            weights_bytes=self.weights_bytes,
+            kv_bytes_per_token=self.kv_bytes_per_token,
+            kv_capacity_tokens=self.kv_capacity_tokens,
+        )
 
 
 class PricesConfig(_Frozen):

@@ -160,6 +160,7 @@ class CostWindow:
     idle_usd: float  # the whole cost when no tokens were produced, else 0
     roofline_ratio: float | None = None  # observed decode tok/s ÷ bandwidth ceiling (0–1+)
     priced: bool = True  # False: a GPU was unread or unpriced, so the cost is incomplete (ratios absent)
+    estimated: bool = False  # a GPU was not read this tick: charged from its last reading (time, power)
 
     @property
     def cost_usd(self) -> float:

@@ -71,7 +71,9 @@ class Agent:
         self.engines = tuple(cfg.engines if engines is None else engines)
         self.hooks = hooks or Hooks()
         self.ledger = Ledger(cfg.node, __version__, trailing_seconds=cfg.intervals.window_seconds)
-        self.joiner = WindowJoiner(cfg.node, self.engines, book, cfg.prices.share_policy)
+        self.joiner = WindowJoiner(
+            cfg.node, [e.cost_spec() for e in self.engines], book.table(), cfg.prices.share_policy
+        )
         self.backend = backend
         self.sampler = NvmlSampler(backend, clock) if backend is not None else None
         self.versions = VersionReader(self.engines)

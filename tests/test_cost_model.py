@@ -70,6 +70,4 @@ def test_split_shares() -> None:
 
 def test_ratio_of_sums_not_mean_of_ratios() -> None:
     # busy hour: $3 for 3M tokens ($1/M); quiet hour: $3 for 0.1M tokens ($30/M)
-    t = cm.totals([(3.0, 0.0, 0.0, 3e6, 3600), (3.0, 0.0, 0.0, 1e5, 3600)])
-    assert t.usd_per_1m_output == pytest.approx(6.0 / 3.1)  # 1.935, not the mean of ratios 15.5
-    assert t.seconds == 7200
+    assert cm.usd_per_million(3.0 + 3.0, 3e6 + 1e5) == pytest.approx(6.0 / 3.1)  # 1.935, not 15.5

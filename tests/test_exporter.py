@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _snapshot() -> Snapshot:
     book = parse_price_book({"gpus": [{"match": "H100", "usd_per_hour": 3.6}]}, "book")
     engines = (EngineConfig(name="llama", url="http://x/metrics", gpus=(0,), model_version="v7"),)
-    j = WindowJoiner("node-a", engines, book)
+    j = WindowJoiner("node-a", [e.cost_spec() for e in engines], book.table())
     led = Ledger("node-a", "0.1.0")
 
     def gpus(t: float, e: float) -> NvmlRound:

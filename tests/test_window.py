@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.config import EngineConfig
+from agent.cost.inputs import EngineSpec, PriceTable
 from agent.cost.window import WindowJoiner
 from agent.samples import EngineScrape, GpuSample, ModelSignals, NvmlRound
 from agent.sources.prices import parse_price_book
@@ -13,14 +13,14 @@ T0 = 1_780_000_000.0
 H100 = "NVIDIA H100 80GB HBM3"
 
 
-def book(power: bool = False):  # type: ignore[no-untyped-def]
+def book(power: bool = False) -> PriceTable:
     raw: dict = {
         "gpus": [{"match": "H100", "usd_per_hour": 3.6}],
         "engines": {"cpu-engine": {"usd_per_hour": 0.36}},
     }
     if power:
         raw["power"] = {"usd_per_kwh": 0.10, "pue": 1.5}
-    return parse_price_book(raw, "test-book")
+    return parse_price_book(raw, "test-book").table()
 
 
 def gpu(i: int, t: float, energy_j: float = 0.0, util: float = 0.5, power: float = 400.0) -> GpuSample:
@@ -54,8 +54,8 @@ def scrape(engine: str, t: float, *models: tuple[str, float, float], up: bool = 
 
 
 ENGINES = (
-    EngineConfig(name="a", url="http://x/metrics", gpus=(0, 1), model_version="v1"),
-    EngineConfig(name="b", url="http://y/metrics", gpus=(1,), model_versions={"small": "s2"}),
+    EngineSpec(name="a", gpus=(0, 1), model_version="v1"),
+    EngineSpec(name="b", gpus=(1,), model_versions={"small": "s2"}),
 )
 
 
@@ -105,7 +105,7 @@ def test_energy_priced_from_the_counter_with_pue() -> None:
 
 
 def test_cpu_only_engine_priced_per_hour() -> None:
-    eng = EngineConfig(name="cpu-engine", url="http://z/metrics", model="tiny")
+    eng = EngineSpec(name="cpu-engine", gpus=())
     j = WindowJoiner("n1", (eng,), book())
     j.close_tick(T0, {"cpu-engine": scrape("cpu-engine", T0, ("tiny", 0, 0))})
     res = j.close_tick(T0 + 100, {"cpu-engine": scrape("cpu-engine", T0 + 100, ("tiny", 20, 80))})
@@ -143,9 +143,8 @@ def test_tokens_share_policy() -> None:
 
 
 def test_roofline_efficiency_is_decode_time_over_the_resident_kv_ceiling() -> None:
-    eng = EngineConfig(
-        name="a", url="http://x/metrics", gpus=(0,), weights_bytes=140e9, kv_bytes_per_token=327_680,
-        kv_capacity_tokens=100_000,
+    eng = EngineSpec(
+        name="a", gpus=(0,), weights_bytes=140e9, kv_bytes_per_token=327_680, kv_capacity_tokens=100_000,
     )  # fmt: skip
     j = WindowJoiner("n1", (eng,), book())
     sig = {"requests_running": 4.0, "kv_cache_usage_ratio": 0.5}
@@ -163,16 +162,18 @@ def test_roofline_efficiency_is_decode_time_over_the_resident_kv_ceiling() -> No
 def test_a_gpu_in_mig_mode_is_paid_once_through_its_instances() -> None:
     parent = GpuSample(0, "GPU-0", H100, T0, util_gpu_ratio=None)
     inst = [GpuSample(0, f"MIG-{k}", f"{H100} MIG 1g.10gb", T0, mig_parent_uuid="GPU-0") for k in range(7)]
-    eng_whole = EngineConfig(name="whole", url="http://x/metrics", gpus=(0,))  # the whole GPU = all instances
-    eng_one = EngineConfig(name="one", url="http://y/metrics", gpus=("MIG-0",))
+    eng_whole = EngineSpec(name="whole", gpus=(0,))  # the whole GPU = all instances
+    eng_one = EngineSpec(name="one", gpus=("MIG-0",))
     j = WindowJoiner("n1", (eng_one,), book())
     for t in (T0, T0 + 3600):
         j.add_round(NvmlRound(t, True, (parent, *inst)))
         res = j.close_tick(t, {"one": scrape("one", t, ("m", 0, t - T0))})
     assert sum(g.cost_usd for g in res.gpus) == pytest.approx(3.6)  # one GPU-hour, not eight
-    assert "GPU-0" not in {g.sample.uuid for g in res.gpus}
+    g = {x.sample.uuid: x for x in res.gpus}
+    assert g["GPU-0"].cost_usd == pytest.approx(0.0)  # seven 1g slices: nothing left on the parent
     (w,) = res.windows
     assert w.cost_usd == pytest.approx(3.6 / 7)  # a 1g slice is a seventh of the GPU
+    assert g["MIG-3"].idle_usd == pytest.approx(3.6 / 7) and g["MIG-0"].idle_usd == pytest.approx(0.0)
     j2 = WindowJoiner("n1", (eng_whole,), book())
     for t in (T0, T0 + 3600):
         j2.add_round(NvmlRound(t, True, (parent, *inst)))
@@ -180,9 +181,31 @@ def test_a_gpu_in_mig_mode_is_paid_once_through_its_instances() -> None:
     assert res2.windows[0].cost_usd == pytest.approx(3.6)
 
 
-def test_nvml_down_makes_the_cost_unknown_not_zero() -> None:
-    j = WindowJoiner("n1", ENGINES[:1], book())
+def test_nvml_down_keeps_charging_time_at_the_last_price_and_energy_at_the_last_power() -> None:
+    j = WindowJoiner("n1", ENGINES[:1], book(power=True))
     j.add_round(rnd(T0))
+    j.close_tick(T0, {"a": scrape("a", T0, ("big", 0, 0))})
+    j.add_round(rnd(T0 + 10))
+    j.close_tick(T0 + 10, {"a": scrape("a", T0 + 10, ("big", 0, 100))})
+    j.add_round(NvmlRound(T0 + 20, False, (), error="driver not loaded"))
+    res = j.close_tick(T0 + 20, {"a": scrape("a", T0 + 20, ("big", 0, 600))})
+    (w,) = res.windows
+    # GPUs 0 and 1 at $3.60/h for 10 s = $0.02; energy 2 × 400 W × 10 s = 8,000 J = 2.222e-3 kWh
+    # × $0.10 × PUE 1.5 = $0.000333…
+    energy = 8000 / 3.6e6 * 0.10 * 1.5
+    assert w.priced and w.estimated
+    assert w.gpu_time_usd == pytest.approx(0.02)
+    assert w.energy_usd == pytest.approx(energy)
+    assert w.usd_per_1m_output == pytest.approx((0.02 + energy) / 500 * 1e6)  # $40.67 per 1M
+    assert w.usage.generation_tokens == 500  # tokens are still counted
+    g = {x.sample.uuid: x for x in res.gpus}
+    assert g["GPU-2"].cost_usd == pytest.approx(0.01 + energy / 2) and g["GPU-2"].estimated
+    assert not g["GPU-0"].sample.up  # the GPU's reading is not current: it is not shown as up
+
+
+def test_nvml_down_from_the_start_makes_the_cost_unknown_not_zero() -> None:
+    j = WindowJoiner("n1", ENGINES[:1], book())
+    j.add_round(NvmlRound(T0, False, (), error="driver not loaded"))
     j.close_tick(T0, {"a": scrape("a", T0, ("big", 0, 0))})
     j.add_round(NvmlRound(T0 + 10, False, (), error="driver not loaded"))
     res = j.close_tick(T0 + 10, {"a": scrape("a", T0 + 10, ("big", 0, 500))})
@@ -192,7 +215,7 @@ def test_nvml_down_makes_the_cost_unknown_not_zero() -> None:
 
 
 def test_an_unpriced_gpu_makes_the_ratio_absent() -> None:
-    eng = EngineConfig(name="t4", url="http://x/metrics", gpus=(0,))
+    eng = EngineSpec(name="t4", gpus=(0,))
     j = WindowJoiner("n1", (eng,), book())
     t4 = lambda t: NvmlRound(t, True, (GpuSample(0, "GPU-T4", "Tesla T4", t),))  # noqa: E731
     j.add_round(t4(T0))

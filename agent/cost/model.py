@@ -8,25 +8,13 @@ a ratio of sums, never a mean of ratios.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 
 from agent.hardware import gpu_spec
 
 SECONDS_PER_HOUR = 3600.0
 JOULES_PER_KWH = 3.6e6
 PER_MILLION = 1e6
-
-MIG_SLICES = 7  # compute slices of an A100 / H100 / H200 in MIG mode (profiles 1g … 7g)
-
-
-def mig_slice_fraction(instance_name: str) -> float:
-    """The share of its GPU a MIG instance holds, from its profile name ("… MIG 3g.40gb" → 3/7);
-    1/7 when the name carries no profile."""
-    m = re.search(r"(\d+)g\.", instance_name)
-    g = int(m.group(1)) if m else 1
-    return min(g, MIG_SLICES) / MIG_SLICES
 
 
 def gpu_time_cost(usd_per_hour: float, seconds: float) -> float:
@@ -111,41 +99,3 @@ def roofline_efficiency(observed_tokens_per_second: float, ceiling_tokens_per_se
     if ceiling_tokens_per_second <= 0:
         return None
     return observed_tokens_per_second / ceiling_tokens_per_second
-
-
-@dataclass(frozen=True, slots=True)
-class Totals:
-    """Sums over a set of windows; ratios are derived from these (ratio of sums)."""
-
-    cost_usd: float = 0.0  # dollars
-    idle_usd: float = 0.0  # dollars spent in windows without tokens
-    prompt_tokens: float = 0.0  # tokens
-    generation_tokens: float = 0.0  # tokens
-    seconds: float = 0.0  # seconds of wall time covered (sum of window durations)
-
-    @property
-    def usd_per_1m_output(self) -> float | None:
-        """Σcost / Σgeneration tokens × 1e6."""
-        return usd_per_million(self.cost_usd, self.generation_tokens)
-
-    @property
-    def usd_per_1m_total(self) -> float | None:
-        """Σcost / Σ(prompt + generation) tokens × 1e6."""
-        return usd_per_million(self.cost_usd, self.prompt_tokens + self.generation_tokens)
-
-    def __add__(self, other: Totals) -> Totals:
-        return Totals(
-            self.cost_usd + other.cost_usd,
-            self.idle_usd + other.idle_usd,
-            self.prompt_tokens + other.prompt_tokens,
-            self.generation_tokens + other.generation_tokens,
-            self.seconds + other.seconds,
-        )
-
-
-def totals(parts: Iterable[tuple[float, float, float, float, float]]) -> Totals:
-    """Sum (cost, idle, prompt tokens, generation tokens, seconds) tuples into Totals."""
-    out = Totals()
-    for cost, idle, p, g, s in parts:
-        out = out + Totals(cost, idle, p, g, s)
-    return out

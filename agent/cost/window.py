@@ -1,59 +1,63 @@
 """The window join: NVML rounds + engine scrapes + prices → priced usage windows, one tick at a time.
 
-Pure and deterministic: it holds the previous cumulative readings (so counter resets are handled
-once, here) but reads no clock and does no I/O — the supervisor passes in the tick's time, the
-scrapes, the NVML rounds and each model's deployed version.
+Deterministic and free of I/O: it holds the previous cumulative readings (so counter resets are
+handled once, here) but reads no clock — the supervisor passes in the tick's time, the scrapes,
+the NVML rounds and each model's deployed version. Each tick runs the pure steps of the cost
+layer in order:
 
-Attribution, per tick of Δt seconds:
-- each GPU costs price × Δt / 3600 (+ energy where the book prices power); a GPU listed by several
-  engines is split by the share policy (``equal`` by default, or ``tokens``); a GPU no engine lists is
-  node idle cost;
-- an engine's cost is split among the models it serves by their share of tokens (equally when no
-  model produced any); a CPU-only engine is priced per hour from the book's ``engines`` section;
-- a model with no tokens in the tick has its whole cost reported as idle cost;
-- while an engine is down its GPUs still cost money: the cost goes, as idle, to the models it served
-  before; tokens counted while it was down appear in the tick it comes back (counter deltas).
+1. :func:`agent.cost.pricing.price_gpus` — what each GPU (or MIG instance) cost;
+2. per engine and model, the counters' increases (:func:`agent.cost.counters.counter_increase`)
+   and the histograms' deltas;
+3. :func:`agent.cost.attribution.attribute` — GPUs → engines → models, used and idle dollars;
+4. :func:`agent.cost.efficiency.decode_efficiency` — decode efficiency of each window.
+
+While an engine is down its GPUs still cost money: the cost goes, as idle, to the models it
+served before; tokens counted while it was down appear in the tick it comes back (counter deltas).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from agent.config import EngineConfig
+from agent.cost.attribution import ModelCharge, ModelTokens, attribute, engine_gpus
+from agent.cost.counters import CounterMemory, counter_increase
 from agent.cost.efficiency import DecodeObservation, ModelFigures, decode_efficiency
-from agent.cost.model import (
-    bandwidth_of,
-    energy_cost,
-    energy_from_counter,
-    gpu_time_cost,
-    mig_slice_fraction,
-    split_shares,
-    usd_per_million,
-)
-from agent.cost.quantiles import counter_delta, histogram_delta, quantile
+from agent.cost.inputs import EngineSpec, PriceTable
+from agent.cost.model import bandwidth_of, usd_per_million
+from agent.cost.pricing import GpuCharge, GpuReading, price_gpus
+from agent.cost.quantiles import histogram_delta, quantile
 from agent.samples import CostWindow, EngineScrape, GpuSample, Histogram, ModelSignals, NvmlRound, UsageWindow
-from agent.sources.prices import PriceBook
 
 logger = logging.getLogger(__name__)
 
 P99 = 0.99
+# The counters differenced per series (see agent.cost.counters).
+COUNTERS = (
+    "prompt_tokens_total",
+    "generation_tokens_total",
+    "preemptions_total",
+    "prefill_seconds_total",
+    "decode_seconds_total",
+)
 
 
 @dataclass(frozen=True, slots=True)
 class GpuTick:
     """What one GPU did and cost over one tick."""
 
-    sample: GpuSample  # the last reading in the tick
+    sample: GpuSample  # the last reading in the tick (a down copy of the last one when not read)
     seconds: float  # seconds covered
-    usd_per_hour: float | None  # price, None when the book does not price this GPU
+    usd_per_hour: float | None  # price (a MIG instance: its share), None when the book does not price it
     cost_usd: float  # dollars (time + energy)
-    idle_usd: float  # dollars of that not used to make tokens
+    idle_usd: float  # dollars of that not used to make tokens (unallocated included)
     energy_joules: float | None  # joules used in the tick
     util_ratio: float | None  # mean utilisation 0–1
     bw_ratio: float | None  # mean DRAM bandwidth 0–1 (GPM), else memory-busy ratio
     power_watts: float | None  # mean watts
+    unallocated_usd: float = 0.0  # dollars held by no engine (an unlisted GPU, uncreated MIG slices)
+    estimated: bool = False  # not read this tick: charged from its last reading
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,29 +70,16 @@ class TickResult:
     gpus: tuple[GpuTick, ...] = ()
 
 
-@dataclass(slots=True)
-class _GpuAcc:
-    samples: list[GpuSample] = field(default_factory=list)
+@dataclass(frozen=True, slots=True)
+class _ModelStep:
+    """One model's readings and counter increases for one tick."""
 
+    prev: ModelSignals | None
+    cur: ModelSignals | None  # None: the engine is down
+    increases: Mapping[str, float | None]  # counter name → increase (None: unknown)
 
-@dataclass(slots=True)
-class _ModelPrev:
-    signals: ModelSignals
-
-
-def _delta(prev: ModelSignals | None, cur: ModelSignals | None, name: str) -> float | None:
-    """A counter's increase over the tick, reset-safe per series.
-
-    When the engine sums the counter over several series (data-parallel ranks, model versions),
-    each series' delta is taken on its own, so one rank restarting is not read as a reset of the
-    sum (which would count every other rank's total again); a series new since the last scrape
-    started from zero and counts in full."""
-    if prev is None or cur is None:
-        return None
-    before, now = prev.counter_parts.get(name), cur.counter_parts.get(name)
-    if before and now:
-        return sum(counter_delta(before.get(k, 0.0), v) or 0.0 for k, v in now.items())
-    return counter_delta(getattr(prev, name), getattr(cur, name))
+    def inc(self, name: str) -> float | None:
+        return self.increases.get(name)
 
 
 def _hist_delta(prev: Histogram | None, cur: Histogram | None) -> Histogram | None:
@@ -110,16 +101,19 @@ class WindowJoiner:
     close each tick with :meth:`close_tick`."""
 
     def __init__(
-        self, node: str, engines: Sequence[EngineConfig], book: PriceBook, share_policy: str = "equal"
+        self, node: str, engines: Sequence[EngineSpec], prices: PriceTable, share_policy: str = "equal"
     ):
         self.node = node
         self.engines = tuple(engines)
-        self.book = book
+        self.prices = prices
         self.share_policy = share_policy
         self._last_tick: float | None = None
-        self._acc: dict[str, _GpuAcc] = {}
+        self._acc: dict[str, list[GpuSample]] = {}
+        self._seen: dict[str, GpuSample] = {}  # uuid → last reading that was up
+        self._power: dict[str, float] = {}  # uuid → last known mean power, watts
         self._last_energy: dict[str, tuple[float, float | None]] = {}  # uuid → (joules, tick it closed)
         self._prev: dict[tuple[str, str], ModelSignals] = {}  # (engine, model) → last signals
+        self._counters: dict[tuple[str, str, str], CounterMemory] = {}  # (engine, model, counter)
         self._known_models: dict[str, tuple[str, ...]] = {}  # engine → models seen
         self._unpriced_logged: set[str] = set()
 
@@ -129,34 +123,73 @@ class WindowJoiner:
         if not rnd.up:
             return
         for g in rnd.gpus:
-            self._acc.setdefault(g.uuid, _GpuAcc()).samples.append(g)
+            self._acc.setdefault(g.uuid, []).append(g)
 
-    # ------------------------------------------------------------------ helpers
-    def _engine_gpus(self, eng: EngineConfig, gpus: Mapping[str, GpuSample]) -> list[str]:
-        """The UUIDs of the engine's GPUs seen this tick; a whole GPU in MIG mode means its instances."""
-        mig_parents = {s.mig_parent_uuid for s in gpus.values() if s.mig_parent_uuid}
-        out: list[str] = []
-        for ref in eng.gpus:
-            for uuid, s in gpus.items():
-                whole = isinstance(ref, int) and s.index == ref and s.mig_parent_uuid is None
-                if whole and uuid in mig_parents:
-                    out.extend(u for u, m in gpus.items() if m.mig_parent_uuid == uuid)
-                elif (isinstance(ref, str) and ref == uuid) or whole:
-                    out.append(uuid)
+    # ------------------------------------------------------------------ steps
+    def _readings(self, start: float, now: float) -> dict[str, GpuReading]:
+        """This tick's reading of every GPU read now or before (a GPU not read now is still paid)."""
+        out: dict[str, GpuReading] = {}
+        for uuid in {**self._seen, **self._acc}:
+            samples = self._acc.get(uuid, [])
+            up = [s for s in samples if s.up]
+            if up:
+                s = samples[-1]
+                prev = self._last_energy.get(uuid)
+                # the counter only spans this tick if its previous reading closed the previous tick;
+                # after a gap (GPU or NVML down) fall back to mean power × Δt instead of charging the gap
+                prev_j = prev[0] if prev is not None and prev[1] == start else None
+                bw = _mean(x.dram_bw_ratio for x in up)
+                out[uuid] = GpuReading(
+                    sample=s,
+                    seen=True,
+                    mean_power_watts=_mean(x.power_watts for x in up),
+                    prev_energy_joules=prev_j,
+                    util_ratio=_mean(x.util_gpu_ratio for x in up),
+                    bw_ratio=bw if bw is not None else _mean(x.util_memory_ratio for x in up),
+                )
+                continue
+            last = self._seen.get(uuid) or samples[-1]
+            down = samples[-1] if samples else None
+            out[uuid] = GpuReading(
+                sample=down
+                or GpuSample(
+                    last.index, uuid, last.name, now, up=False, mig_parent_uuid=last.mig_parent_uuid
+                ),
+                seen=False,
+                mean_power_watts=self._power.get(uuid),
+                prev_energy_joules=None,
+            )
         return out
 
-    def _model_deltas(
-        self, eng: EngineConfig, scrape: EngineScrape | None
-    ) -> dict[str, tuple[ModelSignals | None, ModelSignals | None]]:
-        """(previous, current) signals per model of an engine; current None when the engine is down."""
-        out: dict[str, tuple[ModelSignals | None, ModelSignals | None]] = {}
+    def _model_steps(self, eng: EngineSpec, scrape: EngineScrape | None) -> dict[str, _ModelStep]:
+        """Per model of an engine: (previous, current) signals and counter increases."""
+        out: dict[str, _ModelStep] = {}
         if scrape is not None and scrape.up:
             for m in scrape.models:
-                out[m.model] = (self._prev.get((eng.name, m.model)), m)
+                inc: dict[str, float | None] = {}
+                for name in COUNTERS:
+                    key = (eng.name, m.model, name)
+                    inc[name], mem = counter_increase(
+                        self._counters.get(key), getattr(m, name), m.counter_parts.get(name)
+                    )
+                    if mem is not None:
+                        self._counters[key] = mem
+                out[m.model] = _ModelStep(self._prev.get((eng.name, m.model)), m, inc)
         else:
             for name in self._known_models.get(eng.name, ()):
-                out[name] = (self._prev.get((eng.name, name)), None)
+                out[name] = _ModelStep(self._prev.get((eng.name, name)), None, {})
         return out
+
+    def _log_unpriced(self, charges: Mapping[str, GpuCharge]) -> None:
+        for uuid, c in charges.items():
+            if not c.priced and uuid not in self._unpriced_logged:
+                self._unpriced_logged.add(uuid)
+                logger.warning(
+                    "GPU %s (%s) has no price in %s: its cost is unknown (ratios absent)",
+                    uuid,
+                    c.reading.sample.name,
+                    self.prices.source,
+                )
 
     # ------------------------------------------------------------------ the tick
     def close_tick(
@@ -174,200 +207,136 @@ class WindowJoiner:
         """
         versions = versions or {}
         start = self._last_tick
-        last: dict[str, GpuSample] = {u: a.samples[-1] for u, a in self._acc.items() if a.samples}
         if start is None or now <= start:
-            self._last_tick = now
-            self._remember(scrapes, last)
-            self._acc = {}
+            for e in self.engines:
+                self._model_steps(e, scrapes.get(e.name))  # the counters' first readings
+            self._remember(now, scrapes, self._readings(now, now))
             return TickResult(start=now, end=now)
         dt = now - start
 
-        # ---- per GPU: time + energy cost
-        gpu_cost: dict[str, float] = {}
-        gpu_info: dict[str, tuple[float | None, float | None, float | None, float | None, float | None]] = {}
-        power = self.book.power
-        mig_parents = {s.mig_parent_uuid for s in last.values() if s.mig_parent_uuid}
-        for uuid, acc in self._acc.items():
-            if uuid in mig_parents:
-                continue  # a GPU in MIG mode is paid through its instances
-            s = acc.samples[-1]
-            price = self.book.gpu_usd_per_hour(s.name, self.node, now)
-            if price is not None and s.mig_parent_uuid:
-                price *= mig_slice_fraction(s.name)
-            if price is None and uuid not in self._unpriced_logged:
-                self._unpriced_logged.add(uuid)
-                logger.warning(
-                    "GPU %s (%s) has no price in %s: its cost counts as 0",
-                    uuid,
-                    s.name,
-                    self.book.source_path,
-                )
-            mean_power = _mean(x.power_watts for x in acc.samples)
-            prev_energy = self._last_energy.get(uuid)
-            # the counter only spans this tick if its previous reading closed the previous tick;
-            # after a gap (GPU or NVML down) fall back to mean power × Δt instead of charging the gap
-            prev_j = prev_energy[0] if prev_energy is not None and prev_energy[1] == start else None
-            joules = energy_from_counter(prev_j, s.energy_joules, mean_power, dt)
-            cost = gpu_time_cost(price or 0.0, dt)
-            if power is not None and joules is not None:
-                cost += energy_cost(joules, power.usd_per_kwh, power.pue)
-            gpu_cost[uuid] = cost
-            bw = _mean(x.dram_bw_ratio for x in acc.samples)
-            if bw is None:
-                bw = _mean(x.util_memory_ratio for x in acc.samples)
-            gpu_info[uuid] = (price, joules, _mean(x.util_gpu_ratio for x in acc.samples), bw, mean_power)
+        readings = self._readings(start, now)
+        charges = price_gpus(readings, self.prices, self.node, start, now)
+        self._log_unpriced(charges)
 
-        # ---- per engine: which GPUs, which models, how many tokens
-        eng_gpus = {e.name: self._engine_gpus(e, last) for e in self.engines}
-        eng_models = {e.name: self._model_deltas(e, scrapes.get(e.name)) for e in self.engines}
-        model_tokens: dict[tuple[str, str], tuple[float, float]] = {}
-        for e in self.engines:
-            for model, (prev, cur) in eng_models[e.name].items():
-                p = _delta(prev, cur, "prompt_tokens_total")
-                g = _delta(prev, cur, "generation_tokens_total")
-                model_tokens[(e.name, model)] = (p or 0.0, g or 0.0)
-        eng_tokens = {
-            e.name: sum(p + g for (en, _), (p, g) in model_tokens.items() if en == e.name)
-            for e in self.engines
+        samples = {u: r.sample for u, r in readings.items()}
+        held = {e.name: engine_gpus(e, samples) for e in self.engines}
+        steps = {e.name: self._model_steps(e, scrapes.get(e.name)) for e in self.engines}
+        tokens = {
+            name: [
+                ModelTokens(m, st.inc("prompt_tokens_total") or 0.0, st.inc("generation_tokens_total") or 0.0)
+                for m, st in models.items()
+            ]
+            for name, models in steps.items()
         }
+        att = attribute(self.engines, held, tokens, charges, self.prices, self.share_policy, dt)
 
-        users: dict[str, list[str]] = {}
-        for e in self.engines:
-            for u in eng_gpus[e.name]:
-                users.setdefault(u, []).append(e.name)
-        shares = {u: split_shares(us, self.share_policy, eng_tokens) for u, us in users.items()}
-
-        # ---- price each model
-        windows: list[CostWindow] = []
-        gpu_used_usd: dict[str, float] = {u: 0.0 for u in gpu_cost}
-        for e in self.engines:
-            models = eng_models[e.name]
-            if not models:
-                continue
-            tok = {m: sum(model_tokens[(e.name, m)]) for m in models}
-            mshare = split_shares(list(models), "tokens", tok)
-            eng_gpu_list = eng_gpus[e.name]
-            cpu_price = self.book.engine_usd_per_hour(e.name)
-            # the cost is known only if every GPU the engine lists was read and priced (NVML down or a
-            # GPU missing from the book = unknown, reported as an absent ratio, never as $0), or the
-            # engine has an hourly price of its own
-            priced = (
-                len(eng_gpu_list) >= len(e.gpus)
-                and all(gpu_info[u][0] is not None for u in eng_gpu_list)
-                and (bool(eng_gpu_list) or cpu_price is not None)
+        specs = {e.name: e for e in self.engines}
+        kinds = {name: sc.kind for name, sc in scrapes.items()}
+        windows = [
+            self._window(
+                specs[mc.engine], mc, steps[mc.engine][mc.model], charges, versions, kinds, start, now
             )
-            for model, (prev, cur) in models.items():
-                ms = mshare[model]
-                p_tok, g_tok = model_tokens[(e.name, model)]
-                ttft = _hist_delta(prev.ttft_seconds if prev else None, cur.ttft_seconds if cur else None)
-                itl = _hist_delta(prev.itl_seconds if prev else None, cur.itl_seconds if cur else None)
-                time_usd = energy_usd = gpu_seconds = 0.0
-                joules_sum: float | None = None
-                power_sum: float | None = None
-                for u in eng_gpu_list:
-                    f = shares[u][e.name] * ms
-                    price, joules, _util, _bw, watts = gpu_info[u]
-                    t_usd = gpu_time_cost(price or 0.0, dt) * f
-                    time_usd += t_usd
-                    e_usd = (gpu_cost[u] - gpu_time_cost(price or 0.0, dt)) * f
-                    energy_usd += e_usd
-                    gpu_seconds += dt * f
-                    if joules is not None:
-                        joules_sum = (joules_sum or 0.0) + joules * f
-                    if watts is not None:
-                        power_sum = (power_sum or 0.0) + watts * f
-                    if p_tok + g_tok > 0:
-                        gpu_used_usd[u] += t_usd + e_usd
-                if cpu_price is not None:
-                    time_usd += gpu_time_cost(cpu_price, dt) * ms
-                usage = UsageWindow(
-                    node=self.node,
-                    engine=e.name,
-                    model=model,
-                    model_version=versions.get(e.name) or e.version_of(model),
-                    start=start,
-                    end=now,
-                    prompt_tokens=p_tok,
-                    generation_tokens=g_tok,
-                    gpu_seconds=gpu_seconds,
-                    energy_joules=joules_sum,
-                    gpu_util_ratio=_mean(gpu_info[u][2] for u in eng_gpu_list),
-                    mem_bw_ratio=_mean(gpu_info[u][3] for u in eng_gpu_list),
-                    power_watts=power_sum,
-                    requests_running=cur.requests_running if cur else None,
-                    kv_cache_usage_ratio=cur.kv_cache_usage_ratio if cur else None,
-                    preemptions=_delta(prev, cur, "preemptions_total"),
-                    ttft_p99_seconds=_p99(ttft),
-                    itl_p99_seconds=_p99(itl),
-                    ttft_delta=ttft,
-                    itl_delta=itl,
-                    prefill_seconds=_delta(prev, cur, "prefill_seconds_total"),
-                    decode_seconds=_delta(prev, cur, "decode_seconds_total"),
-                )
-                sc = scrapes.get(e.name)
-                roof = _efficiency(
-                    usage, cur, sc.kind if sc is not None else e.kind, e, [last[u] for u in eng_gpu_list]
-                )
-                windows.append(self._price(usage, time_usd, energy_usd, priced, roof))
-
-        gpus: list[GpuTick] = []
-        for u, cost in gpu_cost.items():
-            price, joules, util, bw, watts = gpu_info[u]
-            gpus.append(
-                GpuTick(
-                    sample=last[u],
-                    seconds=dt,
-                    usd_per_hour=price,
-                    cost_usd=cost,
-                    idle_usd=max(0.0, cost - gpu_used_usd.get(u, 0.0)),
-                    energy_joules=joules,
-                    util_ratio=util,
-                    bw_ratio=bw,
-                    power_watts=watts,
-                )
+            for mc in att.models
+        ]
+        gpus = [
+            GpuTick(
+                sample=c.reading.sample,
+                seconds=dt,
+                usd_per_hour=c.usd_per_hour,
+                cost_usd=c.cost_usd,
+                idle_usd=max(0.0, c.cost_usd - att.used_usd.get(u, 0.0)),
+                energy_joules=c.energy_joules,
+                util_ratio=c.reading.util_ratio,
+                bw_ratio=c.reading.bw_ratio,
+                power_watts=c.reading.mean_power_watts if c.reading.seen else None,
+                unallocated_usd=max(0.0, c.cost_usd - att.allocated_usd.get(u, 0.0)),
+                estimated=c.estimated,
             )
-
-        self._last_tick = now
-        self._remember(scrapes, last)
-        self._acc = {}
+            for u, c in charges.items()
+        ]
+        self._remember(now, scrapes, readings)
         return TickResult(start=start, end=now, windows=tuple(windows), gpus=tuple(gpus))
 
+    def _window(
+        self,
+        spec: EngineSpec,
+        mc: ModelCharge,
+        st: _ModelStep,
+        charges: Mapping[str, GpuCharge],
+        versions: Mapping[str, str],
+        kinds: Mapping[str, str],
+        start: float,
+        now: float,
+    ) -> CostWindow:
+        prev, cur = st.prev, st.cur
+        p_tok = st.inc("prompt_tokens_total") or 0.0
+        g_tok = st.inc("generation_tokens_total") or 0.0
+        ttft = _hist_delta(prev.ttft_seconds if prev else None, cur.ttft_seconds if cur else None)
+        itl = _hist_delta(prev.itl_seconds if prev else None, cur.itl_seconds if cur else None)
+        usage = UsageWindow(
+            node=self.node,
+            engine=spec.name,
+            model=mc.model,
+            model_version=versions.get(spec.name) or spec.version_of(mc.model),
+            start=start,
+            end=now,
+            prompt_tokens=p_tok,
+            generation_tokens=g_tok,
+            gpu_seconds=mc.gpu_seconds,
+            energy_joules=mc.energy_joules,
+            gpu_util_ratio=_mean(charges[u].reading.util_ratio for u in mc.gpus),
+            mem_bw_ratio=_mean(charges[u].reading.bw_ratio for u in mc.gpus),
+            power_watts=mc.power_watts,
+            requests_running=cur.requests_running if cur else None,
+            kv_cache_usage_ratio=cur.kv_cache_usage_ratio if cur else None,
+            preemptions=st.inc("preemptions_total"),
+            ttft_p99_seconds=_p99(ttft),
+            itl_p99_seconds=_p99(itl),
+            ttft_delta=ttft,
+            itl_delta=itl,
+            prefill_seconds=st.inc("prefill_seconds_total"),
+            decode_seconds=st.inc("decode_seconds_total"),
+        )
+        cost = mc.cost_usd
+        tokens = p_tok + g_tok
+        sc_kind = kinds.get(spec.name) or spec.kind
+        roof = _efficiency(usage, cur, sc_kind, spec, [charges[u].reading.sample.name for u in mc.gpus])
+        return CostWindow(
+            usage=usage,
+            gpu_time_usd=mc.time_usd,
+            energy_usd=mc.energy_usd,
+            usd_per_1m_output=usd_per_million(cost, g_tok) if mc.priced else None,
+            usd_per_1m_total=usd_per_million(cost, tokens) if mc.priced else None,
+            idle_usd=cost if tokens <= 0 else 0.0,
+            priced=mc.priced,
+            roofline_ratio=roof,
+            estimated=mc.estimated,
+        )
+
     # ------------------------------------------------------------------ internals
-    def _remember(self, scrapes: Mapping[str, EngineScrape], last: Mapping[str, GpuSample]) -> None:
+    def _remember(
+        self, now: float, scrapes: Mapping[str, EngineScrape], readings: Mapping[str, GpuReading]
+    ) -> None:
+        self._last_tick = now
         for name, sc in scrapes.items():
             if sc.up:
                 if sc.models:
                     self._known_models[name] = tuple(m.model for m in sc.models)
                 for m in sc.models:
                     self._prev[(name, m.model)] = m
-        for uuid, s in last.items():
-            if s.energy_joules is not None:
-                self._last_energy[uuid] = (s.energy_joules, self._last_tick)
-
-    def _price(
-        self,
-        usage: UsageWindow,
-        time_usd: float,
-        energy_usd: float,
-        priced: bool = True,
-        roofline: float | None = None,
-    ) -> CostWindow:
-        cost = time_usd + energy_usd
-        tokens = usage.prompt_tokens + usage.generation_tokens
-        return CostWindow(
-            usage=usage,
-            gpu_time_usd=time_usd,
-            energy_usd=energy_usd,
-            usd_per_1m_output=usd_per_million(cost, usage.generation_tokens) if priced else None,
-            usd_per_1m_total=usd_per_million(cost, tokens) if priced else None,
-            idle_usd=cost if tokens <= 0 else 0.0,
-            priced=priced,
-            roofline_ratio=roofline,
-        )
+        for uuid, r in readings.items():
+            if not r.seen:
+                continue
+            self._seen[uuid] = next(s for s in reversed(self._acc[uuid]) if s.up)
+            if r.mean_power_watts is not None:
+                self._power[uuid] = r.mean_power_watts
+            if r.sample.energy_joules is not None:
+                self._last_energy[uuid] = (r.sample.energy_joules, now)
+        self._acc = {}
 
 
 def _efficiency(
-    usage: UsageWindow, cur: ModelSignals | None, kind: str, eng: EngineConfig, gpus: Sequence[GpuSample]
+    usage: UsageWindow, cur: ModelSignals | None, kind: str, spec: EngineSpec, gpu_names: Sequence[str]
 ) -> float | None:
     """Decode efficiency of one model window (:mod:`agent.cost.efficiency`); None when unknown."""
     if cur is None:
@@ -381,7 +350,7 @@ def _efficiency(
         kv_cache_usage_ratio=usage.kv_cache_usage_ratio,
         kv_capacity_tokens=cur.kv_capacity_tokens,
         replicas=ranks,
-        bandwidth_bytes_per_s=sum(bandwidth_of(g.name) or 0.0 for g in gpus),
+        bandwidth_bytes_per_s=sum(bandwidth_of(n) or 0.0 for n in gpu_names),
     )
-    figures = ModelFigures(eng.weights_bytes, eng.kv_bytes_per_token, eng.kv_capacity_tokens)
+    figures = ModelFigures(spec.weights_bytes, spec.kv_bytes_per_token, spec.kv_capacity_tokens)
     return decode_efficiency(obs, figures)

@@ -67,7 +67,7 @@ def simulated_history(
     }
     configs = [engine_config(spec, engines[spec.name], "http://sim.invalid/metrics") for spec in specs]
     gpu_of = {g: spec.name for spec in specs for g in spec.gpus}
-    joiner = WindowJoiner(node, configs, book)
+    joiner = WindowJoiner(node, [c.cost_spec() for c in configs], book.table())
     energy = {g: 0.0 for g in range(8)}
     t = start
     while t < end:

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent.config import ConfigError, format_validation_error, load_yaml
+from agent.cost.inputs import GpuRate, PowerRate, PriceTable
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"  # files shipped inside the package
 EXAMPLE_BOOK = DATA_DIR / "prices-example.yaml"
@@ -70,30 +71,34 @@ class PriceBook:
     model: PriceBookModel
     source_path: str
 
+    def table(self) -> PriceTable:
+        """The book as plain data for the cost layer (effective dates as epoch seconds, 00:00 UTC)."""
+        m = self.model
+        return PriceTable(
+            gpus=tuple(GpuRate(p.match, p.usd_per_hour, _epoch(p.effective_from)) for p in m.gpus),
+            nodes={k: v.usd_per_gpu_hour for k, v in m.nodes.items()},
+            engines={k: v.usd_per_hour for k, v in m.engines.items()},
+            power=PowerRate(m.power.usd_per_kwh, m.power.pue) if m.power is not None else None,
+            source=self.source_path,
+        )
+
     def gpu_usd_per_hour(self, gpu_name: str, node: str, at: float) -> float | None:
         """$ per GPU-hour of a GPU named ``gpu_name`` on ``node`` at epoch time ``at``; None if unpriced."""
-        override = self.model.nodes.get(node)
-        if override is not None:
-            return override.usd_per_gpu_hour
-        day = dt.datetime.fromtimestamp(at, tz=dt.UTC).date()
-        name = gpu_name.lower()
-        best: GpuPrice | None = None
-        for p in self.model.gpus:
-            if p.match.lower() not in name or p.effective_from > day:
-                continue
-            if best is None or (len(p.match), p.effective_from) > (len(best.match), best.effective_from):
-                best = p
-        return None if best is None else best.usd_per_hour
+        return self.table().gpu_usd_per_hour(gpu_name, node, at)
 
     def engine_usd_per_hour(self, engine: str) -> float | None:
         """$ per hour of a CPU-only (or whole-machine) engine, or None."""
-        p = self.model.engines.get(engine)
-        return None if p is None else p.usd_per_hour
+        return self.table().engine_usd_per_hour(engine)
 
     @property
     def power(self) -> PowerPrice | None:
         """The energy price, when the book prices power."""
         return self.model.power
+
+
+def _epoch(day: dt.date) -> float:
+    """Epoch seconds of 00:00 UTC on ``day``."""
+    return dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC).timestamp()
 
 
 def parse_price_book(raw: Any, source: str) -> PriceBook:

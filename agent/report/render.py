@@ -14,13 +14,13 @@ Every name is escaped for its destination (:mod:`agent.report.escape`).
 from __future__ import annotations
 
 import csv
+import html
 import io
 import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
-from html import escape
 from typing import Any
 
 from agent.report import escape as esc
@@ -55,6 +55,11 @@ CSV_COLUMNS = (
 )
 MAX_CHARTS = 12  # model versions charted (by cost); the tables list every version
 SLACK_MAX_LINES = 5  # regressions and savings listed in the Slack summary
+
+
+def escape(text: str) -> str:
+    """Text for HTML: control characters replaced (one visible line), then entity-escaped."""
+    return html.escape(esc.clean(text))
 
 
 def _day(ts: float) -> str:
@@ -354,7 +359,7 @@ th{text-align:left;background:#f6f8fa}td.n{text-align:right;font-variant-numeric
 .card{border:1px solid #d0d7de;border-radius:6px;padding:10px 16px}
 .card .v{font-size:22px;font-weight:600}.card .l{font-size:12px;color:#59636e}
 .up{color:#cf222e}.down{color:#1a7f37}.muted{color:#59636e;font-size:12px}
-.charts{display:flex;gap:12px;flex-wrap:wrap}.chart{font-size:12px}
+.charts{display:flex;gap:12px;flex-wrap:wrap}.chart{font-size:12px;width:360px}.nw{white-space:nowrap}
 li{overflow-wrap:anywhere}
 """
 
@@ -364,6 +369,8 @@ LINE = "#0969da"
 BAND = "#afb8c1"
 IDLE = "#bc4c00"
 DEPLOY = "#8250df"
+NOWRAP_CHARS = 40  # names up to this many characters are kept on one line in tables
+BAND_MIN_PX = 4.0  # pixels: the thinnest baseline band drawn
 
 
 def _nice_top(v: float) -> float:
@@ -446,10 +453,15 @@ def line_chart(
                 continue
             if run:
                 half = pw / x_slots / 2
-                upper = [(a[0] - half, b[1]) for a, b in run[:1]] + [b for _, b in run]
-                upper += [(run[-1][1][0] + half, run[-1][1][1])]
-                lower = [(run[-1][0][0] + half, run[-1][0][1])] + [a for a, _ in reversed(run)]
-                lower += [(run[0][0][0] - half, run[0][0][1])]
+                # at least BAND_MIN_PX tall, so a flat baseline (every hour alike) still shows
+                hi_pts = [(b[0], min(b[1], a[1] - BAND_MIN_PX / 2)) for a, b in run]
+                lo_pts = [(a[0], max(a[1], b[1] + BAND_MIN_PX / 2)) for a, b in run]
+                upper = [(hi_pts[0][0] - half, hi_pts[0][1]), *hi_pts, (hi_pts[-1][0] + half, hi_pts[-1][1])]
+                lower = [
+                    (lo_pts[-1][0] + half, lo_pts[-1][1]),
+                    *reversed(lo_pts),
+                    (lo_pts[0][0] - half, lo_pts[0][1]),
+                ]
                 poly = " ".join(f"{x:.1f},{y:.1f}" for x, y in upper + lower)
                 p.append(f'<polygon points="{poly}" fill="{BAND}" fill-opacity="0.45" stroke="none"/>')
                 run = []
@@ -541,6 +553,11 @@ def _like_html(m: ModelWeek) -> str:
     return escape("no like-load comparison (no common load band with a baseline)")
 
 
+def _nw(name: str) -> str:
+    """Keep a short name on one line (a version must not wrap at its hyphen); long ones wrap."""
+    return ' class="nw"' if len(name) <= NOWRAP_CHARS else ""
+
+
 def _card(label: str, value: str, sub: str = "") -> str:
     return (
         f'<div class="card"><div class="l">{escape(label)}</div><div class="v">{escape(value)}</div>'
@@ -615,7 +632,7 @@ def render_html(r: WeeklyReport) -> str:
     ]
     for m in r.models:
         h.append(
-            f"<tr><td>{escape(m.model)}</td><td>{escape(m.model_version)}</td>"
+            f"<tr><td{_nw(m.model)}>{escape(m.model)}</td><td{_nw(m.model_version)}>{escape(m.model_version)}</td>"
             f'<td class="n">{usd(m.cost_usd)}</td><td class="n">{tokens(m.output_tokens)}</td>'
             f'<td class="n">{usd(m.usd_per_1m_output, 4)}</td>'
             f'<td class="n">{usd(m.last_usd_per_1m_output, 4)}</td>'

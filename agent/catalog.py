@@ -65,6 +65,24 @@ CATALOG: tuple[MetricSpec, ...] = (
         "nvml_up",
         NODE_LABELS,
     ),
+    _m(
+        "store_up",
+        "gauge",
+        "1",
+        "1 when the history store (SQLite) accepts writes, 0 while it fails (history paused, metrics go on).",
+        "node",
+        "store_up",
+        NODE_LABELS,
+    ),
+    _m(
+        "store_files_recovered_total",
+        "counter",
+        "1",
+        "Damaged SQLite files (history, outbox) moved aside and started anew.",
+        "node",
+        "store_files_recovered_total",
+        NODE_LABELS,
+    ),
     # ---- GPUs
     _m(
         "gpu_up",

@@ -11,56 +11,31 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import datetime as dt
 import logging
 import signal
+import socket
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from agent import __version__
-from agent.clock import Clock
 from agent.config import Config, ConfigError, load_config
 from agent.detect.rules import RuleError
+from agent.logs import setup_logging
 from agent.sources.nvml.backend import NvmlUnavailable
 from agent.sources.prices import load_price_book
 from agent.store import StoreError
-
-if TYPE_CHECKING:
-    from agent.supervisor import Hooks
+from agent.supervisor import StartupError
 
 logger = logging.getLogger("agent")
 
 EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_CONFIG = 2
+EXIT_USER_ERROR = 2  # bad config, busy port, state dir held or unusable: the operator fixes it
+EXIT_BAD_CONFIG = EXIT_USER_ERROR
 
-
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        doc: dict[str, Any] = {
-            "ts": round(record.created, 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            doc["exc"] = self.formatException(record.exc_info)
-        return json.dumps(doc)
-
-
-def setup_logging(level: str, fmt: str) -> None:
-    """Configure the root logger once (text or JSON lines on stderr)."""
-    handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(_JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+USER_ERRORS = (ConfigError, StartupError, NvmlUnavailable, RuleError, StoreError)
 
 
 def _install_signal_handlers(stop: asyncio.Event) -> None:
@@ -69,77 +44,92 @@ def _install_signal_handlers(stop: asyncio.Event) -> None:
         loop.add_signal_handler(sig, stop.set)
 
 
+def check_port(host: str, port: int) -> None:
+    """Raise StartupError when ``host:port`` cannot be bound now (port 0 always can)."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as err:
+        raise StartupError(
+            f"exporters.prometheus.host {host!r} does not resolve ({err.strerror}); fix: use an address "
+            "such as 127.0.0.1 or 0.0.0.0"
+        ) from None
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as err:
+            raise StartupError(
+                f"cannot listen on {host}:{port}: {err.strerror}; fix: stop what uses that port or set "
+                "exporters.prometheus.port to a free one"
+            ) from None
+
+
 # ---------------------------------------------------------------------------------------- check
 def cmd_check(args: argparse.Namespace) -> int:
-    """Validate the config, its price book and its rules; print what was found."""
+    """Validate the config, its price book, its rules, the state dir and the port; print what was found."""
+    from agent.detect.rules import load_default_rules, load_rules
+
     cfg = load_config(args.config)
     book = load_price_book(cfg.prices.book)
     print(f"config {args.config or '(defaults)'}: ok — node {cfg.node}, {len(cfg.engines)} engine(s)")
     print(
         f"price book {book.source_path}: ok — {len(book.model.gpus)} GPU price(s), as of {book.model.as_of}"
     )
-    from agent.detect.rules import load_default_rules, load_rules
-
     rules = load_rules(cfg.alerts.rules_dirs) if cfg.alerts.rules_dirs else load_default_rules()
     print(f"rules: ok — {len(rules)} rule(s)")
+    _check_state_dir(cfg)
+    if cfg.exporters.prometheus.enabled:
+        check_port(cfg.exporters.prometheus.host, cfg.exporters.prometheus.port)
+        print(f"port {cfg.exporters.prometheus.host}:{cfg.exporters.prometheus.port}: ok — free")
     return EXIT_OK
+
+
+def _check_state_dir(cfg: Config) -> None:
+    """Exit-2 problems with the state dir (cannot be created); a read-only one is a warning."""
+    from agent.app import _writable
+
+    p = cfg.state_dir
+    existing = p
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing != p and not existing.is_dir():
+        raise StartupError(f"state_dir {p}: {existing} is not a directory; fix: point state_dir at a folder")
+    if p.exists() and not p.is_dir():
+        raise StartupError(f"state_dir {p} is not a directory; fix: point state_dir at a folder")
+    problem = _writable(existing)
+    if problem is not None and existing != p:
+        raise StartupError(
+            f"state_dir {p}: cannot create it ({problem.strerror}); fix: create it, writable by the "
+            "agent's user, or set state_dir (or INFERCOST_STATE_DIR) to a writable folder"
+        )
+    if problem is not None:
+        print(
+            f"state_dir {p}: WARNING — takes no writes ({problem.strerror}); the agent would run without "
+            "history (baselines absent, absolute rules only)"
+        )
+    else:
+        print(f"state_dir {p}: ok — writable")
 
 
 # ---------------------------------------------------------------------------------------- run
 async def _run(cfg: Config) -> int:
-    from agent.clock import SystemClock
-    from agent.sources.discovery import discover_local_engines
-    from agent.sources.nvml.sampler import make_backend
-    from agent.supervisor import Agent
+    from agent.app import build_agent
 
-    clock = SystemClock()
-    book = load_price_book(cfg.prices.book)
-    backend = make_backend(cfg.nvml)
-    engines = list(cfg.engines)
-    if not engines:
-        engines = await discover_local_engines()
-        if engines:
-            logger.info(
-                "found engines on default ports: %s", ", ".join(f"{e.name} at {e.url}" for e in engines)
-            )
-            if len(engines) == 1 and backend is not None:
-                # one engine on a GPU node: assume it uses every GPU (say so; node.yaml can correct it)
-                rnd = await asyncio.to_thread(backend.read_round, clock.now())
-                gpus = tuple(sorted({g.index for g in rnd.gpus if g.mig_parent_uuid is None}))
-                engines = [engines[0].model_copy(update={"gpus": gpus})]
-                logger.info("assuming %s uses all %d GPUs of this node", engines[0].name, len(gpus))
-            elif len(engines) > 1:
-                logger.info(
-                    "several engines: GPU cost is node idle cost until node.yaml lists each engine's GPUs"
-                )
-        else:
-            logger.info("no engine answered on the default local ports; GPU cost is reported as idle")
-    hooks = _build_hooks(cfg, clock)
-    agent = Agent(cfg, clock, book, backend, engines, hooks)
+    agent = await build_agent(cfg)
     stop = asyncio.Event()
     _install_signal_handlers(stop)
     await agent.run(stop)
     return EXIT_OK
 
 
-def _build_hooks(cfg: Config, clock: Clock) -> Hooks:
-    """The history store, the detection pipeline (rules, alerts, outbox) and the forest scorer."""
-    from agent.detect.pipeline import build_pipeline
-    from agent.detect.scoring import AnomalyScorer
-    from agent.store import Store
-    from agent.supervisor import Hooks
-
-    hooks = Hooks()
-    cfg.state_dir.mkdir(parents=True, exist_ok=True)
-    hooks.store = Store(cfg.state_dir / "history.sqlite", cfg.store.retention_days, clock)
-    hooks.pipeline = build_pipeline(cfg, hooks.store, clock)
-    hooks.scorer = AnomalyScorer(hooks.store.path, cfg.state_dir)
-    return hooks
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     """Run the daemon until SIGTERM."""
     cfg = load_config(args.config)
+    if cfg.exporters.prometheus.enabled:
+        check_port(cfg.exporters.prometheus.host, cfg.exporters.prometheus.port)
     return asyncio.run(_run(cfg))
 
 
@@ -148,6 +138,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Run the simulated node with the real pipeline and a live terminal view."""
     from agent.demo import run_demo
 
+    check_port("127.0.0.1", args.port)
     return asyncio.run(
         run_demo(seconds=args.seconds, speed=args.speed, port=args.port, live=not args.no_view)
     )
@@ -179,15 +170,61 @@ def cmd_report(args: argparse.Namespace) -> int:
     return int(run_report(args))
 
 
+def parse_when(text: str) -> float:
+    """A time given as a date (2026-11-30, midnight UTC), an ISO 8601 time (2026-11-30T12:00Z or with
+    an offset; no zone means UTC) or epoch seconds; returns epoch seconds."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a time; write a date (2026-11-30), an ISO time (2026-11-30T12:00Z) "
+            "or epoch seconds"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return when.timestamp()
+
+
+def _common() -> argparse.ArgumentParser:
+    """Options accepted before or after the subcommand (after: the subcommand's value wins)."""
+    c = argparse.ArgumentParser(add_help=False)
+    c.add_argument(
+        "--log-level",
+        default=argparse.SUPPRESS,
+        choices=["debug", "info", "warning", "error"],
+        help="least severe log lines written (default: info)",
+    )
+    c.add_argument(
+        "--log-format",
+        default=argparse.SUPPRESS,
+        choices=["text", "json"],
+        help="text lines, or JSON lines with RFC 3339 time and structured fields (default: text)",
+    )
+    return c
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser."""
-    p = argparse.ArgumentParser(prog="infercost", description="What every token costs.")
+    common = _common()
+    p = argparse.ArgumentParser(
+        prog="infercost",
+        description="What every token costs.",
+        parents=[common],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.set_defaults(log_level="info", log_format="text")
     p.add_argument("--version", action="version", version=f"infercost {__version__}")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--log-format", default="text", choices=["text", "json"])
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    fmt = argparse.ArgumentDefaultsHelpFormatter
 
-    d = sub.add_parser("demo", help="simulated 8×H100 node, real pipeline, live view")
+    def add(name: str, help_: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help_, description=help_, parents=[common], formatter_class=fmt)
+
+    d = add("demo", "simulated 8×H100 node, real pipeline, live view")
     d.add_argument("--seconds", type=float, default=45.0, help="real seconds to run (0 = until Ctrl-C)")
     d.add_argument("--speed", type=float, default=120.0, help="simulated seconds per real second")
     d.add_argument("--port", type=int, default=9464, help="Prometheus endpoint port on 127.0.0.1 (0 = any)")
@@ -196,26 +233,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.set_defaults(func=cmd_demo)
 
-    r = sub.add_parser("run", help="run the agent")
-    r.add_argument("--config", type=Path, default=None)
+    r = add("run", "run the agent until SIGTERM")
+    r.add_argument(
+        "--config", type=Path, default=None, help="node.yaml (default: built-in defaults + INFERCOST_* env)"
+    )
     r.set_defaults(func=cmd_run)
 
-    c = sub.add_parser("check", help="validate config, price book and rules")
-    c.add_argument("--config", type=Path, default=None)
+    c = add("check", "validate config, price book, rules, state dir and port (exit 2 when bad)")
+    c.add_argument(
+        "--config", type=Path, default=None, help="node.yaml (default: built-in defaults + INFERCOST_* env)"
+    )
     c.set_defaults(func=cmd_check)
 
-    b = sub.add_parser("bench", help="benchmarks")
-    b.add_argument("what", choices=["overhead", "parse", "detection"])
-    b.add_argument("--seconds", type=float, default=60.0)
-    b.add_argument("--seed", type=int, default=7)
-    b.add_argument("--weeks", type=int, default=4)
+    b = add("bench", "benchmarks (print figures)")
+    b.add_argument("what", choices=["overhead", "parse", "detection"], help="which benchmark")
+    b.add_argument("--seconds", type=float, default=60.0, help="overhead: wall seconds measured")
+    b.add_argument("--seed", type=int, default=7, help="detection: random seed")
+    b.add_argument("--weeks", type=int, default=4, help="detection: weeks of simulated history")
     b.set_defaults(func=cmd_bench)
 
-    rep = sub.add_parser("report", help="weekly cost report")
+    rep = add("report", "weekly cost report")
     src = rep.add_mutually_exclusive_group(required=True)
     src.add_argument("--state-dir", type=Path, help="read the local store in this state directory")
     src.add_argument("--prometheus", help="read the fleet from this Prometheus base URL")
-    rep.add_argument("--format", default="md", choices=["md", "html", "csv", "json", "slack"])
+    rep.add_argument(
+        "--format", default="md", choices=["md", "html", "csv", "json", "slack"], help="output format"
+    )
     rep.add_argument("--bearer-token-file", type=Path, help="Prometheus: Authorization: Bearer <file>")
     rep.add_argument(
         "--basic-auth-user", help="Prometheus: basic-auth user (with --basic-auth-password-file)"
@@ -225,27 +268,31 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument(
         "--header", action="append", default=[], help="Prometheus: extra header 'Name: value' (repeatable)"
     )
-    rep.add_argument("--end", type=float, default=None, help="epoch seconds the week ends (default now)")
-    rep.add_argument("--output", type=Path, default=None)
+    rep.add_argument(
+        "--end",
+        type=parse_when,
+        default=None,
+        help="when the week ends: a date (2026-11-30), an ISO time (2026-11-30T12:00Z) or epoch "
+        "seconds (default: now)",
+    )
+    rep.add_argument("--output", type=Path, default=None, help="write to this file (default: stdout)")
     rep.set_defaults(func=cmd_report)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``infercost`` command."""
+    """Entry point of the ``infercost`` command. Exit codes: 0 ok, 2 a user error (named, with the
+    fix; no traceback), 1 a failure of the agent itself."""
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level, args.log_format)
     t0 = time.monotonic()
     try:
         rc = int(args.func(args))
-    except ConfigError as err:
-        print(f"infercost: {err}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
+    except USER_ERRORS as err:
+        print(f"infercost: error: {err}", file=sys.stderr)
+        return EXIT_USER_ERROR
     except KeyboardInterrupt:
         return EXIT_OK
-    except (NvmlUnavailable, RuleError, StoreError) as err:
-        print(f"infercost: {err}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
     logger.debug("%s finished in %.1fs", args.cmd, time.monotonic() - t0)
     return rc
 

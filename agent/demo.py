@@ -29,6 +29,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from agent.app import build_agent
 from agent.clock import AcceleratedClock
 from agent.config import (
     AlertsConfig,
@@ -43,9 +44,8 @@ from agent.config import (
 from agent.sim.node import SimNode
 from agent.sim.scenario import Rollout, Scenario
 from agent.snapshot import Snapshot
-from agent.sources.nvml.sampler import make_backend
 from agent.sources.prices import PriceBook, load_price_book
-from agent.supervisor import Agent, Hooks
+from agent.supervisor import Agent
 
 logger = logging.getLogger(__name__)
 
@@ -185,11 +185,9 @@ async def run_demo(seconds: float = 60.0, speed: float = 120.0, port: int = 9464
         await sim.start()
         DEMO_STORY.schedule(sim, clock.now())
         cfg = demo_config(state, port, speed, slack=True)
-        backend = make_backend(cfg.nvml, load=sim.gpu_load, clock=clock)
         book = load_price_book(None)
         console.print(f"preparing {HISTORY_SECONDS / 3600:.0f} h of simulated history for the baselines…")
-        hooks = _demo_hooks(cfg, clock, book)
-        agent = Agent(cfg, clock, book, backend, sim.engine_configs(), hooks)
+        agent = await build_demo_agent(cfg, clock, book, sim)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         with contextlib.suppress(NotImplementedError):
@@ -198,7 +196,14 @@ async def run_demo(seconds: float = 60.0, speed: float = 120.0, port: int = 9464
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
         task = asyncio.create_task(agent.run(stop))
-        await agent.started.wait()
+        started = asyncio.create_task(agent.started.wait())
+        await asyncio.wait({task, started}, return_when=asyncio.FIRST_COMPLETED)
+        if not agent.started.is_set():  # it could not start (e.g. the port is busy): say why
+            started.cancel()
+            await sim.stop()
+            await inbox.stop()
+            task.result()  # raises the StartupError for cli.py
+            return 1
         real_port = agent.prometheus.port if agent.prometheus else port
         console.print(f"[bold]infercost demo[/]: {DEMO_STORY.description}")
         deadline = loop.time() + seconds if seconds > 0 else None
@@ -235,18 +240,18 @@ DEMO_RULES = frozenset(
 HISTORY_SECONDS = 27 * 3600.0  # simulated history before the demo starts (since 10:00 yesterday): baselines
 
 
-def _demo_hooks(cfg: Config, clock: AcceleratedClock, book: PriceBook) -> Hooks:
-    """Store with a few hours of simulated history, and the pipeline with the cost rules."""
-    from agent.detect.pipeline import build_pipeline
+async def build_demo_agent(cfg: Config, clock: AcceleratedClock, book: PriceBook, sim: SimNode) -> Agent:
+    """The real daemon (:func:`agent.app.build_agent`) over the simulated node, its store filled with
+    :data:`HISTORY_SECONDS` of simulated history and the pipeline running the cost rules."""
     from agent.detect.rules import RuleSet, load_default_rules
-    from agent.detect.scoring import AnomalyScorer
     from agent.sim.history import backfill
-    from agent.store import Store
 
-    store = Store(cfg.state_dir / "history.sqlite", cfg.store.retention_days, clock)
-    now = clock.now()
-    backfill(store, cfg.node, book, now - HISTORY_SECONDS, now)
     rules = load_default_rules()
     rules = RuleSet(tuple(r for r in rules if r.id in DEMO_RULES), rules.sources)
-    pipeline = build_pipeline(cfg, store, clock, rules=rules)
-    return Hooks(store=store, pipeline=pipeline, scorer=AnomalyScorer(store.path, cfg.state_dir))
+    agent = await build_agent(
+        cfg, clock=clock, book=book, load=sim.gpu_load, engines=sim.engine_configs(), rules=rules
+    )
+    if agent.hooks.store is not None:
+        now = clock.now()
+        await asyncio.to_thread(backfill, agent.hooks.store, cfg.node, book, now - HISTORY_SECONDS, now)
+    return agent

@@ -7,6 +7,7 @@ so a quiet 5-second tick does not make the gauge flicker.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -91,6 +92,8 @@ class Snapshot:
     models: tuple[ModelState, ...] = ()
     alerts_firing: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (rule, severity) → count
     outbox_pending: Mapping[str, int] = field(default_factory=dict)  # sink → undelivered messages
+    store_up: bool | None = None  # None: no history store configured; False: writes failing
+    store_files_recovered_total: int = 0  # damaged SQLite files moved aside and recreated
 
 
 def _merged_p99(deltas: list[Histogram | None]) -> float | None:
@@ -108,6 +111,14 @@ def _merged_p99(deltas: list[Histogram | None]) -> float | None:
                 merged.count + h.count,
             )
     return None if merged is None else quantile(merged, 0.99)
+
+
+def _add(total: float, delta: float | None) -> float:
+    """A counter's new total: monotonic by construction (a negative, NaN or infinite delta adds 0)."""
+    if delta is None or not math.isfinite(delta) or delta <= 0:
+        return total
+    nxt = total + delta
+    return nxt if math.isfinite(nxt) else total
 
 
 def _wmean(pairs: list[tuple[float | None, float]]) -> float | None:
@@ -179,8 +190,8 @@ class Ledger:
                 gprev,
                 sample=gt.sample,
                 usd_per_hour=gt.usd_per_hour,
-                cost_usd_total=gprev.cost_usd_total + gt.cost_usd,
-                idle_cost_usd_total=gprev.idle_cost_usd_total + gt.idle_usd,
+                cost_usd_total=_add(gprev.cost_usd_total, gt.cost_usd),
+                idle_cost_usd_total=_add(gprev.idle_cost_usd_total, gt.idle_usd),
             )
         for w in tick.windows:
             u = w.usage
@@ -193,13 +204,13 @@ class Ledger:
             self._models[key] = self._gauges(
                 replace(
                     prev,
-                    prompt_tokens_total=prev.prompt_tokens_total + u.prompt_tokens,
-                    generation_tokens_total=prev.generation_tokens_total + u.generation_tokens,
-                    cost_usd_total=prev.cost_usd_total + w.cost_usd,
-                    energy_cost_usd_total=prev.energy_cost_usd_total + w.energy_usd,
-                    idle_cost_usd_total=prev.idle_cost_usd_total + w.idle_usd,
-                    gpu_seconds_total=prev.gpu_seconds_total + u.gpu_seconds,
-                    energy_joules_total=prev.energy_joules_total + (u.energy_joules or 0.0),
+                    prompt_tokens_total=_add(prev.prompt_tokens_total, u.prompt_tokens),
+                    generation_tokens_total=_add(prev.generation_tokens_total, u.generation_tokens),
+                    cost_usd_total=_add(prev.cost_usd_total, w.cost_usd),
+                    energy_cost_usd_total=_add(prev.energy_cost_usd_total, w.energy_usd),
+                    idle_cost_usd_total=_add(prev.idle_cost_usd_total, w.idle_usd),
+                    gpu_seconds_total=_add(prev.gpu_seconds_total, u.gpu_seconds),
+                    energy_joules_total=_add(prev.energy_joules_total, u.energy_joules),
                 ),
                 recent,
             )
@@ -257,8 +268,8 @@ class Ledger:
             itl_p99_seconds=_merged_p99([w.usage.itl_delta for w in recent]),
         )
 
-    def snapshot(self) -> Snapshot:
-        """An immutable view of the current state."""
+    def snapshot(self, store_up: bool | None = None) -> Snapshot:
+        """An immutable view of the current state (``store_up``: the history store's health)."""
         models = tuple(replace(m, anomaly_score=self._scores.get(k)) for k, m in sorted(self._models.items()))
         return Snapshot(
             node=self.node,
@@ -270,6 +281,7 @@ class Ledger:
             models=models,
             alerts_firing=dict(self._alerts),
             outbox_pending=dict(self._outbox),
+            store_up=store_up,
         )
 
 

@@ -28,10 +28,12 @@ the agent writes at most a few rows per second.
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
 import json
 import logging
 import sqlite3
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -185,6 +187,21 @@ class Store:
         self._migrate()
         self._next_prune = 0.0
 
+    @contextlib.contextmanager
+    def _txn(self) -> Iterator[None]:
+        """One write transaction. When a statement or the COMMIT fails, roll back only if SQLite has
+        not already done so (a full disk makes it roll back itself; a second ROLLBACK would raise
+        "cannot rollback" and hide the real error), then re-raise the real error."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
+            raise
+
     # -- schema ---------------------------------------------------------------------------------
 
     def _migrate(self) -> None:
@@ -198,17 +215,12 @@ class Store:
                 "fix: upgrade the agent or point state_dir at a new folder"
             )
         for v in range(version, SCHEMA_VERSION):
-            db.execute("BEGIN IMMEDIATE")
-            try:
+            with self._txn():
                 for stmt in MIGRATIONS[v]:
                     db.execute(stmt)
                 db.execute(
                     "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (str(v + 1),)
                 )
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
             logger.info("history %s: schema migrated to version %d", self.path, v + 1)
 
     def schema_version(self) -> int:
@@ -270,8 +282,7 @@ class Store:
         """
         t = TABLES["model"]
         merged = 0
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._txn():
             for cw in windows:
                 u = cw.usage
                 sums = model_sums(cw)
@@ -280,10 +291,6 @@ class Store:
                 if self._merge(t, keys, _minute(u.start), u.start, u.end, add):
                     merged += 1
                     self._note_version(u.node, u.engine, u.model, u.model_version, _minute(u.start))
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
         self._maybe_prune()
         return merged
 
@@ -309,8 +316,7 @@ class Store:
     def write_nvml_round(self, node: str, rnd: NvmlRound) -> None:
         """Roll one NVML round into the node's and each GPU's minute (a sample counted once)."""
         minute = _minute(rnd.timestamp)
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._txn():
             ts = rnd.timestamp
             up = {"nvml_up_s": float(rnd.up), "nvml_up_w": 1.0}
             self._merge(TABLES["node"], (node,), minute, ts, ts + SAMPLE_SPAN, up)
@@ -332,15 +338,10 @@ class Store:
                 extra = {"uuid": g.uuid, "gpu_model": g.name}
                 gpu = str(g.index) if not g.mig_parent_uuid else g.uuid
                 self._merge(TABLES["gpu"], (node, gpu), minute, ts, ts + SAMPLE_SPAN, add, extra, fl)
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
 
     def write_engine_scrapes(self, node: str, scrapes: Sequence[EngineScrape]) -> None:
         """Roll engine scrapes (up, duration) into each engine's minute."""
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._txn():
             for s in scrapes:
                 add = {"up_s": float(s.up), "up_w": 1.0, "scrape_s": s.duration_seconds, "scrape_w": 1.0}
                 ts = s.timestamp
@@ -353,10 +354,6 @@ class Store:
                     add,
                     {"engine_kind": s.kind},
                 )
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
 
     def write_anomaly_score(
         self, node: str, engine: str, model: str, model_version: str, minute: float, score: float
@@ -517,17 +514,12 @@ class Store:
 
     def save_alert_state(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """Replace the persisted alert lifecycle state (AlertManager.snapshot())."""
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._txn():
             self._db.execute("DELETE FROM alert_state")
             self._db.executemany(
                 "INSERT INTO alert_state (dedup_key, body) VALUES (?, ?)",
                 [(r["dedup_key"], json.dumps(r)) for r in rows],
             )
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
 
     def load_alert_state(self) -> list[dict[str, Any]]:
         """The persisted alert lifecycle state."""
@@ -593,3 +585,75 @@ def _sum_name(col: str) -> str:
 def _drop_empty_gauges(sums: dict[str, float]) -> dict[str, float]:
     """Gauge pairs with no weight are absent (not zero)."""
     return {k: v for k, v in sums.items() if not k.endswith(".s") or sums.get(k[:-2] + ".w")}
+
+
+# -- damaged files ------------------------------------------------------------------------------
+
+# SQLite's primary result codes that mean "this file is damaged", not "this call failed":
+# SQLITE_CORRUPT (11) and SQLITE_NOTADB (26).
+_CORRUPT_CODES = frozenset({11, 26})
+
+
+def is_corrupt(err: BaseException) -> bool:
+    """True when ``err`` says the SQLite file itself is damaged (corrupt or not a database)."""
+    code = getattr(err, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return (code & 0xFF) in _CORRUPT_CODES
+    msg = str(err).lower()
+    return isinstance(err, sqlite3.DatabaseError) and ("malformed" in msg or "not a database" in msg)
+
+
+def check_sqlite_file(path: Path, full: bool = False) -> str | None:
+    """What is wrong with the SQLite file at ``path`` (None: usable or absent).
+
+    Reads the header and the schema; ``full`` also runs ``PRAGMA quick_check`` (reads every page:
+    for small files such as the outbox)."""
+    if not path.exists():
+        return None
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error as err:
+        return None if not is_corrupt(err) else str(err)
+    try:
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        if full:
+            row = db.execute("PRAGMA quick_check").fetchone()
+            if row is not None and row[0] != "ok":
+                return f"quick_check: {row[0]}"
+    except sqlite3.Error as err:
+        return str(err) if is_corrupt(err) else None
+    finally:
+        db.close()
+    return None
+
+
+def move_aside(path: Path, now: float) -> Path:
+    """Rename a damaged file (and its -wal / -shm) to ``<name>.corrupt-<UTC time>``; returns the new
+    path. The file is kept for a person to inspect; the agent starts a new one."""
+    stamp = dt.datetime.fromtimestamp(now, tz=dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    dest = path.with_name(f"{path.name}.corrupt-{stamp}")
+    n = 1
+    while dest.exists():
+        n += 1
+        dest = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+    path.rename(dest)
+    for suffix in ("-wal", "-shm"):
+        side = path.with_name(path.name + suffix)
+        if side.exists():
+            side.rename(dest.with_name(dest.name + suffix))
+    return dest
+
+
+def recover_if_corrupt(path: Path, now: float, full: bool = False) -> Path | None:
+    """Move ``path`` aside when it is damaged (one ERROR line); returns where it went, or None."""
+    problem = check_sqlite_file(path, full=full)
+    if problem is None:
+        return None
+    dest = move_aside(path, now)
+    logger.error(
+        "%s is damaged (%s); moved it to %s and starting a new one (its history is not used)",
+        path,
+        problem,
+        dest.name,
+    )
+    return dest

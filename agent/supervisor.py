@@ -3,11 +3,21 @@
 Loops (each catches and logs its own failures, so one failing loop never stops the others):
 - NVML: one batched round every ``intervals.nvml_seconds``, off the event loop;
 - tick: scrape every engine concurrently every ``intervals.scrape_seconds``, join with the NVML
-  rounds since the last tick, price, update the ledger, write the windows to the store;
+  rounds since the last tick, price, update the ledger and publish the snapshot (what /metrics
+  serves) — *then* write the windows to the store. The store is behind a :class:`HistoryGuard`: a
+  failing disk (full, read-only, I/O errors) degrades history only (``infercost_store_up`` 0, one
+  log line per state change, retries with backoff); the snapshot and /metrics never wait for it;
 - detect: once a tick has written a window boundary's data, score and evaluate rules up to the tick's
-  time and run the alert lifecycle (in its own task, so a slow forest refit never delays a tick);
+  time and run the alert lifecycle, in a worker thread with its own SQLite connection (so the
+  start-up replay of a week of history never blocks /metrics);
 - delivery: the outbox to Slack / PagerDuty / webhook;
 - exporters: Prometheus endpoint (always), OTLP push (when configured).
+
+Time: intervals and backoff come from the clock's monotonic face; when the clock is a
+:class:`~agent.clock.SteadyClock`, each tick first checks for a wall-clock step (logged; a forward
+step restarts the cost interval so the gap is not charged).
+
+Build an :class:`Agent` with :func:`agent.app.build_agent` (the one composition root).
 """
 
 from __future__ import annotations
@@ -16,17 +26,18 @@ import asyncio
 import contextlib
 import logging
 import math
+import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
 from agent import __version__
-from agent.clock import Clock
+from agent.clock import Clock, SteadyClock
 from agent.config import Config, EngineConfig
 from agent.cost.window import TickResult, WindowJoiner
-from agent.samples import EngineScrape
+from agent.samples import CostWindow, EngineScrape, NvmlRound
 from agent.sinks.otlp import OtlpExporter
 from agent.sinks.prometheus import PrometheusServer
 from agent.snapshot import Ledger, Snapshot
@@ -43,15 +54,83 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# Why 5: a tick may legitimately take a scrape timeout plus an NVML round longer than its interval
+# once or twice (a slow engine, a GC pause); five missed intervals in a row is a stuck loop.
+STUCK_AFTER_INTERVALS = 5
+# Why 1 s .. 5 min: a full disk or a remounted volume is fixed by a person in minutes; retrying
+# faster only floods the log, slower leaves history paused long after the fix.
+HISTORY_RETRY_MIN_SECONDS = 1.0
+HISTORY_RETRY_MAX_SECONDS = 300.0
+
+
+class StartupError(Exception):
+    """A problem at start-up that the operator fixes (busy port, state dir held by another agent);
+    the message says what and how. ``cli.py`` turns it into exit code 2."""
+
 
 @dataclass
 class Hooks:
-    """Optional parts wired in by the CLI (kept optional so the core runs alone)."""
+    """Optional parts wired in by :func:`agent.app.build_agent` (optional so the core runs alone)."""
 
     on_tick: list[Callable[[TickResult, Snapshot], None]] = field(default_factory=list)
-    store: Store | None = None
-    pipeline: Pipeline | None = None
+    store: Store | None = None  # the tick's connection (writes)
+    pipeline: Pipeline | None = None  # runs in a worker thread over its own store connection
     scorer: AnomalyScorer | None = None
+    closers: list[Callable[[], None]] = field(default_factory=list)  # run last at shutdown (e.g. the lock)
+    history_note: str | None = None  # why history is off or degraded, for /healthz
+    nvml_expected: bool = False  # nvml.backend auto/real but no backend: export nvml_up 0
+    recovered_files: int = 0  # damaged SQLite files moved aside at start
+
+
+class HistoryGuard:
+    """Calls into the store that may fail without stopping anything (see the module docstring).
+
+    ``up`` is False from the first failure until a retry succeeds; while down, writes are skipped
+    until the backoff (monotonic seconds, doubling from 1 s to 5 min) expires."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self.up = True
+        self.error: str | None = None
+        self.failures = 0  # writes failed or skipped since the store went down
+        self._delay = HISTORY_RETRY_MIN_SECONDS
+        self._retry_at = 0.0  # monotonic seconds
+
+    def call(self, what: str, fn: Callable[[], Any]) -> bool:
+        """Run ``fn`` unless backing off; True when it ran and succeeded."""
+        if not self.up and self._clock.monotonic() < self._retry_at:
+            self.failures += 1
+            return False
+        try:
+            fn()
+        except (sqlite3.Error, OSError) as err:
+            self.failures += 1
+            self.error = f"{type(err).__name__}: {err}"
+            if self.up:
+                self.up = False
+                logger.error(
+                    "history store failed while %s (%s); metrics carry on, history is paused and "
+                    "retried with backoff",
+                    what,
+                    self.error,
+                )
+            else:
+                self._delay = min(HISTORY_RETRY_MAX_SECONDS, self._delay * 2)
+            self._retry_at = self._clock.monotonic() + self._delay
+            return False
+        if not self.up:
+            logger.warning("history store works again (%d writes were lost while it failed)", self.failures)
+            self.up = True
+            self.error = None
+            self.failures = 0
+            self._delay = HISTORY_RETRY_MIN_SECONDS
+        return True
+
+
+def _finite(w: CostWindow) -> bool:
+    u = w.usage
+    values = (u.prompt_tokens, u.generation_tokens, u.gpu_seconds, w.cost_usd, w.idle_usd, w.energy_usd)
+    return all(math.isfinite(v) for v in values)
 
 
 class Agent:
@@ -68,6 +147,7 @@ class Agent:
     ) -> None:
         self.cfg = cfg
         self.clock = clock
+        self.book = book
         self.engines = tuple(cfg.engines if engines is None else engines)
         self.hooks = hooks or Hooks()
         self.ledger = Ledger(cfg.node, __version__, trailing_seconds=cfg.intervals.window_seconds)
@@ -78,29 +158,102 @@ class Agent:
         self.sampler = NvmlSampler(backend, clock) if backend is not None else None
         self.versions = VersionReader(self.engines)
         self.prometheus: PrometheusServer | None = None
+        self.history = HistoryGuard(clock)
         self.started = asyncio.Event()
         self._ticks = 0
+        self._last_tick_mono: float | None = None  # monotonic seconds of the last completed tick
         self._detected_slot = -1
         self._detect_task: asyncio.Task[None] | None = None
-        self._snapshot = self.ledger.snapshot()
+        self._detect_error: str | None = None
+        self._dropped_windows = 0  # windows with a non-finite number, kept out of the store
+        if self.hooks.nvml_expected and backend is None:
+            self.ledger.observe_nvml(NvmlRound(timestamp=clock.now(), up=False, error="no NVML driver"))
+        self._snapshot = self._publish()
 
     # ------------------------------------------------------------------ public
     def snapshot(self) -> Snapshot:
         """The latest snapshot (what /metrics serves)."""
         return self._snapshot
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Run every loop until ``stop`` is set, then shut down cleanly."""
-        if self.sampler is not None:
-            await self.sampler.start()
+    def health(self) -> dict[str, Any]:
+        """Each component's state (the /healthz body); ``ok`` False only when the tick loop is stuck
+        (no tick for :data:`STUCK_AFTER_INTERVALS` scrape intervals) or has not ticked yet."""
+        mono = self.clock.monotonic()
+        limit = STUCK_AFTER_INTERVALS * self.cfg.intervals.scrape_seconds
+        age = None if self._last_tick_mono is None else mono - self._last_tick_mono
+        if age is None:
+            status = "starting"
+        elif age > limit:
+            status = "stuck"
         else:
-            logger.info("no NVML backend: GPU series are absent, engines are still scraped")
+            status = "ok"
+        snap = self._snapshot
+        nvml = "absent" if snap.nvml_up is None else ("up" if snap.nvml_up else "down")
+        if self.hooks.store is None:
+            history: dict[str, Any] = {"state": "off", "detail": self.hooks.history_note or "not configured"}
+        elif not self.history.up:
+            history = {"state": "down", "detail": self.history.error}
+        elif self.hooks.history_note:
+            history = {"state": "degraded", "detail": self.hooks.history_note}
+        else:
+            history = {"state": "ok"}
+        detection: dict[str, Any] = {"state": "off"}
+        if self.hooks.pipeline is not None:
+            detection = (
+                {"state": "failing", "detail": self._detect_error} if self._detect_error else {"state": "ok"}
+            )
+        return {
+            "status": status,
+            "ok": status == "ok",
+            "node": self.cfg.node,
+            "version": __version__,
+            "components": {
+                "tick": {
+                    "state": status,
+                    "ticks": self._ticks,
+                    "last_tick_age_seconds": None if age is None else round(age, 3),
+                    "stuck_after_seconds": limit,
+                },
+                "nvml": {"state": nvml},
+                "engines": {
+                    e.engine: {"state": "up" if e.up else "down", "error": e.error} for e in snap.engines
+                },
+                "history": history,
+                "detection": detection,
+            },
+        }
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run every loop until ``stop`` is set, then shut down cleanly.
+
+        Raises :class:`StartupError` when the Prometheus port cannot be bound."""
+        try:
+            await self._run(stop)
+        finally:
+            for close in reversed(self.hooks.closers):
+                try:
+                    close()
+                except Exception:
+                    logger.exception("shutdown step failed")
+
+    async def _run(self, stop: asyncio.Event) -> None:
         exp = self.cfg.exporters
         if exp.prometheus.enabled:
             self.prometheus = PrometheusServer(
-                self.snapshot, lambda: self._ticks > 0, exp.prometheus.host, exp.prometheus.port
+                self.snapshot, self.health, exp.prometheus.host, exp.prometheus.port
             )
-            await self.prometheus.start()
+            try:
+                await self.prometheus.start()
+            except OSError as err:
+                await self._close_parts()
+                raise StartupError(
+                    f"cannot listen on {exp.prometheus.host}:{exp.prometheus.port}: {err.strerror or err}; "
+                    "fix: stop what uses that port or set exporters.prometheus.port to a free one"
+                ) from None
+        if self.sampler is not None:
+            await self.sampler.start()
+        elif not self.hooks.nvml_expected:
+            logger.info("no NVML backend: GPU series are absent, engines are still scraped")
         otlp = OtlpExporter(self.snapshot, exp.otlp, self.cfg.node) if exp.otlp.endpoint else None
         self.started.set()
         timeout = aiohttp.ClientTimeout(total=None)
@@ -124,31 +277,47 @@ class Agent:
                 await asyncio.wait({self._detect_task}, timeout=30)
             if otlp is not None:
                 await asyncio.to_thread(otlp.shutdown)
-            if self.prometheus is not None:
-                await self.prometheus.stop()
-            if self.sampler is not None:
-                await self.sampler.close()
-            if self.hooks.scorer is not None:
-                await self.hooks.scorer.close()
-            if self.hooks.pipeline is not None:
-                await self.hooks.pipeline.close()
-            if self.hooks.store is not None:
-                self.hooks.store.close()
+            await self._close_parts()
             logger.info("agent stopped")
+
+    async def _close_parts(self) -> None:
+        if self.prometheus is not None:
+            await self.prometheus.stop()
+        if self.sampler is not None:
+            await self.sampler.close()
+        if self.hooks.scorer is not None:
+            await self.hooks.scorer.close()
+        if self.hooks.pipeline is not None:
+            await self.hooks.pipeline.close()
+            with contextlib.suppress(sqlite3.Error):
+                self.hooks.pipeline.store.close()
+        if self.hooks.store is not None:
+            with contextlib.suppress(sqlite3.Error, OSError):
+                self.hooks.store.close()
 
     # ------------------------------------------------------------------ loops
     async def _every(
         self, stop: asyncio.Event, interval: float, body: Callable[[], Awaitable[None]], name: str
     ) -> None:
-        """Run ``body`` at each multiple of ``interval`` of the clock until stop; failures are logged."""
+        """Run ``body`` every ``interval`` seconds of the monotonic clock until stop (aligned to
+        multiples of ``interval`` of the agent's time at start); failures are logged, never raised."""
+        now = self.clock.now()
+        due = self.clock.monotonic() + (math.floor(now / interval) + 1) * interval - now
+        first = True
         while not stop.is_set():
+            if not first:
+                due += interval
+            first = False
             try:
                 await body()
             except Exception:
                 logger.exception("%s loop failed this round; it will run again", name)
-            now = self.clock.now()
-            wait = (math.floor(now / interval) + 1) * interval - now
-            sleeper = asyncio.ensure_future(self.clock.sleep(wait))
+            mono = self.clock.monotonic()
+            if due <= mono:  # the body overran: skip the missed slots rather than running back to back
+                due += math.ceil((mono - due) / interval) * interval
+                if due <= mono:
+                    due += interval
+            sleeper = asyncio.ensure_future(self.clock.sleep(due - mono))
             stopper = asyncio.ensure_future(stop.wait())
             await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
             for t in (sleeper, stopper):
@@ -162,27 +331,56 @@ class Agent:
         rnd = await self.sampler.sample()
         self.joiner.add_round(rnd)
         self.ledger.observe_nvml(rnd)
-        if self.hooks.store is not None:
-            self.hooks.store.write_nvml_round(self.cfg.node, rnd)
+        store = self.hooks.store
+        if store is not None:
+            self.history.call("writing an NVML round", lambda: store.write_nvml_round(self.cfg.node, rnd))
+
+    def _check_clock(self) -> None:
+        if not isinstance(self.clock, SteadyClock):
+            return
+        jump = self.clock.resync()
+        if jump is not None and jump.reanchored:
+            # restart the cost interval: the next tick only sets the counters' baselines
+            self.joiner = WindowJoiner(self.cfg.node, self.engines, self.book, self.cfg.prices.share_policy)
 
     async def _tick_once(self, scrapers: Sequence[EngineScraper]) -> None:
+        self._check_clock()
         results: list[EngineScrape] = list(await asyncio.gather(*(s.scrape() for s in scrapers)))
         scrapes = {r.engine: r for r in results}
         for r in results:
             self.ledger.observe_scrape(r)
         tick = self.joiner.close_tick(self.clock.now(), scrapes, self.versions.read())
         self.ledger.apply(tick)
-        if self.hooks.store is not None:
-            self.hooks.store.write_engine_scrapes(self.cfg.node, results)
-            # history keeps priced windows only: an unknown cost must not pull baselines towards $0
-            priced = [w for w in tick.windows if w.priced]
-            if priced:
-                self.hooks.store.write_windows(priced)
+        # publish first: /metrics never waits for (or is stopped by) the store
         self._ticks += 1
-        self._snapshot = self.ledger.snapshot()
+        self._last_tick_mono = self.clock.monotonic()
+        self._snapshot = self._publish()
+        store = self.hooks.store
+        if store is not None:
+            self.history.call(
+                "writing engine scrapes", lambda: store.write_engine_scrapes(self.cfg.node, results)
+            )
+            # history keeps priced, finite windows only: an unknown cost must not pull baselines to $0
+            priced = [w for w in tick.windows if w.priced]
+            finite = [w for w in priced if _finite(w)]
+            if len(finite) < len(priced):
+                if self._dropped_windows == 0:
+                    logger.warning("a window with a non-finite number was kept out of the history")
+                self._dropped_windows += len(priced) - len(finite)
+            if finite:
+                self.history.call("writing cost windows", lambda: store.write_windows(finite))
+            self._snapshot = self._publish()  # store_up may have changed
         for cb in self.hooks.on_tick:
-            cb(tick, self._snapshot)
+            try:
+                cb(tick, self._snapshot)
+            except Exception:
+                logger.exception("an on_tick hook failed")
         self._maybe_detect(tick.end)
+
+    def _publish(self) -> Snapshot:
+        store_up = None if self.hooks.store is None else self.history.up
+        snap = self.ledger.snapshot(store_up=store_up)
+        return replace(snap, store_files_recovered_total=self.hooks.recovered_files)
 
     def _maybe_detect(self, tick_end: float) -> None:
         """Start detection up to ``tick_end`` when a window boundary has passed since the last run.
@@ -196,21 +394,28 @@ class Agent:
             return
         self._detected_slot = slot
         self._detect_task = asyncio.create_task(self._detect_once(tick_end))
-        self._detect_task.add_done_callback(_log_failure)
 
     async def _detect_once(self, now: float) -> None:
         pipeline = self.hooks.pipeline
         assert pipeline is not None
-        if self.hooks.scorer is not None:  # before the rules, which may read anomaly_score
-            for (engine, model, version), score in (await self.hooks.scorer.step(now)).items():
-                self.ledger.set_anomaly_score((engine, model, version), score)
-        await pipeline.step(now)
+        try:
+            if self.hooks.scorer is not None:  # before the rules, which may read anomaly_score
+                for (engine, model, version), score in (await self.hooks.scorer.step(now)).items():
+                    self.ledger.set_anomaly_score((engine, model, version), score)
+            # off the event loop: the first step replays up to a week of history
+            await asyncio.to_thread(_run_step, pipeline, now)
+        except Exception as err:
+            if self._detect_error is None:
+                logger.exception("detection failed; it runs again at every window until it works")
+            self._detect_error = f"{type(err).__name__}: {err}"
+        else:
+            if self._detect_error is not None:
+                logger.warning("detection works again")
+            self._detect_error = None
         self.ledger.set_alerts(pipeline.firing_counts(), pipeline.outbox_pending())
-        self._snapshot = self.ledger.snapshot()
+        self._snapshot = self._publish()
 
 
-def _log_failure(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        logger.error(
-            "detection failed this round; it runs again at the next window", exc_info=task.exception()
-        )
+def _run_step(pipeline: Pipeline, now: float) -> None:
+    """One pipeline step in a worker thread (its store connection is its own)."""
+    asyncio.run(pipeline.step(now))

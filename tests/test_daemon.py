@@ -15,12 +15,11 @@ import pytest
 from netutil import async_wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent.app import build_agent
 from agent.clock import AcceleratedClock
 from agent.config import Config, ExportersConfig, IntervalsConfig, NvmlConfig, PrometheusExporterConfig
 from agent.sim.node import SimNode
-from agent.sources.nvml.sampler import make_backend
 from agent.sources.prices import parse_price_book
-from agent.supervisor import Agent
 
 PRICE = 2.0  # $ per GPU-hour in this test's book
 SPEED = 60.0  # simulated seconds per real second
@@ -53,8 +52,9 @@ async def running(tmp_path: Path):  # type: ignore[no-untyped-def]
         exporters=ExportersConfig(prometheus=PrometheusExporterConfig(port=0)),
     )
     book = parse_price_book({"gpus": [{"match": "H100", "usd_per_hour": PRICE}]}, "test-book")
-    backend = make_backend(cfg.nvml, load=sim.gpu_load, clock=clock)
-    agent = Agent(cfg, clock, book, backend, sim.engine_configs())
+    agent = await build_agent(
+        cfg, clock=clock, book=book, load=sim.gpu_load, engines=sim.engine_configs(), history=False
+    )
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
     await agent.started.wait()

@@ -154,11 +154,11 @@ async def test_the_daemon_prices_a_cpu_engine_per_hour_across_a_restart(
 ) -> None:
     """The real Agent against the real server: $ per 1M = price × elapsed ÷ tokens, within 1 %,
     tokens equal the usage the server returned, and a restart makes no negative tokens and no spike."""
+    from agent.app import build_agent
     from agent.config import Config, ExportersConfig, IntervalsConfig, NvmlConfig, PrometheusExporterConfig
     from agent.cost.window import TickResult
     from agent.snapshot import Snapshot
     from agent.sources.prices import parse_price_book
-    from agent.supervisor import Agent, Hooks
 
     price = 0.50  # $ per hour for this CPU-only engine
     book = parse_price_book({"engines": {"llama": {"usd_per_hour": price}}}, "test-book")
@@ -170,8 +170,15 @@ async def test_the_daemon_prices_a_cpu_engine_per_hour_across_a_restart(
         exporters=ExportersConfig(prometheus=PrometheusExporterConfig(port=0)),
     )
     ticks: list[TickResult] = []
-    hooks = Hooks(on_tick=[lambda t, _s: ticks.append(t)])
-    agent = Agent(cfg, SystemClock(), book, None, [_cfg(llama)], hooks)
+    agent = await build_agent(
+        cfg,
+        clock=SystemClock(),
+        book=book,
+        backend=None,
+        engines=[_cfg(llama)],
+        history=False,
+        on_tick=[lambda t, _s: ticks.append(t)],
+    )
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
     usage_prompt = usage_completion = 0

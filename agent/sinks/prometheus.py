@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -57,7 +58,11 @@ class PrometheusServer:
     """aiohttp server for /metrics and /healthz on the event loop."""
 
     def __init__(
-        self, get: Callable[[], Snapshot], healthy: Callable[[], bool], host: str, port: int
+        self,
+        get: Callable[[], Snapshot],
+        healthy: Callable[[], bool | Mapping[str, Any]],
+        host: str,
+        port: int,
     ) -> None:
         self._get = get
         self._healthy = healthy
@@ -83,8 +88,10 @@ class PrometheusServer:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _health(self, _req: web.Request) -> web.Response:
-        ok = self._healthy()
-        return web.json_response({"status": "ok" if ok else "starting"}, status=200 if ok else 503)
+        res = self._healthy()
+        if isinstance(res, Mapping):  # each component's state; 503 only when ``ok`` is false
+            return web.json_response(dict(res), status=200 if res.get("ok") else 503)
+        return web.json_response({"status": "ok" if res else "starting"}, status=200 if res else 503)
 
     async def stop(self) -> None:
         """Stop serving."""

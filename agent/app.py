@@ -1,0 +1,286 @@
+"""The composition root: :func:`build_agent` wires the daemon from a config, for ``infercost run``,
+``infercost demo``, the benchmarks and the tests alike (no other place builds an Agent).
+
+What it wires, in order: the clock (a :class:`~agent.clock.SteadyClock`: monotonic intervals, wall
+time only for labels), the price book, the NVML backend, the engines (configured, or found on the
+default local ports), the state directory (an exclusive lock; damaged SQLite files moved aside; a
+read-only or full directory means running without history), the history store, the detection
+pipeline (rules, alert lifecycle, outbox, notifiers) and the isolation-forest scorer.
+
+Every seam is a keyword argument, so tests and the simulator inject a clock, a fake NVML load, the
+simulated engines, a rule subset or sinks, and still run the real daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Literal
+
+from agent.clock import Clock, SteadyClock, SystemClock
+from agent.config import Config, EngineConfig
+from agent.cost.window import TickResult
+from agent.snapshot import Snapshot
+from agent.sources.nvml.backend import NvmlBackend
+from agent.sources.nvml.sampler import LoadFn, make_backend
+from agent.sources.prices import PriceBook, load_price_book
+from agent.supervisor import Agent, Hooks, StartupError
+
+if TYPE_CHECKING:
+    from agent.detect.rules import RuleSet
+    from agent.sinks.notify import Sink
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["StartupError", "StateDir", "build_agent", "open_state_dir"]
+
+LOCK_NAME = "agent.lock"
+HISTORY_NAME = "history.sqlite"
+OUTBOX_NAME = "outbox.sqlite"
+# Why 64 KiB: enough to prove the directory takes a write (a full disk or quota refuses it), small
+# enough to cost nothing at start-up.
+PROBE_BYTES = 64 * 1024
+
+
+@dataclass
+class StateDir:
+    """The state directory as the agent will use it."""
+
+    path: Path  # where history.sqlite and outbox.sqlite live (a private temp dir when degraded)
+    configured: Path  # state_dir from the config
+    lock: IO[str] | None = None  # held open for the agent's lifetime (flock)
+    note: str | None = None  # why history is degraded or off, for /healthz
+    temporary: bool = False  # path is a private temp dir, removed at shutdown
+    recovered: list[Path] = field(default_factory=list)  # damaged files moved aside
+
+    def close(self) -> None:
+        """Release the lock; remove a temporary directory."""
+        if self.lock is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self.lock, fcntl.LOCK_UN)
+            self.lock.close()
+            self.lock = None
+        if self.temporary:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _holder_pid(lock_path: Path) -> str:
+    try:
+        text = lock_path.read_text().strip()
+    except OSError:
+        return "unknown"
+    return text if text.isdigit() else "unknown"
+
+
+def _take_lock(path: Path) -> IO[str] | None:
+    """Lock ``path/agent.lock`` exclusively; None when it cannot even be opened (read-only dir)."""
+    lock_path = path / LOCK_NAME
+    try:
+        fh: IO[str] = lock_path.open("a+")
+    except OSError:
+        if not lock_path.exists():
+            return None
+        try:
+            fh = lock_path.open("r")
+        except OSError:
+            return None
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.close()
+        raise StartupError(
+            f"state_dir {path} is in use by another infercost agent (pid {_holder_pid(lock_path)}); "
+            "fix: stop that agent, or give this one its own state_dir (INFERCOST_STATE_DIR)"
+        ) from None
+    with contextlib.suppress(OSError, ValueError):
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{os.getpid()}\n")
+        fh.flush()
+    return fh
+
+
+def _writable(path: Path) -> OSError | None:
+    """None when ``path`` takes a small write; else the error (read-only, full, no permission)."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".write-probe-", dir=path)
+    except OSError as err:
+        return err
+    try:
+        os.write(fd, b"\0" * PROBE_BYTES)
+        os.fsync(fd)
+    except OSError as err:
+        return err
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+    return None
+
+
+def open_state_dir(path: Path, now: float, history: bool = True) -> StateDir:
+    """Create (if needed), lock and check the state directory.
+
+    Raises :class:`StartupError` when it cannot be created or another agent holds it. A directory
+    that exists but takes no writes (read-only, full) gives a private temporary one instead, with a
+    note: the agent then runs without history (baselines absent, absolute rules only)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        if not path.is_dir():
+            raise StartupError(
+                f"state_dir {path}: cannot create it ({err.strerror}); fix: create it, writable by the "
+                "agent's user, or set state_dir (or INFERCOST_STATE_DIR) to a writable folder"
+            ) from None
+    if not path.is_dir():
+        raise StartupError(f"state_dir {path} is not a directory; fix: point state_dir at a folder")
+    state = StateDir(path=path, configured=path)
+    state.lock = _take_lock(path)
+    problem = _writable(path)
+    if problem is not None:
+        why = errno.errorcode.get(problem.errno or 0, "") if problem.errno else ""
+        state.note = (
+            f"state_dir {path} takes no writes ({problem.strerror or problem}{', ' + why if why else ''}): "
+            "running without history (baselines absent, absolute rules only); fix: free space or make "
+            "it writable, then restart the agent"
+        )
+        logger.error("%s", state.note)
+        if history:
+            state.path = Path(tempfile.mkdtemp(prefix="infercost-nohistory-"))
+            state.temporary = True
+        return state
+    if history:
+        from agent.store import recover_if_corrupt
+
+        for name, full in ((HISTORY_NAME, False), (OUTBOX_NAME, True)):
+            moved = recover_if_corrupt(path / name, now, full=full)
+            if moved is not None:
+                state.recovered.append(moved)
+    return state
+
+
+async def _find_engines(cfg: Config, backend: NvmlBackend | None, clock: Clock) -> list[EngineConfig]:
+    from agent.sources.discovery import discover_local_engines
+
+    engines = await discover_local_engines()
+    if not engines:
+        logger.info("no engine answered on the default local ports; GPU cost is reported as idle")
+        return []
+    logger.info("found engines on default ports: %s", ", ".join(f"{e.name} at {e.url}" for e in engines))
+    if len(engines) == 1 and backend is not None:
+        # one engine on a GPU node: assume it uses every GPU (say so; node.yaml can correct it)
+        rnd = await asyncio.to_thread(backend.read_round, clock.now())
+        gpus = tuple(sorted({g.index for g in rnd.gpus if g.mig_parent_uuid is None}))
+        engines = [engines[0].model_copy(update={"gpus": gpus})]
+        logger.info("assuming %s uses all %d GPUs of this node", engines[0].name, len(gpus))
+    elif len(engines) > 1:
+        logger.info("several engines: GPU cost is node idle cost until node.yaml lists each engine's GPUs")
+    return engines
+
+
+async def build_agent(
+    cfg: Config,
+    *,
+    clock: Clock | None = None,
+    book: PriceBook | None = None,
+    backend: NvmlBackend | Literal["config"] | None = "config",
+    load: LoadFn | None = None,
+    engines: Sequence[EngineConfig] | None = None,
+    discover: bool = True,
+    history: bool = True,
+    detection: bool = True,
+    rules: RuleSet | None = None,
+    sinks: Sequence[Sink] | None = None,
+    scorer: bool = True,
+    on_tick: Sequence[Callable[[TickResult, Snapshot], None]] = (),
+) -> Agent:
+    """The daemon for ``cfg``, ready to :meth:`~agent.supervisor.Agent.run`.
+
+    ``clock``: wall/monotonic time (default the system clock), wrapped in a SteadyClock.
+    ``backend``: an NVML backend, None for none, or "config" to follow ``cfg.nvml`` (``load`` then
+    drives a fake backend). ``engines``: overrides ``cfg.engines``; with neither and ``discover``,
+    engines are looked for on the default local ports. ``history``: open the store in
+    ``cfg.state_dir`` (locked); ``detection``: the rules/alerts pipeline over it (``rules`` and
+    ``sinks`` override the configured ones); ``scorer``: the isolation-forest worker.
+
+    Raises :class:`StartupError`, ``ConfigError``, ``RuleError``, ``StoreError`` or
+    ``NvmlUnavailable`` for what the operator must fix (``cli.py`` exits 2 on each)."""
+    steady = clock if isinstance(clock, SteadyClock) else SteadyClock(clock or SystemClock())
+    if book is None:
+        book = await asyncio.to_thread(load_price_book, cfg.prices.book)
+    nvml_expected = False
+    nvml: NvmlBackend | None
+    if backend == "config":
+        nvml = await asyncio.to_thread(make_backend, cfg.nvml, load, steady)
+        nvml_expected = nvml is None and cfg.nvml.backend in ("auto", "real")
+    else:
+        nvml = backend
+    if engines is None:
+        engines = list(cfg.engines)
+        if not engines and discover:
+            engines = await _find_engines(cfg, nvml, steady)
+    hooks = Hooks(on_tick=list(on_tick), nvml_expected=nvml_expected)
+    if history:
+        await _wire_history(cfg, steady, hooks, detection=detection, rules=rules, sinks=sinks, scorer=scorer)
+    return Agent(cfg, steady, book, nvml, engines, hooks)
+
+
+async def _wire_history(
+    cfg: Config,
+    clock: SteadyClock,
+    hooks: Hooks,
+    *,
+    detection: bool,
+    rules: RuleSet | None,
+    sinks: Sequence[Sink] | None,
+    scorer: bool,
+) -> None:
+    """The store, the pipeline (own store connection) and the scorer, in ``hooks``."""
+    import sqlite3
+
+    from agent.store import Store, is_corrupt, move_aside
+
+    state = await asyncio.to_thread(open_state_dir, cfg.state_dir, clock.now(), True)
+    hooks.closers.append(state.close)
+    hooks.history_note = state.note
+    path = state.path / HISTORY_NAME
+    try:
+        try:
+            store = await asyncio.to_thread(Store, path, cfg.store.retention_days, clock)
+        except sqlite3.DatabaseError as err:
+            if not is_corrupt(err):
+                raise
+            dest = move_aside(path, clock.now())
+            logger.error("%s is damaged (%s); moved it to %s and starting a new one", path, err, dest.name)
+            state.recovered.append(dest)
+            store = await asyncio.to_thread(Store, path, cfg.store.retention_days, clock)
+    except (sqlite3.Error, OSError) as err:
+        hooks.history_note = f"history store {path} cannot be opened ({err}): running without history"
+        logger.error("%s", hooks.history_note)
+        return
+    hooks.store = store
+    hooks.recovered_files = len(state.recovered)
+    if not detection:
+        return
+    from agent.detect.pipeline import build_pipeline
+
+    eff = cfg if not state.temporary else cfg.model_copy(update={"state_dir": state.path})
+    detect_store = await asyncio.to_thread(Store, path, cfg.store.retention_days, clock)
+    try:
+        hooks.pipeline = build_pipeline(eff, detect_store, clock, rules=rules, sinks=sinks)
+    except BaseException:
+        detect_store.close()
+        raise
+    if scorer and not state.temporary:
+        from agent.detect.scoring import AnomalyScorer
+
+        hooks.scorer = AnomalyScorer(store.path, state.path)

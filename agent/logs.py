@@ -1,0 +1,114 @@
+"""Log handling for the command line: text or JSON lines, and a rate limit on repeated messages.
+
+``cli.py`` calls :func:`setup_logging` once; library modules only log (``logging.getLogger``).
+
+- JSON lines (``--log-format json``): RFC 3339 time with milliseconds in UTC, level, logger, the
+  formatted message, the message template, and the record's structured fields (anything passed in
+  ``extra=``) as JSON values.
+- :class:`RateLimitFilter`: a warning or error repeated from the same place with the same template
+  is written in full the first time, then held back for the rest of the interval; the next one
+  after the interval carries the count of those held back. A huge message (a 1 MB malformed line)
+  is cut to :data:`MAX_MESSAGE_CHARS`. So a source failing every second, an exhausted file
+  descriptor table or a full disk cost a few lines a minute, not a flood.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+# Why 60 s: one line a minute per repeated problem keeps a week of a persistent fault under
+# 10,000 lines per problem while still showing it is ongoing.
+RATE_INTERVAL_SECONDS = 60.0
+# Why 2,000: a full URL, an error and a short excerpt of the offending input fit; a page does not.
+MAX_MESSAGE_CHARS = 2000
+# Why 4,096 keys: distinct (place, template) pairs are bounded by the code; the cap only guards memory.
+MAX_KEYS = 4096
+
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
+
+
+def _truncate(text: str) -> str:
+    if len(text) <= MAX_MESSAGE_CHARS:
+        return text
+    return f"{text[:MAX_MESSAGE_CHARS]}… ({len(text) - MAX_MESSAGE_CHARS} more characters)"
+
+
+class RateLimitFilter(logging.Filter):
+    """Lets a repeated WARNING+ record through once per interval (see the module docstring)."""
+
+    def __init__(
+        self, interval: float = RATE_INTERVAL_SECONDS, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__()
+        self.interval = interval  # seconds
+        self._monotonic = monotonic
+        self._seen: dict[tuple[str, int, str], tuple[float, int]] = {}  # key → (window start, held back)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False to hold a repeat back; the first after the interval reports how many were held."""
+        msg = record.getMessage()
+        if len(msg) > MAX_MESSAGE_CHARS:
+            record.msg, record.args = _truncate(msg), None
+        if record.levelno < logging.WARNING:
+            return True
+        key = (record.name, record.lineno, str(record.msg)[:200])
+        now = self._monotonic()
+        seen = self._seen.get(key)
+        if seen is None or now - seen[0] >= self.interval:
+            if seen is not None and seen[1]:
+                record.msg, record.args = (
+                    f"{record.getMessage()} [{seen[1]} similar messages held back in the last "
+                    f"{now - seen[0]:.0f} s]",
+                    None,
+                )
+            if len(self._seen) >= MAX_KEYS and key not in self._seen:
+                self._seen.clear()
+            self._seen[key] = (now, 0)
+            return True
+        self._seen[key] = (seen[0], seen[1] + 1)
+        return False
+
+
+def rfc3339(ts: float) -> str:
+    """``ts`` (epoch seconds) as RFC 3339 UTC with milliseconds, e.g. 2026-11-30T16:40:32.123Z."""
+    return dt.datetime.fromtimestamp(ts, tz=dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line (see the module docstring)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as a JSON line."""
+        doc: dict[str, Any] = {
+            "time": rfc3339(record.created),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if isinstance(record.msg, str) and record.args:
+            doc["template"] = record.msg
+        for k, v in vars(record).items():
+            if k not in _STANDARD and not k.startswith("_"):
+                doc[k] = v if isinstance(v, str | int | float | bool | type(None) | list | dict) else str(v)
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return json.dumps(doc, default=str)
+
+
+def setup_logging(level: str, fmt: str, handler: logging.Handler | None = None) -> None:
+    """Configure the root logger once: text or JSON lines on stderr (or ``handler``), rate-limited."""
+    h = handler or logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        h.setFormatter(JsonFormatter())
+    elif handler is None:
+        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    h.addFilter(RateLimitFilter())
+    root = logging.getLogger()
+    root.handlers[:] = [h]
+    root.setLevel(level.upper())

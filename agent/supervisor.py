@@ -151,9 +151,7 @@ class Agent:
         self.engines = tuple(cfg.engines if engines is None else engines)
         self.hooks = hooks or Hooks()
         self.ledger = Ledger(cfg.node, __version__, trailing_seconds=cfg.intervals.window_seconds)
-        self.joiner = WindowJoiner(
-            cfg.node, [e.cost_spec() for e in self.engines], book.table(), cfg.prices.share_policy
-        )
+        self.joiner = self._new_joiner()
         self.backend = backend
         self.sampler = NvmlSampler(backend, clock) if backend is not None else None
         self.versions = VersionReader(self.engines)
@@ -169,6 +167,14 @@ class Agent:
         if self.hooks.nvml_expected and backend is None:
             self.ledger.observe_nvml(NvmlRound(timestamp=clock.now(), up=False, error="no NVML driver"))
         self._snapshot = self._publish()
+
+    def _new_joiner(self) -> WindowJoiner:
+        return WindowJoiner(
+            self.cfg.node,
+            [e.cost_spec() for e in self.engines],
+            self.book.table(),
+            self.cfg.prices.share_policy,
+        )
 
     # ------------------------------------------------------------------ public
     def snapshot(self) -> Snapshot:
@@ -341,7 +347,7 @@ class Agent:
         jump = self.clock.resync()
         if jump is not None and jump.reanchored:
             # restart the cost interval: the next tick only sets the counters' baselines
-            self.joiner = WindowJoiner(self.cfg.node, self.engines, self.book, self.cfg.prices.share_policy)
+            self.joiner = self._new_joiner()
 
     async def _tick_once(self, scrapers: Sequence[EngineScraper]) -> None:
         self._check_clock()

@@ -21,8 +21,8 @@ shorter than 60 s) add up. Windows of one series must arrive in time order, whic
 join guarantees.
 
 Queries return :class:`agent.records.MinuteRecord` (sums), so every ratio over a longer
-range is a ratio of sums. Baselines (mean / median / quantiles over 7 d, 1 d, the same hour of the
-week, at like load) come from :meth:`Store.baseline`. SQLite calls are short and synchronous;
+range is a ratio of sums. The store is persistence only: baselines are computed over its records
+in :mod:`agent.detect.baselines`. SQLite calls are short and synchronous;
 the agent writes at most a few rows per second.
 """
 
@@ -41,14 +41,10 @@ from typing import Any
 from agent.clock import Clock, SystemClock
 from agent.records import (
     MINUTE,
-    SIGNALS,
     DeployEvent,
     Kind,
     MinuteRecord,
-    hour_of_week,
-    load_band,
     model_sums,
-    quantile_of,
 )
 from agent.samples import CostWindow, EngineScrape, NvmlRound
 
@@ -150,14 +146,6 @@ assert len(MIGRATIONS) == SCHEMA_VERSION
 
 class StoreError(Exception):
     """The history file is unusable (e.g. written by a newer agent)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Baseline:
-    """A baseline value and how many minutes it came from."""
-
-    value: float | None  # in the signal's unit; None when no comparable minute exists
-    minutes: int
 
 
 def _minute(t: float) -> int:
@@ -433,67 +421,6 @@ class Store:
         )
         b = float(bucket_seconds)
         return [tuple(r) for r in self._db.execute(sql, (start, start, b, b, start, end))]
-
-    def baseline(
-        self,
-        signal: str,
-        labels: Mapping[str, str],
-        end: float,
-        window: float = 7 * 86400.0,
-        stat: str = "mean",
-        min_tokens_per_second: float | None = None,
-        band_of: float | None = None,
-        band_ratio: float = 2.0,
-        same_hour_of_week_as: float | None = None,
-        band_signal: str = "generation_tokens_per_second",
-    ) -> Baseline:
-        """A trailing baseline of ``signal`` over [end - window, end) for the series matching ``labels``.
-
-        ``stat``: ``mean`` (ratio of sums over the comparable minutes), ``median`` or ``pNN``
-        (quantile of per-minute values). Comparable minutes: at least ``min_tokens_per_second``;
-        in the same load band as ``band_of`` (bands ``band_ratio`` wide) of ``band_signal``
-        (tokens/s, or ``requests_running``: requests in flight); in the same
-        hour of the week as ``same_hour_of_week_as``. Minutes of several series matching
-        ``labels`` (e.g. all versions of a model) are summed per minute first.
-        """
-        sig = SIGNALS[signal]
-        per_minute: dict[float, dict[str, float]] = {}
-        for r in self.records(end - window, end, (sig.kind,), labels):
-            acc = per_minute.setdefault(r.minute, {})
-            for k, v in r.sums.items():
-                acc[k] = acc.get(k, 0.0) + v
-        want_band = load_band(band_of, band_ratio) if band_of is not None else None
-        want_how = hour_of_week(same_hour_of_week_as) if same_hour_of_week_as is not None else None
-        totals = [0.0] * len(sig.inputs)
-        values: list[float] = []
-        for minute, sums in per_minute.items():
-            vec = [sums.get(n, 0.0) for n in sig.inputs]
-            value = sig.fn(vec)
-            if value is None:
-                continue
-            secs = sums.get("seconds", 0.0)
-            tps = sums.get("generation_tokens", 0.0) / secs if secs > 0 else 0.0
-            if min_tokens_per_second is not None and tps < min_tokens_per_second:
-                continue
-            if band_of is not None:
-                if band_signal == "requests_running":
-                    w = sums.get("running.w", 0.0)
-                    load = sums.get("running.s", 0.0) / w if w > 0 else None
-                else:
-                    load = tps
-                if load is None or load_band(load, band_ratio) != want_band:
-                    continue
-            if want_how is not None and hour_of_week(minute) != want_how:
-                continue
-            values.append(value)
-            for i, v in enumerate(vec):
-                totals[i] += v
-        if not values:
-            return Baseline(None, 0)
-        if stat == "mean":
-            return Baseline(sig.fn(totals), len(values))
-        q = 0.5 if stat == "median" else float(stat.removeprefix("p")) / 100.0
-        return Baseline(quantile_of(values, q), len(values))
 
     # -- deploys and alert state ----------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from agent.clock import ManualClock
+from agent.detect.baselines import baseline_of
 from agent.detect.rules import RuleEvaluator, load_default_rules
 from agent.samples import CostWindow, EngineScrape, GpuSample, NvmlRound, UsageWindow
 from agent.store import MIGRATIONS, Store, StoreError
@@ -115,36 +116,6 @@ def test_gpu_engine_and_node_rollups(tmp_path: Path, clock: ManualClock) -> None
     st.close()
 
 
-def test_baselines_ratio_of_sums_quantiles_like_load_and_hour_of_week(
-    tmp_path: Path, clock: ManualClock
-) -> None:
-    st = Store(tmp_path / "h.sqlite", 35, clock)
-    wins = []
-    for i in range(24 * 60):  # one day: busy (100 tok/s) from 08:00 to 20:00, quiet (10 tok/s) otherwise
-        busy = 8 * 60 <= i < 20 * 60
-        wins.append(cw(T0 + i * 60, tokens=6000 if busy else 600, usd=0.03))
-    st.write_windows(wins)
-    end = T0 + 86400
-    mean = st.baseline("usd_per_1m_output_tokens", KEY, end, window=86400)
-    # ratio of sums: $43.2 / (720×6000 + 720×600) tokens
-    assert mean.value == pytest.approx(43.2 / (720 * 6600) * 1e6) and mean.minutes == 1440
-    busy = st.baseline("usd_per_1m_output_tokens", KEY, end, window=86400, band_of=100.0)
-    assert busy.value == pytest.approx(5.0) and busy.minutes == 720
-    floor = st.baseline("usd_per_1m_output_tokens", KEY, end, window=86400, min_tokens_per_second=50)
-    assert floor.value == pytest.approx(5.0)
-    med = st.baseline("usd_per_1m_output_tokens", KEY, end, window=86400, stat="p90")
-    assert med.value == pytest.approx(50.0)
-    how = st.baseline(
-        "usd_per_1m_output_tokens", KEY, end, window=7 * 86400, same_hour_of_week_as=T0 + 3 * 3600
-    )
-    assert how.value == pytest.approx(50.0) and how.minutes == 60
-    util = st.baseline("model_gpu_utilization_ratio", KEY, end, window=86400, stat="median")
-    assert util.value == pytest.approx(0.8)
-    none = st.baseline("usd_per_1m_output_tokens", {**KEY, "model": "other"}, end)
-    assert none.value is None and none.minutes == 0
-    st.close()
-
-
 def test_deploys_are_recorded_and_survive_restart(tmp_path: Path, clock: ManualClock) -> None:
     st = Store(tmp_path / "h.sqlite", 35, clock)
     st.write_windows([cw(T0), cw(T0 + 60)])
@@ -205,8 +176,9 @@ def test_backfill_gives_a_week_of_baselines(tmp_path: Path) -> None:
     st = Store(tmp_path / "h.sqlite", 35, ManualClock(end))
     assert backfill_simulated(st, [("n1", "vllm-a", "llama", "v1")], T0, end) == 7 * 1440
     key = {"node": "n1", "engine": "vllm-a", "model": "llama"}
-    day = st.baseline("usd_per_1m_output_tokens", key, end, band_of=380.0)
-    night = st.baseline("usd_per_1m_output_tokens", key, end, band_of=40.0)
+    week = st.series("model", key, end - 7 * 86400, end)
+    day = baseline_of(week, "usd_per_1m_output_tokens", end, band_of=380.0)
+    night = baseline_of(week, "usd_per_1m_output_tokens", end, band_of=40.0)
     # $2/h in the 256–512 tok/s band: $1.39–2.17/1M; at night a GPU hour buys a tenth of the tokens
     assert day.value is not None and 1.38 < day.value < 2.18 and day.minutes > 500
     assert night.value is not None and night.value > 5 * day.value

@@ -13,14 +13,42 @@ in the window, running sums, and (for quantiles) a sorted list. Adding a minute 
 baseline are O(1) amortised (O(log n) + memmove for quantiles), so the rule evaluator can step
 through weeks of simulated minutes in seconds. Expiry is lazy: a bucket drops its old minutes
 when it is next touched.
+
+:func:`baseline_of` is the same arithmetic over a batch of records (the deploy comparison reads
+the store and asks it): one implementation of every baseline, over records; the store only
+persists them.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+
+from agent.records import SIGNALS, MinuteRecord, hour_of_week, load_band
+
+WEEK = 7 * 86400.0  # seconds: the default baseline window
+
+
+def interpolate(ordered: Sequence[float], q: float) -> float | None:
+    """The q-quantile (0–1) of already sorted values, linear between ranks; None when empty."""
+    n = len(ordered)
+    if n == 0:
+        return None
+    pos = q * (n - 1)
+    lo = int(pos)
+    hi = min(lo + 1, n - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def stat_quantile(stat: str) -> float | None:
+    """The quantile (0–1) a statistic names: None for ``mean``, 0.5 for ``median``, 0.9 for ``p90``."""
+    if stat == "mean":
+        return None
+    if stat == "median":
+        return 0.5
+    return float(stat.removeprefix("p")) / 100.0
 
 
 @dataclass(slots=True)
@@ -122,11 +150,69 @@ class TrailingBaseline:
         if b is None:
             return None, 0
         self._expire(b, now)
-        vals = b.ordered
-        n = len(vals)
-        if n == 0:
-            return None, 0
-        pos = q * (n - 1)
-        lo = int(pos)
-        hi = min(lo + 1, n - 1)
-        return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo), n
+        return interpolate(b.ordered, q), len(b.ordered)
+
+
+@dataclass(frozen=True, slots=True)
+class Baseline:
+    """A baseline value and how many minutes it came from."""
+
+    value: float | None  # in the signal's unit; None when no comparable minute exists
+    minutes: int
+
+
+def baseline_of(
+    records: Iterable[MinuteRecord],
+    signal: str,
+    end: float,
+    window: float = WEEK,
+    stat: str = "mean",
+    min_tokens_per_second: float | None = None,
+    band_of: float | None = None,
+    band_ratio: float = 2.0,
+    same_hour_of_week_as: float | None = None,
+    band_signal: str = "generation_tokens_per_second",
+) -> Baseline:
+    """A trailing baseline of ``signal`` over the records' minutes in [end - window, end).
+
+    ``stat``: ``mean`` (ratio of sums over the comparable minutes), ``median`` or ``pNN``
+    (quantile of per-minute values). Comparable minutes: at least ``min_tokens_per_second``
+    (generation tokens/s); in the same load band as ``band_of`` (bands ``band_ratio`` wide) of
+    ``band_signal`` (tokens/s, or ``requests_running``: requests in flight); in the same hour of
+    the week as ``same_hour_of_week_as``. Records of several series (e.g. every version of a
+    model) are summed per minute first; records of another kind than the signal's are ignored.
+    """
+    sig = SIGNALS[signal]
+    per_minute: dict[float, dict[str, float]] = {}
+    for r in records:
+        if r.kind != sig.kind or not end - window <= r.minute < end:
+            continue
+        acc = per_minute.setdefault(r.minute, {})
+        for k, v in r.sums.items():
+            acc[k] = acc.get(k, 0.0) + v
+    want_band = load_band(band_of, band_ratio) if band_of is not None else None
+    want_how = hour_of_week(same_hour_of_week_as) if same_hour_of_week_as is not None else None
+    q = stat_quantile(stat)
+    acc_baseline = TrailingBaseline(window, sig.fn, len(sig.inputs), q is not None)
+    for minute in sorted(per_minute):
+        sums = per_minute[minute]
+        vec = tuple(sums.get(n, 0.0) for n in sig.inputs)
+        value = sig.fn(vec)
+        if value is None:
+            continue
+        secs = sums.get("seconds", 0.0)
+        tps = sums.get("generation_tokens", 0.0) / secs if secs > 0 else 0.0
+        if min_tokens_per_second is not None and tps < min_tokens_per_second:
+            continue
+        if band_of is not None:
+            load: float | None = tps
+            if band_signal == "requests_running":
+                w = sums.get("running.w", 0.0)
+                load = sums.get("running.s", 0.0) / w if w > 0 else None
+            if load is None or load_band(load, band_ratio) != want_band:
+                continue
+        if want_how is not None and hour_of_week(minute) != want_how:
+            continue
+        acc_baseline.add(None, minute, vec, value)
+    value, minutes = acc_baseline.mean(None, end) if q is None else acc_baseline.quantile(None, end, q)
+    return Baseline(value, minutes)

@@ -26,9 +26,10 @@ from collections.abc import Mapping, Sequence
 from agent.clock import Clock
 from agent.config import Config
 from agent.detect.alerts import AlertManager
+from agent.detect.baselines import baseline_of
 from agent.detect.deploys import DeployTracker
 from agent.detect.rules import Finding, Rule, RuleEvaluator, RuleSet, load_default_rules, load_rules
-from agent.records import MINUTE, Alert, AlertEvent, DeployEvent, MinuteRecord
+from agent.records import MINUTE, SIGNALS, Alert, AlertEvent, DeployEvent, MinuteRecord
 from agent.sinks.notify import Notifier, Sink
 from agent.sinks.outbox import Outbox
 from agent.sinks.pagerduty import PagerDutySink
@@ -141,20 +142,23 @@ class Pipeline:
         band_of = (f.band_load if by_running else f.tokens_per_second) if band_ratio is not None else None
         window = b.window if b is not None else 7 * 86400.0
         key = {"node": e.node, "engine": e.engine, "model": e.model}
-        prev = self.store.baseline(
+        kind = SIGNALS[rule.signal].kind
+        prev_key = {**key, "model_version": e.from_version}
+        prev = baseline_of(
+            self.store.series(kind, prev_key, e.at - window, e.at),
             rule.signal,
-            {**key, "model_version": e.from_version},
             e.at,
             window,
             band_of=band_of,
             band_ratio=band_ratio or 2.0,
             band_signal=band_signal,
         )
-        new = self.store.baseline(
+        new_window = max(MINUTE, f.at - e.at)
+        new = baseline_of(
+            self.store.series(kind, {**key, "model_version": e.to_version}, f.at - new_window, f.at),
             rule.signal,
-            {**key, "model_version": e.to_version},
             f.at,
-            max(MINUTE, f.at - e.at),
+            new_window,
             band_of=band_of,
             band_ratio=band_ratio or 2.0,
             band_signal=band_signal,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 Kind = Literal["gauge", "counter"]
-Source = Literal["node", "gpu", "engine", "model", "alert", "outbox"]
+Source = Literal["node", "build", "gpu", "engine", "model", "deploy", "alert", "outbox"]
 
 NAMESPACE = "infercost"
 NODE_LABELS = ("node",)
@@ -56,6 +56,15 @@ def _m(
 
 CATALOG: tuple[MetricSpec, ...] = (
     # ---- node
+    _m(
+        "build_info",
+        "gauge",
+        "1",
+        "Agent build (value 1): version and Python version.",
+        "build",
+        "info",
+        ("node", "version", "python_version"),
+    ),
     _m(
         "nvml_up",
         "gauge",
@@ -331,24 +340,6 @@ CATALOG: tuple[MetricSpec, ...] = (
         MODEL_LABELS,
     ),
     _m(
-        "cost_usd_per_hour",
-        "gauge",
-        "USD/h",
-        "Current spend rate of this model version.",
-        "model",
-        "cost_usd_per_hour",
-        MODEL_LABELS,
-    ),
-    _m(
-        "idle_cost_usd_per_hour",
-        "gauge",
-        "USD/h",
-        "Current idle spend rate of this model version.",
-        "model",
-        "idle_cost_usd_per_hour",
-        MODEL_LABELS,
-    ),
-    _m(
         "model_gpu_utilization_ratio",
         "gauge",
         "1",
@@ -429,12 +420,22 @@ CATALOG: tuple[MetricSpec, ...] = (
         "anomaly_score",
         MODEL_LABELS,
     ),
+    _m(
+        "deploy_timestamp_seconds",
+        "gauge",
+        "s",
+        "When the agent saw this model version replace another on the engine (epoch seconds; "
+        "absent for versions already serving when the agent started).",
+        "deploy",
+        "deployed_at",
+        MODEL_LABELS,
+    ),
     # ---- alerts
     _m(
         "alerts_firing",
         "gauge",
         "{alert}",
-        "Alerts currently firing, by rule and severity.",
+        "Alerts currently firing, by rule and severity (0 for every loaded rule that is not firing).",
         "alert",
         "count",
         ("node", "rule", "severity"),

@@ -3,7 +3,7 @@
 infercost demo                       a simulated 8×H100 node, the real pipeline, a live view
 infercost run [--config node.yaml]   the daemon
 infercost check --config node.yaml   validate config, price book and rules (exit 2 when bad)
-infercost bench overhead|detection|parse
+infercost bench overhead|detection|parse|exposition
 infercost report --state-dir DIR | --prometheus URL [--format md|html|csv|json|slack]
 """
 
@@ -159,6 +159,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from agent.bench.detection import run as run_detection
 
         run_detection(seed=args.seed, weeks=args.weeks)
+    elif args.what == "exposition":
+        from agent.bench.exposition import run as run_exposition
+
+        run_exposition()
     return EXIT_OK
 
 
@@ -246,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_check)
 
     b = add("bench", "benchmarks (print figures)")
-    b.add_argument("what", choices=["overhead", "parse", "detection"], help="which benchmark")
+    b.add_argument("what", choices=["overhead", "parse", "detection", "exposition"], help="which benchmark")
     b.add_argument("--seconds", type=float, default=60.0, help="overhead: wall seconds measured")
     b.add_argument("--seed", type=int, default=7, help="detection: random seed")
     b.add_argument("--weeks", type=int, default=4, help="detection: weeks of simulated history")

@@ -8,8 +8,9 @@ so a quiet 5-second tick does not make the gauge flicker.
 from __future__ import annotations
 
 import math
+import platform
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -94,6 +95,9 @@ class Snapshot:
     outbox_pending: Mapping[str, int] = field(default_factory=dict)  # sink → undelivered messages
     store_up: bool | None = None  # None: no history store configured; False: writes failing
     store_files_recovered_total: int = 0  # damaged SQLite files moved aside and recreated
+    # (engine, model, version) → epoch seconds when it replaced another version
+    deploys: Mapping[ModelKey, float] = field(default_factory=dict)
+    python_version: str = platform.python_version()
 
 
 def _merged_p99(deltas: list[Histogram | None]) -> float | None:
@@ -146,6 +150,8 @@ class Ledger:
         self._alerts: Mapping[tuple[str, str], int] = {}
         self._outbox: Mapping[str, int] = {}
         self._scores: dict[ModelKey, float] = {}
+        self._alert_keys: dict[tuple[str, str], None] = {}  # every (rule, severity) known: exported as 0
+        self._deploys: dict[ModelKey, float] = {}
 
     def observe_nvml(self, rnd: NvmlRound | None) -> None:
         """Record the latest NVML round (None: no backend)."""
@@ -169,9 +175,18 @@ class Ledger:
         """Record an engine's latest scrape health."""
         self._engines[sc.engine] = EngineState(sc.engine, sc.kind, sc.up, sc.duration_seconds, sc.error)
 
+    def declare_alert_rules(self, keys: Iterable[tuple[str, str]]) -> None:
+        """Name the loaded rules as (rule id, severity): each is exported, at 0 while not firing, so
+        "alerts firing" reads 0 rather than "no data" on a quiet node."""
+        for k in keys:
+            self._alert_keys.setdefault(k, None)
+        self._alerts = {k: self._alerts.get(k, 0) for k in self._alert_keys} | dict(self._alerts)
+
     def set_alerts(self, firing: Mapping[tuple[str, str], int], outbox: Mapping[str, int]) -> None:
-        """Record alert counts and undelivered notifications."""
-        self._alerts = dict(firing)
+        """Record alert counts and undelivered notifications; a rule seen once stays exported (at 0)."""
+        for k in firing:
+            self._alert_keys.setdefault(k, None)
+        self._alerts = {k: int(firing.get(k, 0)) for k in self._alert_keys}
         self._outbox = dict(outbox)
 
     def set_anomaly_score(self, key: ModelKey, score: float | None) -> None:
@@ -200,7 +215,11 @@ class Ledger:
             recent.append(w)
             while recent and recent[0].usage.end <= tick.end - self.trailing_seconds:
                 recent.popleft()
-            prev = self._models.get(key) or ModelState(u.engine, u.model, u.model_version)
+            prev = self._models.get(key)
+            if prev is None:
+                if any(k[:2] == key[:2] for k in self._models):  # a new version of a served model
+                    self._deploys[key] = u.end
+                prev = ModelState(u.engine, u.model, u.model_version)
             self._models[key] = self._gauges(
                 replace(
                     prev,
@@ -282,6 +301,7 @@ class Ledger:
             alerts_firing=dict(self._alerts),
             outbox_pending=dict(self._outbox),
             store_up=store_up,
+            deploys=dict(self._deploys),
         )
 
 
@@ -290,6 +310,8 @@ def series(spec: MetricSpec, snap: Snapshot) -> Iterator[tuple[tuple[str, ...], 
     node = snap.node
     if spec.source == "node":
         yield (node,), getattr(snap, spec.field)
+    elif spec.source == "build":
+        yield (node, snap.version, snap.python_version), 1.0
     elif spec.source == "gpu":
         for g in snap.gpus:
             s = g.sample
@@ -308,6 +330,9 @@ def series(spec: MetricSpec, snap: Snapshot) -> Iterator[tuple[tuple[str, ...], 
     elif spec.source == "model":
         for m in snap.models:
             yield (node, m.engine, m.model, m.model_version), getattr(m, spec.field)
+    elif spec.source == "deploy":
+        for (engine, model, version), at in sorted(snap.deploys.items()):
+            yield (node, engine, model, version), at
     elif spec.source == "alert":
         for (rule, severity), n in snap.alerts_firing.items():
             yield (node, rule, severity), n

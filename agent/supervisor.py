@@ -166,6 +166,8 @@ class Agent:
         self._dropped_windows = 0  # windows with a non-finite number, kept out of the store
         if self.hooks.nvml_expected and backend is None:
             self.ledger.observe_nvml(NvmlRound(timestamp=clock.now(), up=False, error="no NVML driver"))
+        if self.hooks.pipeline is not None:  # every loaded rule exported, at 0 until it fires
+            self.ledger.declare_alert_rules((r.id, r.severity) for r in self.hooks.pipeline.rules)
         self._snapshot = self._publish()
 
     def _new_joiner(self) -> WindowJoiner:

@@ -374,8 +374,8 @@ def node() -> dict[str, Any]:
         timeseries(
             "Cost and idle cost per hour by model",
             [
-                (f"infercost_cost_usd_per_hour{m}", "cost " + by_model),
-                (f"infercost_idle_cost_usd_per_hour{m}", "idle " + by_model),
+                (f"rate(infercost_cost_usd_total{m}[$__rate_interval]) * 3600", "cost " + by_model),
+                (f"rate(infercost_idle_cost_usd_total{m}[$__rate_interval]) * 3600", "idle " + by_model),
             ],
             USD,
         ),

@@ -98,10 +98,12 @@ async def test_costs_add_up_per_model_version_and_per_gpu(running) -> None:  # t
     gs = {dict(k)["engine"]: v for k, v in m["infercost_gpu_seconds_total"].items()}
     assert gs["llama-70b"] == pytest.approx(2 * gs["llama-70b-canary"])
     assert gs["llama-70b"] == pytest.approx(4 * gs["mistral-7b"])
-    # $/1M output is the trailing-window ratio of sums: cost rate / token rate
+    # $/1M output is the trailing-window ratio of sums: cost rate (the engine's GPUs × $/GPU-hour,
+    # no energy in this book) / token rate
+    n_gpus = {"llama-70b": 4, "llama-70b-canary": 2, "mistral-7b": 1, "qwen-14b": 1}
     for k, per_m in m["infercost_usd_per_1m_output_tokens"].items():
         rate = m["infercost_generation_tokens_per_second"][k]
-        per_hour = m["infercost_cost_usd_per_hour"][k]
+        per_hour = n_gpus[dict(k)["engine"]] * PRICE
         assert per_m == pytest.approx(per_hour / 3600 / rate * 1e6, rel=1e-6)
 
 

@@ -156,3 +156,201 @@ def test_trailing_p99_merges_the_ticks_observations() -> None:
     assert p99 is not None and 0.1 < p99 <= 1.0
     assert _merged_p99([fast]) is not None and _merged_p99([fast]) <= 0.1  # type: ignore[operator]
     assert _merged_p99([None]) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# build info, process collector, alerts at 0, deploys, no duplicated $/h gauges
+# ---------------------------------------------------------------------------------------------
+
+
+def test_build_info_process_metrics_and_no_per_hour_duplicates() -> None:
+    import platform
+
+    from agent import __version__
+
+    s = _samples(render(_snapshot()).decode())
+    build = {"node": "node-a", "version": __version__, "python_version": platform.python_version()}
+    assert s[("infercost_build_info", frozenset(build.items()))] == 1
+    names = {name for name, _ in s}
+    # the process collector: CPU seconds, resident memory, open fds, start time
+    assert {"process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds"} <= names
+    assert not any(n.endswith("_usd_per_hour") and n != "infercost_gpu_price_usd_per_hour" for n in names)
+
+
+def test_alerts_firing_is_zero_for_quiet_rules_and_stays_after_resolve() -> None:
+    led = Ledger("node-a", "0.1.0")
+    s = _samples(render(led.snapshot()).decode())
+    assert not any(n == "infercost_alerts_firing" for n, _ in s)  # no rules loaded: nothing to say
+    led.declare_alert_rules([("cost_regression", "critical"), ("engine_down", "warning")])
+    led.set_alerts({("engine_down", "warning"): 2}, {"slack": 1})
+
+    def firing() -> dict[str, float]:
+        got = _samples(render(led.snapshot()).decode())
+        return {dict(k)["rule"]: v for (n, k), v in got.items() if n == "infercost_alerts_firing"}
+
+    assert firing() == {"cost_regression": 0, "engine_down": 2}
+    led.set_alerts({}, {})
+    assert firing() == {"cost_regression": 0, "engine_down": 0}  # resolved: 0, not a vanished series
+
+
+def test_deploy_timestamp_marks_a_version_replacing_another() -> None:
+    book = parse_price_book({"gpus": [{"match": "H100", "usd_per_hour": 3.6}]}, "book")
+    engines = (EngineConfig(name="llama", url="http://x/metrics", gpus=(0,)),)
+    j = WindowJoiner("node-a", engines, book)
+    led = Ledger("node-a", "0.1.0")
+    for k in range(4):
+        t = T0 + 10 * k
+        r = NvmlRound(t, True, (GpuSample(0, "GPU-0", "NVIDIA H100 80GB HBM3", t, util_gpu_ratio=0.5),))
+        j.add_round(r)
+        m = ModelSignals("meta/llama", prompt_tokens_total=100.0 * k, generation_tokens_total=100.0 * k)
+        scrape = {"llama": EngineScrape("llama", "vllm", t, True, 0.01, (m,))}
+        version = {"llama": "v1" if k < 2 else "v2"}  # the deployment moves to v2 at the 3rd tick
+        led.apply(j.close_tick(t, scrape, version))
+    s = _samples(render(led.snapshot()).decode())
+    deploys = {
+        dict(k)["model_version"]: v for (n, k), v in s.items() if n == "infercost_deploy_timestamp_seconds"
+    }
+    # v1 was serving when the agent started (no deploy seen); v2 replaced it in the tick ending T0+20
+    assert deploys == {"v2": T0 + 20}
+
+
+# ---------------------------------------------------------------------------------------------
+# The page is rendered once per snapshot, off the event loop
+# ---------------------------------------------------------------------------------------------
+
+
+async def test_page_rendered_once_per_snapshot_for_many_scrapes() -> None:
+    import asyncio
+
+    snaps = [_snapshot()]
+    server = PrometheusServer(lambda: snaps[-1], lambda: True, "127.0.0.1", 0)
+    await server.start()
+    url = f"http://127.0.0.1:{server.port}/metrics"
+    try:
+        async with aiohttp.ClientSession() as s:
+
+            async def get() -> str:
+                async with s.get(url) as r:
+                    assert r.status == 200
+                    return await r.text()
+
+            pages = await asyncio.gather(*(get() for _ in range(20)))
+            assert server.cache.renders == 1 and len(set(pages)) == 1
+            assert "infercost_build_info" in pages[0]
+            snaps.append(Ledger("node-b", "0.1.0").snapshot())  # the next tick's snapshot
+            page = await get()
+            assert server.cache.renders == 2 and 'node="node-b"' in page and 'node="node-a"' not in page
+            async with s.get(url, headers={"Accept-Encoding": "gzip"}) as r:  # aiohttp inflates it
+                assert r.headers["Content-Encoding"] == "gzip" and await r.text() == page
+    finally:
+        await server.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP hardening: idle floods, slow headers, oversized requests (real sockets)
+# ---------------------------------------------------------------------------------------------
+
+_IDLE_CLIENT = r"""
+import resource, socket, sys
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+port, n = int(sys.argv[1]), int(sys.argv[2])
+socks = []
+for _ in range(n):
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    socks.append(s)  # connected and silent: never sends a byte
+print(len(socks), flush=True)
+sys.stdin.read()  # hold them until the test closes our stdin
+"""
+
+
+def _raw(port: int, data: bytes, timeout: float = 10.0) -> bytes:
+    """Send raw bytes on a fresh connection; everything read until the server closes."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+async def test_a_thousand_idle_connections_do_not_lock_out_metrics_or_healthz() -> None:
+    import asyncio
+    import os
+    import sys
+
+    from agent.sinks.prometheus import ServerLimits
+
+    snap = _snapshot()
+    limits = ServerLimits(header_timeout_seconds=60.0, max_connections=64)  # the flood outlives no timeout
+    server = PrometheusServer(lambda: snap, lambda: True, "127.0.0.1", 0, limits=limits)
+    await server.start()
+    fds_before = len(os.listdir("/proc/self/fd"))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _IDLE_CLIENT, str(server.port), "1000"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
+        assert line.strip() == "1000"  # all 1,000 connected
+        for _ in range(50):  # evicted sockets close on the loop's next turns
+            held = len(os.listdir("/proc/self/fd")) - fds_before
+            if held <= 64 + 2:
+                break
+            await asyncio.sleep(0.1)
+        assert held <= 64 + 2, held  # the cap bounds the server's fds, not the flood
+        conn = aiohttp.TCPConnector(force_close=True)
+        async with aiohttp.ClientSession(connector=conn) as s:
+            for path in ("/metrics", "/healthz", "/metrics"):
+                async with s.get(f"http://127.0.0.1:{server.port}{path}") as r:
+                    assert r.status == 200, path
+        assert server.refused >= 1000 - 64
+    finally:
+        proc.communicate(timeout=10)
+        await server.stop()
+
+
+async def test_slow_headers_are_cut_off_and_oversized_requests_refused() -> None:
+    import asyncio
+
+    from agent.sinks.prometheus import ServerLimits
+
+    snap = _snapshot()
+    limits = ServerLimits(header_timeout_seconds=1.0)
+    server = PrometheusServer(lambda: snap, lambda: True, "127.0.0.1", 0, limits=limits)
+    await server.start()
+    port = server.port
+    try:
+        t0 = asyncio.get_running_loop().time()
+        # a slowloris: the request line and one header, then silence — closed, unanswered
+        got = await asyncio.to_thread(_raw, port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        waited = asyncio.get_running_loop().time() - t0
+        assert got == b"" and 1.0 <= waited < 9.0
+        # a body over the cap: 413 without reading it
+        big = b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\nConnection: close\r\n\r\n"
+        assert (await asyncio.to_thread(_raw, port, big)).startswith(b"HTTP/1.1 413")
+        # a header field over 8190 bytes: refused by the parser
+        huge = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Junk: " + b"a" * 20000 + b"\r\n\r\n"
+        assert b" 400 " in (await asyncio.to_thread(_raw, port, huge)).split(b"\r\n")[0]
+        ok = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        assert (await asyncio.to_thread(_raw, port, ok)).startswith(b"HTTP/1.1 200")
+    finally:
+        await server.stop()
+
+
+def test_fast_renderer_writes_what_prometheus_client_writes() -> None:
+    from dataclasses import replace
+
+    from agent.sinks.prometheus import render_catalogue, render_with_client
+
+    snap = _snapshot()
+    hostile = replace(snap.models[0], model='we"ird\\name\nline2', model_version="v\\7")
+    for s in (snap, replace(snap, models=(hostile,))):
+        assert render_catalogue(s) == render_with_client(s)
+    text = render_catalogue(replace(snap, models=(hostile,))).decode()
+    assert 'model="we\\"ird\\\\name\\nline2"' in text  # escaped: one line per series

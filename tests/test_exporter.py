@@ -196,7 +196,7 @@ def test_alerts_firing_is_zero_for_quiet_rules_and_stays_after_resolve() -> None
 def test_deploy_timestamp_marks_a_version_replacing_another() -> None:
     book = parse_price_book({"gpus": [{"match": "H100", "usd_per_hour": 3.6}]}, "book")
     engines = (EngineConfig(name="llama", url="http://x/metrics", gpus=(0,)),)
-    j = WindowJoiner("node-a", engines, book)
+    j = WindowJoiner("node-a", [e.cost_spec() for e in engines], book.table())
     led = Ledger("node-a", "0.1.0")
     for k in range(4):
         t = T0 + 10 * k

@@ -226,11 +226,15 @@ async def build_agent(
         nvml = backend
     if engines is None:
         engines = list(cfg.engines)
-        if not engines and discover:
+        if not engines and discover and not cfg.kubernetes.enabled:
             engines = await _find_engines(cfg, nvml, steady)
     hooks = Hooks(on_tick=list(on_tick), nvml_expected=nvml_expected)
     if history:
         await _wire_history(cfg, steady, hooks, detection=detection, rules=rules, sinks=sinks, scorer=scorer)
+    if cfg.kubernetes.enabled and discover:
+        from agent.sources.kube.source import kube_engines
+
+        hooks.engine_source = kube_engines(cfg, hooks.store, steady.now)
     return Agent(cfg, steady, book, nvml, engines, hooks)
 
 

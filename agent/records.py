@@ -284,10 +284,24 @@ class DeployInfo:
     # The previous and new version's value of the rule's signal at like load (None when unknown).
     previous_value: float | None = None
     new_value: float | None = None
+    kind: str = "model"  # see DeployEvent.kind
+    rollback: bool = False  # to_version was deployed before this one (a return to it)
+    model_version: str | None = None  # for an engine deploy: the model version, unchanged
 
     def describe(self) -> str:
         """One line for annotations."""
-        text = f"{self.model} {self.from_version} → {self.to_version} at {iso(self.at)}"
+        if self.kind == "engine":
+            what = "engine rollback" if self.rollback else "engine upgrade"
+            text = (
+                f"{what} of {self.engine}: {short_image(self.from_version)} → {short_image(self.to_version)}"
+                f" at {iso(self.at)}"
+            )
+            if self.model_version:
+                text += f", same model version {self.model_version}"
+        else:
+            text = f"{self.model} {self.from_version} → {self.to_version} at {iso(self.at)}"
+            if self.rollback:
+                text += " (rollback)"
         if self.previous_value is not None and self.new_value is not None:
             text += f" (at like load: {self.previous_value:.4g} before, {self.new_value:.4g} after"
             if self.previous_value > 0:
@@ -298,7 +312,11 @@ class DeployInfo:
 
 @dataclass(frozen=True, slots=True)
 class DeployEvent:
-    """The version of (node, engine, model) changed."""
+    """The version of (node, engine, model) changed.
+
+    ``kind`` "model": the model version changed. ``kind`` "engine": the engine's build changed (the
+    running image and digest, e.g. vLLM 0.8.4 → 0.9.0 serving the same weights); then ``model`` is
+    "" and the versions are image references."""
 
     node: str
     engine: str
@@ -306,6 +324,18 @@ class DeployEvent:
     from_version: str
     to_version: str
     at: float  # epoch seconds: start of the first minute seen with the new version
+    kind: str = "model"  # "model" | "engine"
+
+
+def short_image(ref: str) -> str:
+    """An image reference for people: ``repo:tag`` (no registry host) and 12 hex digits of its digest."""
+    name, _, digest = ref.partition("@")
+    host, sep, rest = name.partition("/")
+    if sep and ("." in host or ":" in host or host == "localhost"):
+        name = rest
+    if digest:
+        return f"{name} ({digest.removeprefix('sha256:')[:12]})"
+    return name
 
 
 @dataclass(frozen=True, slots=True)

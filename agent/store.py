@@ -301,6 +301,27 @@ class Store:
             (node, engine, model, version, float(minute)),
         )
 
+    def note_engine_version(self, node: str, engine: str, version: str, at: float) -> DeployEvent | None:
+        """Remember the engine's build (image@digest, from Kubernetes); a change is an engine deploy.
+
+        Engine-level rows use the model "" in the versions and deploys tables (no model has an empty
+        name). Returns the deploy recorded, if any; seeing the same build again records nothing,
+        across restarts too."""
+        minute = _minute(at)
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            row = self._db.execute(
+                "SELECT version FROM versions WHERE node=? AND engine=? AND model=''", (node, engine)
+            ).fetchone()
+            self._note_version(node, engine, "", version, minute)
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        if row is None or row[0] == version:
+            return None
+        return DeployEvent(node, engine, "", row[0], version, float(minute), kind="engine")
+
     def write_nvml_round(self, node: str, rnd: NvmlRound) -> None:
         """Roll one NVML round into the node's and each GPU's minute (a sample counted once)."""
         minute = _minute(rnd.timestamp)
@@ -431,7 +452,10 @@ class Store:
             "WHERE at >= ? ORDER BY at, id",
             (since,),
         )
-        return [DeployEvent(*r) for r in rows]
+        return [
+            DeployEvent(node, engine, model, a, b, at, kind="engine" if model == "" else "model")
+            for node, engine, model, a, b, at in rows
+        ]
 
     def current_versions(self) -> list[tuple[str, str, str, str, float]]:
         """(node, engine, model, version, minute last seen) per model."""

@@ -50,6 +50,7 @@ from agent.sources.prices import PriceBook
 if TYPE_CHECKING:
     from agent.detect.pipeline import Pipeline
     from agent.detect.scoring import AnomalyScorer
+    from agent.sources.kube.source import KubeEngines as EngineSource
     from agent.store import Store
 
 logger = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ class Hooks:
     history_note: str | None = None  # why history is off or degraded, for /healthz
     nvml_expected: bool = False  # nvml.backend auto/real but no backend: export nvml_up 0
     recovered_files: int = 0  # damaged SQLite files moved aside at start
+    engine_source: EngineSource | None = None  # engines that come and go (Kubernetes discovery)
 
 
 class HistoryGuard:
@@ -280,6 +282,9 @@ class Agent:
                     )
                     if self.hooks.pipeline is not None:
                         tg.create_task(self.hooks.pipeline.run_delivery(stop))
+                    if self.hooks.engine_source is not None:
+                        self._session = session
+                        tg.create_task(self.hooks.engine_source.run(stop))
         finally:
             if self._detect_task is not None and not self._detect_task.done():
                 await asyncio.wait({self._detect_task}, timeout=30)
@@ -351,8 +356,25 @@ class Agent:
             # restart the cost interval: the next tick only sets the counters' baselines
             self.joiner = self._new_joiner()
 
-    async def _tick_once(self, scrapers: Sequence[EngineScraper]) -> None:
+    def _follow_engines(self, scrapers: list[EngineScraper]) -> None:
+        """Take the engine source's current list (scrapers of unchanged engines are kept)."""
+        src = self.hooks.engine_source
+        if src is None or src.engines() == self.engines:
+            return
+        self.engines = src.engines()
+        old = {s.cfg.name: s for s in scrapers}
+        scrapers[:] = [
+            old[e.name]
+            if e.name in old and old[e.name].cfg == e
+            else EngineScraper(e, self._session, self.clock)
+            for e in self.engines
+        ]
+        self.joiner.engines = tuple(e.cost_spec() for e in self.engines)
+        self.versions = VersionReader(self.engines)
+
+    async def _tick_once(self, scrapers: list[EngineScraper]) -> None:
         self._check_clock()
+        self._follow_engines(scrapers)
         results: list[EngineScrape] = list(await asyncio.gather(*(s.scrape() for s in scrapers)))
         scrapes = {r.engine: r for r in results}
         for r in results:

@@ -8,9 +8,13 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+import aiohttp
 import pytest
+from aiohttp import web
 
-from agent.config import Config, EngineConfig, KubernetesConfig
+from agent.clock import SystemClock
+from agent.config import Config, ConfigError, EngineConfig, KubernetesConfig, parse_config
+from agent.sources.engines.scraper import EngineScraper
 from agent.sources.kube.pods import PodRefused, engine_names, engine_pod, image_tag, is_selected
 from agent.sources.kube.source import KubeEngines
 from tests.kubeapi import FakeKubeApi, gone_event, pod, write_kubeconfig
@@ -212,3 +216,63 @@ async def test_list_then_watch_follows_pods_relists_after_410_and_keeps_engines_
         stop.set()
         await asyncio.wait_for(task, 5)
         await api.stop()
+
+
+async def test_a_redirect_to_another_host_is_not_followed() -> None:
+    """SSRF: an engine answering 302 to another address marks that engine down; nothing is fetched there."""
+    hits: list[str] = []
+
+    async def elsewhere(request: web.Request) -> web.Response:
+        hits.append(request.path)
+        return web.Response(text="vllm:num_requests_running 0\n")
+
+    other = web.Application()
+    other.router.add_get("/{tail:.*}", elsewhere)
+    other_runner = web.AppRunner(other)
+    await other_runner.setup()
+    other_site = web.TCPSite(other_runner, "127.0.0.2", 0)
+    await other_site.start()
+    target = f"http://127.0.0.2:{other_site._server.sockets[0].getsockname()[1]}/latest/meta-data/"  # type: ignore[union-attr]
+
+    async def redirect(_request: web.Request) -> web.Response:
+        raise web.HTTPFound(target)
+
+    app = web.Application()
+    app.router.add_get("/metrics", redirect)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with aiohttp.ClientSession() as session:
+            cfg = EngineConfig(name="e", kind="vllm", url=f"http://127.0.0.1:{port}/metrics")
+            result = await EngineScraper(cfg, session, SystemClock()).scrape()
+    finally:
+        await runner.cleanup()
+        await other_runner.cleanup()
+    assert not result.up and result.error == "HTTP 302"
+    assert hits == []
+
+
+def test_one_config_file_serves_a_mixed_fleet_through_per_node_overrides() -> None:
+    raw = {
+        "kubernetes": {"enabled": True, "version_labels": ["app.kubernetes.io/version"]},
+        "engines": [{"name": "llama-70b", "url": "http://127.0.0.1:8000/metrics", "gpus": [0, 1, 2, 3]}],
+        "nodes": {
+            "gpu-node-17": {
+                "engines": [{"name": "llama-70b", "url": "http://127.0.0.1:8000/metrics", "gpus": [0, 1]}],
+                "kubernetes": {"allowed_ports": [9400]},
+            },
+        },
+    }
+    a = parse_config(raw, "node.yaml", environ={"INFERCOST_NODE": "gpu-node-17"})
+    assert a.node == "gpu-node-17" and a.engines[0].gpus == (0, 1)
+    assert a.kubernetes.enabled and a.kubernetes.allowed_ports == (9400,)  # mappings merge key by key
+    b = parse_config(raw, "node.yaml", environ={"INFERCOST_NODE": "gpu-node-3"})
+    assert b.engines[0].gpus == (0, 1, 2, 3) and b.kubernetes.allowed_ports == ()
+    with pytest.raises(ConfigError, match=r"node.yaml \(with nodes.gpu-node-17\): invalid configuration"):
+        bad = {**raw, "nodes": {"gpu-node-17": {"kubernetes": {"allowed_portz": [1]}}}}
+        parse_config(bad, "node.yaml", environ={"INFERCOST_NODE": "gpu-node-17"})
+    with pytest.raises(ConfigError, match="key 'nodes': must map node names"):
+        parse_config({"nodes": ["gpu-node-17"]}, "node.yaml", environ={})

@@ -1,4 +1,5 @@
-"""Deploy attribution (pure): a model's version changing is a deploy; alerts that begin soon after
+"""Deploy attribution (pure): a model's version changing is a deploy, and so is a new build of the
+engine serving it (an engine upgrade, recorded from the pod's image); alerts that begin soon after
 one name it and compare the new version with the previous one at like load.
 
 :class:`DeployTracker` watches the model records minute by minute (or is seeded from the store's
@@ -67,17 +68,40 @@ class DeployTracker:
         return sorted((e for es in self._deploys.values() for e in es), key=lambda e: e.at)
 
     def lookup(self, rule: Rule, finding: Finding) -> DeployInfo | None:
-        """The deploy an alert beginning with ``finding`` follows, if one happened within the window."""
+        """The deploy an alert beginning with ``finding`` follows, if one happened within the window.
+
+        Model deploys of the series' (node, engine, model) and engine deploys (a new image of the
+        engine, ``kind`` "engine") are both candidates; the latest one before the finding wins, a
+        model deploy on a tie. A deploy back to a version deployed before is named a rollback."""
         labels = dict(finding.labels)
-        key = (labels.get("node", ""), labels.get("engine", ""), labels.get("model", ""))
+        node, engine = labels.get("node", ""), labels.get("engine", "")
+        key = (node, engine, labels.get("model", ""))
         version = labels.get("model_version")
-        for e in reversed(self._deploys.get(key, [])):
-            if e.at > finding.at:
-                continue
-            if finding.at - e.at > self.window:
-                return None
-            if version is not None and version != e.to_version:
-                return None
-            prev_v, new_v = self._compare(e, rule, finding) if self._compare else (None, None)
-            return DeployInfo(e.node, e.engine, e.model, e.from_version, e.to_version, e.at, prev_v, new_v)
-        return None
+        model_events = self._deploys.get(key, [])
+        engine_events = self._deploys.get((node, engine, ""), []) if key[2] else []
+        candidates = [e for e in (*model_events, *engine_events) if e.at <= finding.at]
+        if not candidates:
+            return None
+        e = max(candidates, key=lambda d: (d.at, d.kind == "model"))
+        if finding.at - e.at > self.window:
+            return None
+        if e.kind != "engine" and version is not None and version != e.to_version:
+            return None
+        history = model_events if e.kind != "engine" else engine_events
+        rollback = any(d.from_version == e.to_version and d.at < e.at for d in history) or any(
+            d is not e and d.to_version == e.to_version and d.at < e.at for d in history
+        )
+        prev_v, new_v = self._compare(e, rule, finding) if self._compare else (None, None)
+        return DeployInfo(
+            e.node,
+            e.engine,
+            e.model if e.kind != "engine" else key[2],
+            e.from_version,
+            e.to_version,
+            e.at,
+            prev_v,
+            new_v,
+            kind=e.kind,
+            rollback=rollback,
+            model_version=version if e.kind == "engine" else None,
+        )

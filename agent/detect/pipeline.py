@@ -141,9 +141,14 @@ class Pipeline:
         band_signal = "requests_running" if by_running else "generation_tokens_per_second"
         band_of = (f.band_load if by_running else f.tokens_per_second) if band_ratio is not None else None
         window = b.window if b is not None else 7 * 86400.0
-        key = {"node": e.node, "engine": e.engine, "model": e.model}
+        labels = dict(f.labels)
+        key = {"node": e.node, "engine": e.engine, "model": e.model or labels.get("model", "")}
+        # an engine deploy keeps the model version: compare that version before and after it
+        before, after = (e.from_version, e.to_version)
+        if e.kind == "engine":
+            before = after = labels.get("model_version", "")
         kind = SIGNALS[rule.signal].kind
-        prev_key = {**key, "model_version": e.from_version}
+        prev_key = {**key, "model_version": before}
         prev = baseline_of(
             self.store.series(kind, prev_key, e.at - window, e.at),
             rule.signal,
@@ -155,7 +160,7 @@ class Pipeline:
         )
         new_window = max(MINUTE, f.at - e.at)
         new = baseline_of(
-            self.store.series(kind, {**key, "model_version": e.to_version}, f.at - new_window, f.at),
+            self.store.series(kind, {**key, "model_version": after}, f.at - new_window, f.at),
             rule.signal,
             f.at,
             new_window,

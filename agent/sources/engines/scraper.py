@@ -96,7 +96,10 @@ class EngineScraper:
 
     async def _fetch(self) -> tuple[bytes, bool]:
         """The body, and whether it is OpenMetrics text (by its content type)."""
-        async with self.session.get(self.cfg.url, headers={"Accept": ACCEPT_HEADER}) as resp:
+        # redirects are never followed: a page may not send the agent to another host (SSRF)
+        async with self.session.get(
+            self.cfg.url, headers={"Accept": ACCEPT_HEADER}, allow_redirects=False
+        ) as resp:
             if resp.status != 200:
                 raise ScrapeFailed(f"HTTP {resp.status}")
             ctype = resp.headers.get("Content-Type")

@@ -18,15 +18,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from agent.config import Config, EngineConfig
+from agent.records import DeployEvent
 from agent.sources.kube.podresources import GpuMap
 from agent.sources.kube.pods import EnginePod, PodRefused, engine_names, engine_pod, is_selected
 from agent.sources.kube.watch import PodWatcher, make_client
 
 logger = logging.getLogger(__name__)
+
+
+class EngineVersionStore(Protocol):
+    """Where engine builds are remembered (:class:`agent.store.Store`)."""
+
+    def note_engine_version(self, node: str, engine: str, version: str, at: float) -> DeployEvent | None:
+        """Remember a build; a change is returned as an engine deploy."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +55,10 @@ class KubeEngines:
         cfg: Config,
         watcher: PodWatcher | None = None,
         gpu_map: GpuMap | None = None,
+        on_engine_version: Callable[[str, str], object] | None = None,
     ) -> None:
+        """``on_engine_version(engine, image@digest)`` is called when a discovered engine's build is
+        first seen or changes (the store turns a change into an engine deploy)."""
         k = cfg.kubernetes
         self.cfg = cfg
         self.node = k.node_name or cfg.node
@@ -60,6 +72,8 @@ class KubeEngines:
         self._pods: dict[str, EnginePod] = {}  # engine name → pod
         self._engines: tuple[EngineConfig, ...] = tuple(cfg.engines)
         self._no_gpu_logged: set[str] = set()
+        self._on_engine_version = on_engine_version
+        self._noted: dict[str, str] = {}  # engine → build last passed to on_engine_version
         self.generation = 0  # bumps whenever the engine list may have changed
 
     # ---------------------------------------------------------------- the daemon's side
@@ -145,6 +159,22 @@ class KubeEngines:
             self._pods = pods
             self._engines = new
             self.generation += 1
+        self._note_versions()
+
+    def _note_versions(self) -> None:
+        if self._on_engine_version is None:
+            return
+        for name, build in self.engine_versions().items():
+            if self._noted.get(name) == build:
+                continue
+            try:
+                self._on_engine_version(name, build)
+            except Exception:
+                logger.exception(
+                    "could not record the build of engine %s; trying again at the next change", name
+                )
+                continue
+            self._noted[name] = build
 
     def _engine(self, name: str, p: EnginePod) -> EngineConfig:
         k = self.cfg.kubernetes
@@ -173,3 +203,16 @@ class KubeEngines:
         if base is not None:
             return base.model_copy(update=update)
         return EngineConfig(timeout_seconds=k.timeout_seconds, max_bytes=k.max_bytes, **update)
+
+
+def kube_engines(cfg: Config, store: EngineVersionStore | None, now: Callable[[], float]) -> KubeEngines:
+    """The Kubernetes engine source for the daemon; engine builds go to ``store`` (engine deploys)."""
+    if store is None:
+        return KubeEngines(cfg)
+
+    def record(engine: str, build: str) -> None:
+        event = store.note_engine_version(cfg.node, engine, build, now())
+        if event is not None:
+            logger.info("engine %s now runs %s (was %s)", engine, event.to_version, event.from_version)
+
+    return KubeEngines(cfg, on_engine_version=record)

@@ -151,22 +151,21 @@ async def test_discovered_engines_are_priced_by_their_kubelet_gpus_and_an_image_
                         break
                     await asyncio.sleep(0.1)
                 assert len(m["infercost_usd_per_1m_output_tokens"]) == 2
-                per_hour = {
-                    (dict(k)["engine"], dict(k)["model_version"]): v
-                    for k, v in m["infercost_cost_usd_per_hour"].items()
-                }
                 # names from the workloads, versions from the pods' labels, GPUs from the kubelet:
-                # llama holds 4 GPUs at $2/h = $8/h, mistral 1 GPU = $2/h
-                assert per_hour == {
-                    ("llama-70b", "2024-07"): pytest.approx(4 * PRICE),
-                    ("mistral-7b-0", "v0.3"): pytest.approx(PRICE),  # a StatefulSet pod keeps its name
+                # llama holds 4 GPUs at $2/h = $8/h, mistral (a StatefulSet pod keeps its name) 1 GPU = $2/h
+                n_gpus = {("llama-70b", "2024-07"): 4, ("mistral-7b-0", "v0.3"): 1}
+                series = {
+                    (dict(k)["engine"], dict(k)["model_version"]): k for k in m["infercost_cost_usd_total"]
                 }
+                assert set(series) == set(n_gpus)
+                gs = {e: m["infercost_gpu_seconds_total"][k] for e, k in series.items()}
+                assert gs[("llama-70b", "2024-07")] == pytest.approx(4 * gs[("mistral-7b-0", "v0.3")])
+                for e, k in series.items():
+                    assert m["infercost_cost_usd_total"][k] == pytest.approx(gs[e] * PRICE / 3600, rel=1e-9)
                 for k, usd_per_m in m["infercost_usd_per_1m_output_tokens"].items():
                     rate = m["infercost_generation_tokens_per_second"][k]
-                    assert rate > 0
-                    assert usd_per_m == pytest.approx(
-                        per_hour[(dict(k)["engine"], dict(k)["model_version"])] / 3600 / rate * 1e6, rel=1e-6
-                    )
+                    per_hour = n_gpus[(dict(k)["engine"], dict(k)["model_version"])] * PRICE
+                    assert rate > 0 and usd_per_m == pytest.approx(per_hour / 3600 / rate * 1e6, rel=1e-6)
                 # the notebook's GPUs (4, 5) and the unheld GPU 7 made no tokens: all idle cost
                 idle = {dict(k)["gpu"]: v for k, v in m["infercost_gpu_idle_cost_usd_total"].items()}
                 cost = {dict(k)["gpu"]: v for k, v in m["infercost_gpu_cost_usd_total"].items()}

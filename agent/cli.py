@@ -80,6 +80,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     )
     rules = load_rules(cfg.alerts.rules_dirs) if cfg.alerts.rules_dirs else load_default_rules()
     print(f"rules: ok — {len(rules)} rule(s)")
+    from agent.sinks.registry import check_links, configured
+
+    problems = check_links(cfg.alerts, [(r.id, r.runbook_url) for r in rules], rules.sources)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    print(f"alerts: ok — {', '.join(configured(cfg.alerts)) or 'no destination (log and /metrics only)'}")
     _check_state_dir(cfg)
     if cfg.exporters.prometheus.enabled:
         check_port(cfg.exporters.prometheus.host, cfg.exporters.prometheus.port)

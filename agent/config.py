@@ -187,6 +187,23 @@ class WebhookConfig(_Frozen):
     url: SecretRef
 
 
+class AlertmanagerConfig(_Frozen):
+    """Alertmanager's API v2: the recommended alert path for a fleet (silences, inhibition and
+    grouping then apply to the agent's alerts too)."""
+
+    url: str  # base URL, e.g. http://alertmanager.monitoring:9093 (alerts go to /api/v2/alerts)
+    # Why 60 s: Prometheus re-sends firing alerts every minute; endsAt is 4 re-sends ahead, so
+    # three lost posts in a row still do not resolve an alert that is firing.
+    resend_seconds: float = Field(60.0, ge=1, le=3600)
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("give the Alertmanager base URL with http:// or https://")
+        return v.rstrip("/")
+
+
 class AlertsConfig(_Frozen):
     """Rules and where alerts go."""
 
@@ -195,6 +212,7 @@ class AlertsConfig(_Frozen):
     slack: SlackConfig | None = None
     pagerduty: PagerDutyConfig | None = None
     webhook: WebhookConfig | None = None
+    alertmanager: AlertmanagerConfig | None = None
 
 
 class KubernetesConfig(_Frozen):

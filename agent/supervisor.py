@@ -381,6 +381,8 @@ class Agent:
             self.ledger.observe_scrape(r)
         tick = self.joiner.close_tick(self.clock.now(), scrapes, self.versions.read())
         self.ledger.apply(tick)
+        if self.hooks.pipeline is not None:  # the outbox drains between detections: count it every tick
+            self.ledger.set_alerts(self.hooks.pipeline.firing_counts(), self.hooks.pipeline.outbox_pending())
         # publish first: /metrics never waits for (or is stopped by) the store
         self._ticks += 1
         self._last_tick_mono = self.clock.monotonic()

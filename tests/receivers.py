@@ -1,14 +1,16 @@
-"""Local stand-ins for Slack's incoming webhooks, PagerDuty's Events API v2 and an Alertmanager-style
-webhook receiver (aiohttp on 127.0.0.1, a free port).
+"""Local stand-ins for Slack's incoming webhooks, PagerDuty's Events API v2, an Alertmanager-style
+webhook receiver and Alertmanager's ``POST /api/v2/alerts`` (aiohttp on 127.0.0.1, a free port).
 
 Each receiver checks every body against the vendor's documented shape and answers like the vendor
 (Slack: 200 "ok"; PagerDuty: 202 with a JSON status, 400 for an invalid event). A test can take it
 down (connection refused) and up again on the same port, or script the next answers (429 with
-Retry-After, 5xx, ...). ``received`` holds the accepted bodies in arrival order.
+Retry-After, 5xx, ...) or make it hang (never answer) until it is stopped. ``received`` holds the
+accepted bodies in arrival order, ``raw`` their bytes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections import deque
@@ -17,7 +19,7 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-Kind = Literal["slack", "pagerduty", "webhook"]
+Kind = Literal["slack", "pagerduty", "webhook", "alertmanager"]
 
 SLACK_COLORS = {"good", "warning", "danger"}
 PD_ACTIONS = {"trigger", "acknowledge", "resolve"}
@@ -120,7 +122,44 @@ def validate_webhook(body: Any) -> list[str]:
     return errs
 
 
-VALIDATORS = {"slack": validate_slack, "pagerduty": validate_pagerduty, "webhook": validate_webhook}
+LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+def validate_alertmanager(body: Any) -> list[str]:
+    """Problems with a ``POST /api/v2/alerts`` body (Alertmanager's openapi: postableAlerts)."""
+    if not isinstance(body, list):
+        return ["body is not a JSON array of alerts"]
+    errs: list[str] = []
+    for i, a in enumerate(body):
+        if not isinstance(a, dict):
+            errs.append(f"[{i}] is not an object")
+            continue
+        labels = a.get("labels")
+        if not isinstance(labels, dict) or not labels:
+            errs.append(f"[{i}].labels is required")
+        else:
+            for k, v in labels.items():
+                if not LABEL_NAME.match(k):
+                    errs.append(f"[{i}].labels: invalid label name {k!r}")
+                if not isinstance(v, str) or v == "":
+                    errs.append(f"[{i}].labels.{k} must be a non-empty string")
+        ann = a.get("annotations", {})
+        if not isinstance(ann, dict) or not all(isinstance(v, str) for v in ann.values()):
+            errs.append(f"[{i}].annotations must map names to strings")
+        for k in ("startsAt", "endsAt"):
+            if k in a and not RFC3339.match(str(a[k])):
+                errs.append(f"[{i}].{k} must be RFC 3339")
+        if "generatorURL" in a and not re.match(r"^https?://", str(a["generatorURL"])):
+            errs.append(f"[{i}].generatorURL must be a URI")
+    return errs
+
+
+VALIDATORS = {
+    "slack": validate_slack,
+    "pagerduty": validate_pagerduty,
+    "webhook": validate_webhook,
+    "alertmanager": validate_alertmanager,
+}
 
 
 @dataclass
@@ -133,8 +172,11 @@ class Receiver:
     errors: list[str] = field(default_factory=list)  # shape problems found (the answer was 400)
     requests: int = 0  # every request that reached the receiver
     script: deque[tuple[int, dict[str, str], str | None]] = field(default_factory=deque)
+    raw: list[bytes] = field(default_factory=list)  # accepted bodies as received
+    hang: bool = False  # never answer (until stop)
     port: int = 0
     _runner: web.AppRunner | None = None
+    _release: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def url(self) -> str:
@@ -149,18 +191,23 @@ class Receiver:
 
     async def _handle(self, request: web.Request) -> web.Response:
         self.requests += 1
+        if self.hang:
+            await self._release.wait()
+            return web.Response(status=503, text="gone")
         if self.script:
             status, headers, text = self.script.popleft()
             # like a misbehaving proxy: echo the request path (it may hold a secret)
             return web.Response(status=status, headers=headers, text=text or f"error at {request.path}")
+        data = await request.read()
         try:
-            body = json.loads(await request.read())
+            body = json.loads(data)
         except ValueError:
             return self._invalid(["body is not JSON"])
         problems = VALIDATORS[self.kind](body)
         if problems:
             return self._invalid(problems)
         self.received.append(body)
+        self.raw.append(data)
         if self.kind == "slack":
             return web.Response(status=200, text="ok")
         if self.kind == "pagerduty":
@@ -181,6 +228,7 @@ class Receiver:
 
     async def start(self) -> None:
         """Listen (on a free port the first time, on the same port afterwards)."""
+        self._release = asyncio.Event()
         app = web.Application()
         app.router.add_post("/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app)
@@ -194,6 +242,7 @@ class Receiver:
 
     async def stop(self) -> None:
         """Go down: connections are refused until ``start()``."""
+        self._release.set()  # hanging requests answer now
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

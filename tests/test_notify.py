@@ -18,9 +18,9 @@ from agent.config import PagerDutyConfig, SecretRef, SlackConfig, WebhookConfig
 from agent.records import Alert, AlertEvent, dedup_key
 from agent.sinks.notify import Notifier
 from agent.sinks.outbox import Outbox
-from agent.sinks.pagerduty import PagerDutySink, pagerduty_payload
-from agent.sinks.slack import SlackSink, slack_payload
-from agent.sinks.webhook import WebhookSink, webhook_payload
+from agent.sinks.pagerduty import pagerduty_payload, pagerduty_sink
+from agent.sinks.slack import slack_payload, slack_sink
+from agent.sinks.webhook import webhook_payload, webhook_sink
 
 REF = Path("/work/shared/reference/payloads")
 T0 = 1699833600.0
@@ -89,11 +89,13 @@ def make_notifier(
     secret_file = tmp_path / "webhook-url"
     secret_file.write_text(rs["webhook"].url + "\n")
     sinks = {
-        "slack": SlackSink(SlackConfig(webhook_url=SecretRef(env="T_SLACK_URL"), channel="#costs")),
-        "pagerduty": PagerDutySink(
+        "slack": slack_sink(SlackConfig(webhook_url=SecretRef(env="T_SLACK_URL"), channel="#costs")),
+        "pagerduty": pagerduty_sink(
             PagerDutyConfig(routing_key=SecretRef(env="T_PD_KEY"), url=rs["pagerduty"].url)
         ),
-        "webhook": WebhookSink(WebhookConfig(url=SecretRef(file=secret_file)), external_url="http://grafana"),
+        "webhook": webhook_sink(
+            WebhookConfig(url=SecretRef(file=secret_file)), external_url="http://grafana"
+        ),
     }
     return Notifier(
         Outbox(tmp_path / "outbox.sqlite"), [sinks[w] for w in which], clock, rng=random.Random(1)
@@ -285,3 +287,82 @@ async def test_secrets_never_reach_a_log_line(
     assert "failed" in text and "delivered" in text
     assert SLACK_SECRET not in text and ROUTING_KEY not in text and receivers["webhook"].url not in text
     assert SLACK_SECRET not in (tmp_path / "outbox.sqlite").read_bytes().decode("latin-1")
+
+
+async def test_a_hanging_sink_delays_no_other(
+    tmp_path: Path, receivers: dict[str, Receiver], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The webhook never answers; Slack and PagerDuty still get everything, in real time."""
+    import asyncio
+
+    from agent.clock import SystemClock
+
+    monkeypatch.setenv("T_SLACK_URL", receivers["slack"].url)
+    monkeypatch.setenv("T_PD_KEY", ROUTING_KEY)
+    monkeypatch.setenv("T_HOOK_URL", receivers["webhook"].url)
+    receivers["webhook"].hang = True
+    sinks = [
+        webhook_sink(WebhookConfig(url=SecretRef(env="T_HOOK_URL"))),  # first, to be sure
+        slack_sink(SlackConfig(webhook_url=SecretRef(env="T_SLACK_URL"), min_interval_seconds=0)),
+        pagerduty_sink(
+            PagerDutyConfig(routing_key=SecretRef(env="T_PD_KEY"), url=receivers["pagerduty"].url)
+        ),
+    ]
+    n = Notifier(Outbox(tmp_path / "outbox.sqlite"), sinks, SystemClock())
+    n.enqueue(events(3))
+    stop = asyncio.Event()
+    task = asyncio.create_task(n.run(stop))
+    for _ in range(200):  # up to 10 s; the webhook's send timeout is 10 s, so it is still hanging
+        if len(receivers["slack"].received) == 6 and len(receivers["pagerduty"].received) == 6:
+            break
+        await asyncio.sleep(0.05)
+    stop.set()
+    await task
+    await n.close()
+    assert len(receivers["slack"].received) == 6 and len(receivers["pagerduty"].received) == 6
+    assert receivers["webhook"].requests == 1 and receivers["webhook"].received == []
+    assert n.pending() == {"webhook": 6, "slack": 0, "pagerduty": 0}
+
+
+async def test_pending_counts_follow_every_delivery(
+    tmp_path: Path, receivers: dict[str, Receiver], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = ManualClock(T0)
+    n = make_notifier(tmp_path, receivers, clock, monkeypatch, which=("pagerduty", "webhook"))
+    seen: list[dict[str, int]] = []
+    n.on_change = lambda p: seen.append(dict(p))
+    n.enqueue(events(1))  # a firing and a resolve for each sink
+    assert seen == [{"pagerduty": 2, "webhook": 2}]
+    await n.deliver_once()  # one item per sink
+    assert n.pending() == {"pagerduty": 1, "webhook": 1}
+    await n.deliver_once()
+    await n.close()
+    assert n.pending() == {"pagerduty": 0, "webhook": 0}
+    assert seen[-1] == {"pagerduty": 0, "webhook": 0} and len(seen) == 5  # enqueue + 4 deliveries
+
+
+async def test_a_slack_message_goes_through_the_outbox(
+    tmp_path: Path, receivers: dict[str, Receiver], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The weekly report's path: text escaped, only the configured link, retried like alerts."""
+    from agent.sinks.slack import enqueue_slack_message
+
+    clock = ManualClock(T0)
+    n = make_notifier(tmp_path, receivers, clock, monkeypatch, which=("slack", "pagerduty"))
+    receivers["slack"].answer_next(503)
+    rows = enqueue_slack_message(
+        n,
+        "*Week 48*: llama <!channel> costs $2 & more",
+        key="weekly-2026-W48",
+        title="Weekly cost report",
+        link="https://grafana.example/d/cost",
+    )
+    assert rows == 1 and n.pending() == {"slack": 1, "pagerduty": 0}  # Slack only
+    await drain(n, clock)
+    await n.close()
+    [body] = receivers["slack"].received
+    assert body["text"] == "*Week 48*: llama &lt;!channel&gt; costs $2 &amp; more"
+    assert body["mrkdwn"] is True and body["channel"] == "#costs"
+    assert body["attachments"][0]["title"] == "Weekly cost report"
+    assert body["attachments"][0]["title_link"] == "https://grafana.example/d/cost"
+    assert receivers["pagerduty"].received == [] and receivers["slack"].requests == 2

@@ -32,9 +32,7 @@ from agent.detect.rules import Finding, Rule, RuleEvaluator, RuleSet, load_defau
 from agent.records import MINUTE, SIGNALS, Alert, AlertEvent, DeployEvent, MinuteRecord
 from agent.sinks.notify import Notifier, Sink
 from agent.sinks.outbox import Outbox
-from agent.sinks.pagerduty import PagerDutySink
-from agent.sinks.slack import SlackSink
-from agent.sinks.webhook import WebhookSink
+from agent.sinks.registry import sinks_from_config
 from agent.store import Store
 
 logger = logging.getLogger(__name__)
@@ -43,19 +41,6 @@ logger = logging.getLogger(__name__)
 # longer outage the minutes are replayed only to rebuild baselines.
 MAX_CATCH_UP_MINUTES = 15
 LAST_MINUTE_KEY = "pipeline.last_evaluated_minute"
-
-
-def sinks_from_config(cfg: Config) -> list[Sink]:
-    """The configured notifiers (none configured: alerts still reach /metrics and the log)."""
-    a = cfg.alerts
-    sinks: list[Sink] = []
-    if a.slack is not None:
-        sinks.append(SlackSink(a.slack, a.external_url))
-    if a.pagerduty is not None:
-        sinks.append(PagerDutySink(a.pagerduty, a.external_url))
-    if a.webhook is not None:
-        sinks.append(WebhookSink(a.webhook, a.external_url))
-    return sinks
 
 
 class Pipeline:
@@ -234,9 +219,10 @@ def build_pipeline(
     sinks: Sequence[Sink] | None = None,
 ) -> Pipeline:
     """Wire the pipeline from the config: rules (``alerts.rules_dirs`` or the bundled set), the
-    outbox in ``state_dir`` and the configured sinks. Raises RuleError for bad rule files."""
+    outbox in ``state_dir`` and ``sinks`` (default: the configured ones, from the sinks registry).
+    Raises RuleError for bad rule files."""
     if rules is None:
         rules = load_rules(cfg.alerts.rules_dirs) if cfg.alerts.rules_dirs else load_default_rules()
     outbox = Outbox(cfg.state_dir / "outbox.sqlite")
-    notifier = Notifier(outbox, sinks_from_config(cfg) if sinks is None else sinks, clock)
+    notifier = Notifier(outbox, sinks_from_config(cfg.alerts, clock) if sinks is None else sinks, clock)
     return Pipeline(store, clock, rules, notifier, cfg.alerts.external_url)

@@ -35,8 +35,8 @@ class OutboxItem:
     id: int
     sink: str
     dedup_key: str
-    kind: str  # firing | resolved
-    body: Mapping[str, Any]  # the alert as a dict (agent.records.Alert, asdict)
+    kind: str  # firing | resolved | message
+    body: Mapping[str, Any]  # the alert as a dict (agent.records.Alert, asdict), or a message
     created: float  # epoch seconds
     attempts: int
     next_attempt: float  # epoch seconds
@@ -61,6 +61,12 @@ class Outbox:
               state TEXT NOT NULL DEFAULT 'pending', done_at REAL, last_error TEXT)"""
         )
         self._db.execute("CREATE INDEX IF NOT EXISTS outbox_pending ON outbox (sink, state, id)")
+        # Alerts firing per sink, for destinations that need them re-sent while they fire.
+        self._db.execute(
+            """CREATE TABLE IF NOT EXISTS active (
+              sink TEXT NOT NULL, dedup_key TEXT NOT NULL, body TEXT NOT NULL,
+              PRIMARY KEY (sink, dedup_key))"""
+        )
 
     def enqueue(self, sink: str, dedup_key: str, kind: str, body: Mapping[str, Any], now: float) -> int:
         """Add one notification; returns its id (ids give the delivery order)."""
@@ -70,12 +76,26 @@ class Outbox:
         )
         return int(cur.lastrowid or 0)
 
-    def enqueue_many(self, items: Sequence[tuple[str, str, str, Mapping[str, Any]]], now: float) -> None:
-        """Add several notifications (sink, dedup_key, kind, body) in one transaction."""
+    def enqueue_many(
+        self,
+        items: Sequence[tuple[str, str, str, Mapping[str, Any]]],
+        now: float,
+        active: Sequence[tuple[str, str, Mapping[str, Any] | None]] = (),
+    ) -> None:
+        """Add several notifications (sink, dedup_key, kind, body) in one transaction, together
+        with changes to the firing set (sink, dedup_key, body; None = no longer firing)."""
         self._db.execute("BEGIN IMMEDIATE")
         try:
             for sink, key, kind, body in items:
                 self.enqueue(sink, key, kind, body, now)
+            for sink, key, fired in active:
+                if fired is None:
+                    self._db.execute("DELETE FROM active WHERE sink=? AND dedup_key=?", (sink, key))
+                else:
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO active (sink, dedup_key, body) VALUES (?,?,?)",
+                        (sink, key, json.dumps(fired, sort_keys=True)),
+                    )
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")
@@ -121,6 +141,13 @@ class Outbox:
                 "SELECT COUNT(*) FROM outbox WHERE state='pending' AND sink=?", (sink,)
             ).fetchone()
         return int(row[0])
+
+    def active(self, sink: str) -> list[tuple[str, Mapping[str, Any]]]:
+        """The alerts firing on ``sink`` as (dedup_key, body), oldest key first."""
+        rows = self._db.execute(
+            "SELECT dedup_key, body FROM active WHERE sink=? ORDER BY rowid", (sink,)
+        ).fetchall()
+        return [(r[0], json.loads(r[1])) for r in rows]
 
     def items(self, sink: str | None = None, state: str | None = None) -> list[tuple[OutboxItem, str]]:
         """Every row (optionally of one sink / state) with its state, oldest first (for tests, debugging)."""

@@ -3,6 +3,10 @@
 PagerDuty answers 202 when it accepted an event, 400 for an invalid one (not retried), 429 when
 the routing key exceeds its rate (120 events/min; the notifier keeps under it and retries) and
 5xx on its own trouble (retried). The routing key is read at send time and never logged.
+
+Every field is held to PagerDuty's limits (summary ≤ 1024 characters, dedup_key ≤ 255) and
+``custom_details`` is bounded, so a 10 kB model name cannot get an event refused (and the page
+lost); control characters are dropped. Links come only from configuration.
 """
 
 from __future__ import annotations
@@ -11,11 +15,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import aiohttp
-
 from agent.config import PagerDutyConfig
 from agent.records import iso
-from agent.sinks.notify import RateLimit, SendResult, post_json
+from agent.sinks.escape import absolute_link, bounded_mapping, clean, config_link
+from agent.sinks.notify import HttpJsonSink, Policy, RateLimit, Request
 from agent.sinks.outbox import OutboxItem
 from agent.sinks.slack import title_line
 
@@ -24,6 +27,12 @@ logger = logging.getLogger(__name__)
 # Our rule severities are PagerDuty's four; anything else maps to warning.
 SEVERITY = {"critical": "critical", "error": "error", "warning": "warning", "info": "info"}
 SUMMARY_MAX = 1024  # characters, PagerDuty's limit for payload.summary
+DEDUP_KEY_MAX = 255  # characters, PagerDuty's limit for dedup_key
+# Why 255 / 32 / 1024: PagerDuty documents no limit for these beyond the 512 KB event; these keep
+# an event small (≈ 70 KB at most) while no real label or annotation comes near them.
+FIELD_MAX = 255  # source, component, group, class
+DETAILS_ITEMS = 32  # entries per custom_details mapping
+DETAILS_VALUE_MAX = 1024  # characters per custom_details value
 
 
 def pagerduty_payload(
@@ -32,49 +41,50 @@ def pagerduty_payload(
     """The Events API v2 body for one firing (trigger) / resolved (resolve) alert."""
     ann = body.get("annotations", {})
     labels = body.get("labels", {})
-    summary = f"{title_line(kind, body)} {ann.get('summary', '')}".strip()[:SUMMARY_MAX]
+    summary = clean(f"{title_line(kind, body)} {ann.get('summary', '')}".strip(), SUMMARY_MAX)
     payload: dict[str, Any] = {
         "summary": summary,
-        "source": labels.get("node") or "infercost",
+        "source": clean(labels.get("node") or "infercost", FIELD_MAX),
         "severity": SEVERITY.get(str(body.get("severity")), "warning"),
         "timestamp": iso(float(body.get("active_since") or 0.0)),
-        "class": body.get("rule_id"),
-        "custom_details": {"labels": dict(labels), "annotations": dict(ann)},
+        "class": clean(body.get("rule_id"), FIELD_MAX),
+        "custom_details": {
+            "labels": bounded_mapping(labels, DETAILS_ITEMS, FIELD_MAX, DETAILS_VALUE_MAX),
+            "annotations": bounded_mapping(ann, DETAILS_ITEMS, FIELD_MAX, DETAILS_VALUE_MAX),
+        },
     }
     if labels.get("model"):
-        payload["component"] = labels["model"]
+        payload["component"] = clean(labels["model"], FIELD_MAX)
     if labels.get("engine"):
-        payload["group"] = labels["engine"]
+        payload["group"] = clean(labels["engine"], FIELD_MAX)
     out: dict[str, Any] = {
         "routing_key": routing_key,
-        "dedup_key": body["dedup_key"],
+        "dedup_key": clean(body["dedup_key"], DEDUP_KEY_MAX),
         "event_action": "trigger" if kind == "firing" else "resolve",
         "payload": payload,
         "client": "infercost",
     }
-    link = ann.get("link") or external_url
+    link = config_link(ann.get("link"), external_url, external_url=external_url)
     if link:
         out["client_url"] = link
-    if ann.get("runbook_url"):
-        out["links"] = [{"href": ann["runbook_url"], "text": "Runbook"}]
+    runbook = absolute_link(ann.get("runbook_url"), external_url)
+    if runbook:
+        out["links"] = [{"href": runbook, "text": "Runbook"}]
     return out
 
 
-class PagerDutySink:
-    """Sends events to PagerDuty's Events API v2."""
+def pagerduty_sink(
+    cfg: PagerDutyConfig, external_url: str | None = None, name: str = "pagerduty"
+) -> HttpJsonSink:
+    """The PagerDuty destination: 200/201/202 are success; ``max_events_per_minute`` per key."""
 
-    def __init__(
-        self, cfg: PagerDutyConfig, external_url: str | None = None, name: str = "pagerduty"
-    ) -> None:
-        self.name = name
-        self.cfg = cfg
-        self.external_url = external_url
-        self.limit = RateLimit(per_minute=cfg.max_events_per_minute)
-
-    async def send(self, session: aiohttp.ClientSession, item: OutboxItem) -> SendResult:
-        """Deliver one item (202 is success)."""
-        key = self.cfg.routing_key.read()
+    def payload(item: OutboxItem) -> Request | str:
+        key = cfg.routing_key.read()
         if key is None:
-            return SendResult(False, error=f"no routing key in {self.cfg.routing_key.describe()}")
-        body = pagerduty_payload(item.kind, item.body, key, self.external_url)
-        return await post_json(session, self.cfg.url, body, (200, 201, 202), [key])
+            return f"no routing key in {cfg.routing_key.describe()}"
+        return Request(cfg.url, pagerduty_payload(item.kind, item.body, key, external_url), (key,))
+
+    policy = Policy(
+        limit=RateLimit(per_minute=cfg.max_events_per_minute), ok_statuses=frozenset({200, 201, 202})
+    )
+    return HttpJsonSink(name, "pagerduty", payload, policy)

@@ -1,33 +1,47 @@
 """A generic webhook in Alertmanager's JSON shape (version 4), one alert per message.
 
 Any receiver built for Alertmanager's ``webhook_configs`` understands it. The URL is read from
-the environment or a file at send time (it may carry a token) and never logged.
+the environment or a file at send time (it may carry a token) and never logged. Label and
+annotation values are cleaned of control characters and bounded; the body is serialised with
+ASCII escapes and no NaN (:func:`agent.sinks.notify.post_json`), so any JSON parser takes it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from typing import Any
 
-import aiohttp
-
 from agent.config import WebhookConfig
 from agent.records import iso
-from agent.sinks.notify import RateLimit, SendResult, post_json, url_secrets
+from agent.sinks.escape import bounded_mapping, config_link
+from agent.sinks.notify import HttpJsonSink, Policy, Request, url_secrets
 from agent.sinks.outbox import OutboxItem
 
 logger = logging.getLogger(__name__)
 
 ZERO_TIME = "0001-01-01T00:00:00Z"  # Alertmanager's endsAt for a firing alert
+# Why 64 / 1024 / 4096: far above any real alert (a dozen labels, short values) and small enough
+# that a hostile 10 kB name cannot make a message a receiver refuses.
+MAX_ITEMS = 64
+LABEL_VALUE_MAX = 1024
+ANNOTATION_VALUE_MAX = 4096
+NAME_MAX = 128
+
+
+def bounded_labels(body: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+    """The alert's labels and annotations as bounded, cleaned strings."""
+    labels = bounded_mapping(body.get("labels", {}), MAX_ITEMS, NAME_MAX, LABEL_VALUE_MAX)
+    ann = bounded_mapping(body.get("annotations", {}), MAX_ITEMS, NAME_MAX, ANNOTATION_VALUE_MAX)
+    return labels, ann
 
 
 def webhook_payload(
     kind: str, body: Mapping[str, Any], external_url: str | None = None, receiver: str = "infercost"
 ) -> dict[str, Any]:
     """The Alertmanager v4 webhook body for one firing / resolved alert."""
-    labels = {k: str(v) for k, v in body.get("labels", {}).items()}
-    ann = {k: str(v) for k, v in body.get("annotations", {}).items()}
+    labels, ann = bounded_labels(body)
     resolved_at = body.get("resolved_at")
     alert = {
         "status": kind,
@@ -35,7 +49,7 @@ def webhook_payload(
         "annotations": ann,
         "startsAt": iso(float(body.get("active_since") or 0.0)),
         "endsAt": iso(float(resolved_at)) if kind == "resolved" and resolved_at else ZERO_TIME,
-        "generatorURL": ann.get("link") or external_url or "",
+        "generatorURL": config_link(ann.get("link"), external_url, external_url=external_url) or "",
         "fingerprint": str(body["dedup_key"])[:16],
     }
     group = {"alertname": labels.get("alertname", str(body.get("rule_id")))}
@@ -46,26 +60,20 @@ def webhook_payload(
         "groupLabels": group,
         "commonLabels": labels,
         "commonAnnotations": ann,
-        "externalURL": external_url or "",
+        "externalURL": config_link(external_url) or "",
         "version": "4",
-        "groupKey": "{}:{" + ", ".join(f'{k}="{v}"' for k, v in group.items()) + "}",
+        "groupKey": "{}:{" + ", ".join(f"{k}={json.dumps(v)}" for k, v in group.items()) + "}",
         "truncatedAlerts": 0,
     }
 
 
-class WebhookSink:
-    """Posts Alertmanager-shaped JSON to a URL."""
+def webhook_sink(cfg: WebhookConfig, external_url: str | None = None, name: str = "webhook") -> HttpJsonSink:
+    """The webhook destination: any 2xx is success, no rate limit."""
 
-    def __init__(self, cfg: WebhookConfig, external_url: str | None = None, name: str = "webhook") -> None:
-        self.name = name
-        self.cfg = cfg
-        self.external_url = external_url
-        self.limit = RateLimit()
-
-    async def send(self, session: aiohttp.ClientSession, item: OutboxItem) -> SendResult:
-        """Deliver one item (any 2xx is success)."""
-        url = self.cfg.url.read()
+    def payload(item: OutboxItem) -> Request | str:
+        url = cfg.url.read()
         if url is None:
-            return SendResult(False, error=f"no webhook URL in {self.cfg.url.describe()}")
-        body = webhook_payload(item.kind, item.body, self.external_url)
-        return await post_json(session, url, body, tuple(range(200, 300)), url_secrets(url))
+            return f"no webhook URL in {cfg.url.describe()}"
+        return Request(url, webhook_payload(item.kind, item.body, external_url), url_secrets(url))
+
+    return HttpJsonSink(name, "webhook", payload, Policy())

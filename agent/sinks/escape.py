@@ -1,0 +1,92 @@
+"""Text that reaches a person, made safe for its destination (pure functions).
+
+Model, engine and version names come from engine pages and deployment metadata, i.e. from whoever
+deploys an engine. Before they reach Slack, PagerDuty or a webhook they go through here:
+
+- :func:`clean` drops control and bidirectional-override characters (they reorder or hide text)
+  and cuts a value to a length, marking the cut with "…";
+- :func:`escape_slack` also escapes ``&``, ``<`` and ``>`` as Slack requires, which makes
+  ``<!channel>``, ``<@U123>`` and ``<https://evil.example|runbook>`` inert text, and breaks
+  ``@here`` / ``@channel`` / ``@everyone`` with a zero-width space so no client turns them into
+  mentions;
+- :func:`bounded_mapping` bounds a dict of strings (keys, count, value length) for PagerDuty's
+  ``custom_details`` and Alertmanager labels/annotations.
+
+Links are never taken from data: destinations put only URLs from our own configuration into link
+fields (see :func:`config_link`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+# C0 (but tab and newline), DEL, C1, line/paragraph separators, bidi marks, overrides and isolates.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_BROADCAST = re.compile(r"@(?=[A-Za-z0-9])")  # @here, @channel, @everyone, @user: break them all
+ZWSP = "\u200b"  # zero-width space: invisible, but no mention parses across it
+ELLIPSIS = "…"
+
+
+def clean(text: Any, limit: int) -> str:
+    """``text`` as a string without control characters, at most ``limit`` characters."""
+    s = _CONTROL.sub("", str(text))
+    if len(s) > limit:
+        s = s[: max(0, limit - 1)] + ELLIPSIS
+    return s
+
+
+def _slack(s: str) -> str:
+    s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _BROADCAST.sub("@" + ZWSP, s)
+
+
+def escape_slack(text: Any, limit: int) -> str:
+    """``text`` safe inside Slack message text (mrkdwn or not), at most ``limit`` characters
+    after escaping (an entity such as ``&amp;`` is never cut in half)."""
+    raw = _CONTROL.sub("", str(text))
+    out = _slack(raw)
+    cut = len(raw)
+    while len(out) > limit and cut > 0:
+        cut = max(0, min(cut - 1, cut - (len(out) - limit)))
+        out = _slack(raw[:cut]) + ELLIPSIS
+    return out
+
+
+def bounded_mapping(
+    values: Mapping[str, Any], max_items: int, key_limit: int, value_limit: int
+) -> dict[str, str]:
+    """A copy with at most ``max_items`` entries, keys and values cleaned and cut."""
+    out: dict[str, str] = {}
+    for k, v in values.items():
+        if len(out) >= max_items:
+            break
+        out[clean(k, key_limit)] = clean(v, value_limit)
+    return out
+
+
+def absolute_link(link: str | None, external_url: str | None) -> str | None:
+    """An absolute http(s) link: ``link`` itself when absolute, else joined to ``external_url``;
+    None when it cannot be made absolute (a relative link without ``alerts.external_url``)."""
+    if not link:
+        return None
+    if urlsplit(link).scheme in ("http", "https"):
+        return link
+    if urlsplit(link).scheme or not external_url:
+        return None
+    base = external_url if external_url.endswith("/") else external_url + "/"
+    return urljoin(base, link)
+
+
+def config_link(*candidates: str | None, external_url: str | None = None) -> str | None:
+    """The first candidate that is (or can be made) an absolute http(s) URL."""
+    for c in candidates:
+        link = absolute_link(c, external_url)
+        if link:
+            return link
+    return None
+
+
+__all__ = ["absolute_link", "bounded_mapping", "clean", "config_link", "escape_slack"]

@@ -30,9 +30,15 @@ ZWSP = "\u200b"  # zero-width space: invisible, but no mention parses across it
 ELLIPSIS = "…"
 
 
-def clean(text: Any, limit: int) -> str:
-    """``text`` as a string without control characters, at most ``limit`` characters."""
+def _strip(text: Any, one_line: bool) -> str:
     s = _CONTROL.sub("", str(text))
+    return s.replace("\n", " ").replace("\t", " ") if one_line else s
+
+
+def clean(text: Any, limit: int, one_line: bool = True) -> str:
+    """``text`` as a string without control characters (and, for ``one_line``, without line
+    breaks: a name cannot start a fake second line), at most ``limit`` characters."""
+    s = _strip(text, one_line)
     if len(s) > limit:
         s = s[: max(0, limit - 1)] + ELLIPSIS
     return s
@@ -43,27 +49,33 @@ def _slack(s: str) -> str:
     return _BROADCAST.sub("@" + ZWSP, s)
 
 
-def escape_slack(text: Any, limit: int) -> str:
+def escape_slack(text: Any, limit: int, one_line: bool = False) -> str:
     """``text`` safe inside Slack message text (mrkdwn or not), at most ``limit`` characters
     after escaping (an entity such as ``&amp;`` is never cut in half)."""
-    raw = _CONTROL.sub("", str(text))
+    raw = _strip(text, one_line)
     out = _slack(raw)
-    cut = len(raw)
-    while len(out) > limit and cut > 0:
-        cut = max(0, min(cut - 1, cut - (len(out) - limit)))
-        out = _slack(raw[:cut]) + ELLIPSIS
-    return out
+    if len(out) <= limit:
+        return out
+    lo, hi = 0, min(len(raw), limit)  # the longest prefix whose escaped form leaves room for "…"
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(_slack(raw[:mid])) + 1 <= limit:
+            lo = mid
+        else:
+            hi = mid - 1
+    return _slack(raw[:lo]) + ELLIPSIS
 
 
 def bounded_mapping(
-    values: Mapping[str, Any], max_items: int, key_limit: int, value_limit: int
+    values: Mapping[str, Any], max_items: int, key_limit: int, value_limit: int, one_line: bool = True
 ) -> dict[str, str]:
-    """A copy with at most ``max_items`` entries, keys and values cleaned and cut."""
+    """A copy with at most ``max_items`` entries, keys and values cleaned and cut (values keep
+    line breaks unless ``one_line``)."""
     out: dict[str, str] = {}
     for k, v in values.items():
         if len(out) >= max_items:
             break
-        out[clean(k, key_limit)] = clean(v, value_limit)
+        out[clean(k, key_limit)] = clean(v, value_limit, one_line)
     return out
 
 

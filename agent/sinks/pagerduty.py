@@ -50,7 +50,7 @@ def pagerduty_payload(
         "class": clean(body.get("rule_id"), FIELD_MAX),
         "custom_details": {
             "labels": bounded_mapping(labels, DETAILS_ITEMS, FIELD_MAX, DETAILS_VALUE_MAX),
-            "annotations": bounded_mapping(ann, DETAILS_ITEMS, FIELD_MAX, DETAILS_VALUE_MAX),
+            "annotations": bounded_mapping(ann, DETAILS_ITEMS, FIELD_MAX, DETAILS_VALUE_MAX, False),
         },
     }
     if labels.get("model"):

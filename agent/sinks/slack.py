@@ -54,7 +54,7 @@ def title_line(kind: str, body: Mapping[str, Any]) -> str:
 
 
 def _field(title: str, value: Any, short: bool) -> dict[str, Any]:
-    return {"title": title, "value": escape_slack(value, FIELD_CHARS), "short": short}
+    return {"title": title, "value": escape_slack(value, FIELD_CHARS, one_line=True), "short": short}
 
 
 def slack_payload(
@@ -79,10 +79,10 @@ def slack_payload(
     text = str(ann.get("description", ""))
     if kind == "resolved" and body.get("resolved_at"):
         text = f"Resolved at {iso(body['resolved_at'])}. {text}"
-    title = escape_slack(title_line(kind, body), TITLE_CHARS)
+    title = escape_slack(title_line(kind, body), TITLE_CHARS, one_line=True)
     labels = body.get("labels", {})
     attachment: dict[str, Any] = {
-        "title": escape_slack(ann.get("summary") or title_line(kind, body), TITLE_CHARS),
+        "title": escape_slack(ann.get("summary") or title_line(kind, body), TITLE_CHARS, one_line=True),
         "text": escape_slack(text, TEXT_CHARS),
         "fallback": f"{title} | {link}" if link else title,
         "color": "good" if kind == "resolved" else COLORS.get(str(body.get("severity")), "warning"),
@@ -90,6 +90,7 @@ def slack_payload(
         "footer": escape_slack(
             f"infercost · {clean(labels.get('node', ''), LABEL_CHARS)} · {body.get('severity')}",
             TITLE_CHARS,
+            one_line=True,
         ),
         "mrkdwn_in": [],  # names are shown as typed: no Markdown from data
     }
@@ -118,7 +119,7 @@ def slack_message_payload(
     }
     link = absolute_link(body.get("link"), external_url)
     if body.get("title") or link:
-        title = escape_slack(body.get("title") or link, TITLE_CHARS)
+        title = escape_slack(body.get("title") or link, TITLE_CHARS, one_line=True)
         attachment: dict[str, Any] = {"title": title, "fallback": title, "mrkdwn_in": []}
         if link:
             attachment["title_link"] = link

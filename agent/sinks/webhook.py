@@ -33,7 +33,7 @@ NAME_MAX = 128
 def bounded_labels(body: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
     """The alert's labels and annotations as bounded, cleaned strings."""
     labels = bounded_mapping(body.get("labels", {}), MAX_ITEMS, NAME_MAX, LABEL_VALUE_MAX)
-    ann = bounded_mapping(body.get("annotations", {}), MAX_ITEMS, NAME_MAX, ANNOTATION_VALUE_MAX)
+    ann = bounded_mapping(body.get("annotations", {}), MAX_ITEMS, NAME_MAX, ANNOTATION_VALUE_MAX, False)
     return labels, ann
 
 

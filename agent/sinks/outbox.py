@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,9 @@ class Outbox:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        # Detection enqueues from a worker thread while the delivery loop reads and marks rows on
+        # the event loop: one lock keeps every statement and transaction whole.
+        self._lock = threading.RLock()
         self._db.execute("PRAGMA journal_mode=WAL")
         # FULL: an enqueued alert is on disk before we go on (alerts are rare, the fsync is cheap)
         self._db.execute("PRAGMA synchronous=FULL")
@@ -70,11 +74,13 @@ class Outbox:
 
     def enqueue(self, sink: str, dedup_key: str, kind: str, body: Mapping[str, Any], now: float) -> int:
         """Add one notification; returns its id (ids give the delivery order)."""
-        cur = self._db.execute(
-            "INSERT INTO outbox (sink, dedup_key, kind, body, created, next_attempt) VALUES (?,?,?,?,?,?)",
-            (sink, dedup_key, kind, json.dumps(body, sort_keys=True), now, now),
-        )
-        return int(cur.lastrowid or 0)
+        with self._lock:
+            cur = self._db.execute(
+                "INSERT INTO outbox (sink, dedup_key, kind, body, created, next_attempt) "
+                "VALUES (?,?,?,?,?,?)",
+                (sink, dedup_key, kind, json.dumps(body, sort_keys=True), now, now),
+            )
+            return int(cur.lastrowid or 0)
 
     def enqueue_many(
         self,
@@ -84,93 +90,106 @@ class Outbox:
     ) -> None:
         """Add several notifications (sink, dedup_key, kind, body) in one transaction, together
         with changes to the firing set (sink, dedup_key, body; None = no longer firing)."""
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            for sink, key, kind, body in items:
-                self.enqueue(sink, key, kind, body, now)
-            for sink, key, fired in active:
-                if fired is None:
-                    self._db.execute("DELETE FROM active WHERE sink=? AND dedup_key=?", (sink, key))
-                else:
-                    self._db.execute(
-                        "INSERT OR REPLACE INTO active (sink, dedup_key, body) VALUES (?,?,?)",
-                        (sink, key, json.dumps(fired, sort_keys=True)),
-                    )
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for sink, key, kind, body in items:
+                    self.enqueue(sink, key, kind, body, now)
+                for sink, key, fired in active:
+                    if fired is None:
+                        self._db.execute("DELETE FROM active WHERE sink=? AND dedup_key=?", (sink, key))
+                    else:
+                        self._db.execute(
+                            "INSERT OR REPLACE INTO active (sink, dedup_key, body) VALUES (?,?,?)",
+                            (sink, key, json.dumps(fired, sort_keys=True)),
+                        )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
 
     def head(self, sink: str) -> OutboxItem | None:
         """The oldest undelivered notification of a sink (due or not)."""
-        row = self._db.execute(
-            "SELECT id, sink, dedup_key, kind, body, created, attempts, next_attempt FROM outbox "
-            "WHERE sink=? AND state='pending' ORDER BY id LIMIT 1",
-            (sink,),
-        ).fetchone()
-        if row is None:
-            return None
-        return OutboxItem(row[0], row[1], row[2], row[3], json.loads(row[4]), row[5], row[6], row[7])
+        with self._lock:
+            row = self._db.execute(
+                "SELECT id, sink, dedup_key, kind, body, created, attempts, next_attempt FROM outbox "
+                "WHERE sink=? AND state='pending' ORDER BY id LIMIT 1",
+                (sink,),
+            ).fetchone()
+            if row is None:
+                return None
+            return OutboxItem(row[0], row[1], row[2], row[3], json.loads(row[4]), row[5], row[6], row[7])
 
     def delivered(self, item_id: int, now: float) -> None:
         """Mark delivered."""
-        self._db.execute(
-            "UPDATE outbox SET state='delivered', done_at=?, attempts=attempts+1 WHERE id=?", (now, item_id)
-        )
+        with self._lock:
+            self._db.execute(
+                "UPDATE outbox SET state='delivered', done_at=?, attempts=attempts+1 WHERE id=?",
+                (now, item_id),
+            )
 
     def retry(self, item_id: int, next_attempt: float, error: str) -> None:
         """Count a failed try and schedule the next one (epoch seconds)."""
-        self._db.execute(
-            "UPDATE outbox SET attempts=attempts+1, next_attempt=?, last_error=? WHERE id=?",
-            (next_attempt, error, item_id),
-        )
+        with self._lock:
+            self._db.execute(
+                "UPDATE outbox SET attempts=attempts+1, next_attempt=?, last_error=? WHERE id=?",
+                (next_attempt, error, item_id),
+            )
 
     def dead(self, item_id: int, now: float, error: str) -> None:
         """Give up on a notification the receiver rejects as malformed."""
-        self._db.execute(
-            "UPDATE outbox SET state='dead', done_at=?, attempts=attempts+1, last_error=? WHERE id=?",
-            (now, error, item_id),
-        )
+        with self._lock:
+            self._db.execute(
+                "UPDATE outbox SET state='dead', done_at=?, attempts=attempts+1, last_error=? WHERE id=?",
+                (now, error, item_id),
+            )
 
     def pending(self, sink: str | None = None) -> int:
         """Undelivered notifications (of one sink, or all)."""
-        if sink is None:
-            row = self._db.execute("SELECT COUNT(*) FROM outbox WHERE state='pending'").fetchone()
-        else:
-            row = self._db.execute(
-                "SELECT COUNT(*) FROM outbox WHERE state='pending' AND sink=?", (sink,)
-            ).fetchone()
-        return int(row[0])
+        with self._lock:
+            if sink is None:
+                row = self._db.execute("SELECT COUNT(*) FROM outbox WHERE state='pending'").fetchone()
+            else:
+                row = self._db.execute(
+                    "SELECT COUNT(*) FROM outbox WHERE state='pending' AND sink=?", (sink,)
+                ).fetchone()
+            return int(row[0])
 
     def active(self, sink: str) -> list[tuple[str, Mapping[str, Any]]]:
         """The alerts firing on ``sink`` as (dedup_key, body), oldest key first."""
-        rows = self._db.execute(
-            "SELECT dedup_key, body FROM active WHERE sink=? ORDER BY rowid", (sink,)
-        ).fetchall()
-        return [(r[0], json.loads(r[1])) for r in rows]
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT dedup_key, body FROM active WHERE sink=? ORDER BY rowid", (sink,)
+            ).fetchall()
+            return [(r[0], json.loads(r[1])) for r in rows]
 
     def items(self, sink: str | None = None, state: str | None = None) -> list[tuple[OutboxItem, str]]:
         """Every row (optionally of one sink / state) with its state, oldest first (for tests, debugging)."""
-        sql = "SELECT id, sink, dedup_key, kind, body, created, attempts, next_attempt, state FROM outbox"
-        conds, params = [], []
-        if sink is not None:
-            conds.append("sink=?")
-            params.append(sink)
-        if state is not None:
-            conds.append("state=?")
-            params.append(state)
-        if conds:
-            sql += " WHERE " + " AND ".join(conds)
-        rows = self._db.execute(sql + " ORDER BY id", params).fetchall()
-        return [(OutboxItem(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6], r[7]), r[8]) for r in rows]
+        with self._lock:
+            sql = "SELECT id, sink, dedup_key, kind, body, created, attempts, next_attempt, state FROM outbox"
+            conds, params = [], []
+            if sink is not None:
+                conds.append("sink=?")
+                params.append(sink)
+            if state is not None:
+                conds.append("state=?")
+                params.append(state)
+            if conds:
+                sql += " WHERE " + " AND ".join(conds)
+            rows = self._db.execute(sql + " ORDER BY id", params).fetchall()
+            return [
+                (OutboxItem(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6], r[7]), r[8]) for r in rows
+            ]
 
     def prune(self, now: float) -> int:
         """Forget delivered / dead rows older than a day; returns rows deleted."""
-        cur = self._db.execute(
-            "DELETE FROM outbox WHERE state != 'pending' AND done_at < ?", (now - KEEP_DELIVERED_SECONDS,)
-        )
-        return cur.rowcount
+        with self._lock:
+            cur = self._db.execute(
+                "DELETE FROM outbox WHERE state != 'pending' AND done_at < ?", (now - KEEP_DELIVERED_SECONDS,)
+            )
+            return cur.rowcount
 
     def close(self) -> None:
         """Close the file."""
-        self._db.close()
+        with self._lock:
+            self._db.close()

@@ -88,6 +88,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"alerts: ok — {', '.join(configured(cfg.alerts)) or 'no destination (log and /metrics only)'}")
     _check_state_dir(cfg)
     if cfg.exporters.prometheus.enabled:
+        wc = cfg.exporters.prometheus.web_config_file
+        if wc is not None:
+            from agent.sinks.webconfig import load_web_config
+
+            web = load_web_config(wc)
+            tls = "TLS" if web.ssl_context else "no TLS"
+            auth = "basic" if web.basic_auth_users else "bearer" if web.bearer_tokens else "no auth"
+            print(f"web config {wc}: ok — {tls}, {auth}")
         check_port(cfg.exporters.prometheus.host, cfg.exporters.prometheus.port)
         print(f"port {cfg.exporters.prometheus.host}:{cfg.exporters.prometheus.port}: ok — free")
     return EXIT_OK
@@ -135,6 +143,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run the daemon until SIGTERM."""
     cfg = load_config(args.config)
     if cfg.exporters.prometheus.enabled:
+        wc = cfg.exporters.prometheus.web_config_file
+        if wc is not None:
+            from agent.sinks.webconfig import load_web_config
+
+            web = load_web_config(wc)
+            tls = "TLS" if web.ssl_context else "no TLS"
+            auth = "basic" if web.basic_auth_users else "bearer" if web.bearer_tokens else "no auth"
+            print(f"web config {wc}: ok — {tls}, {auth}")
         check_port(cfg.exporters.prometheus.host, cfg.exporters.prometheus.port)
     return asyncio.run(_run(cfg))
 

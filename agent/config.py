@@ -142,12 +142,19 @@ class PrometheusExporterConfig(_Frozen):
     enabled: bool = True
     host: str = "127.0.0.1"
     port: int = Field(9464, ge=0, le=65535)  # 0 = pick a free port
+    # TLS and basic / bearer auth, in Prometheus exporter-toolkit's web-config shape (see README)
+    web_config_file: Path | None = None
 
 
 class OtlpExporterConfig(_Frozen):
-    """Push to an OpenTelemetry Collector over OTLP/HTTP."""
+    """Push to an OpenTelemetry Collector over OTLP (HTTP/protobuf, or gRPC with the ``grpc`` extra).
 
-    endpoint: str | None = None  # e.g. http://otel-collector:4318/v1/metrics; None = off
+    Unset fields fall back to the standard ``OTEL_EXPORTER_OTLP_*`` variables: an endpoint from
+    ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_ENDPOINT`` alone enables export;
+    headers, protocol, timeout, compression and certificates come from the environment too."""
+
+    endpoint: str | None = None  # e.g. http://otel-collector:4318/v1/metrics; None = off (or env)
+    protocol: Literal["http/protobuf", "grpc"] | None = None  # None = OTEL_EXPORTER_OTLP_PROTOCOL
     interval_seconds: float = Field(60.0, gt=0)
     timeout_seconds: float = Field(5.0, gt=0)
 

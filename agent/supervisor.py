@@ -35,11 +35,12 @@ import aiohttp
 
 from agent import __version__
 from agent.clock import Clock, SteadyClock
-from agent.config import Config, EngineConfig
+from agent.config import Config, ConfigError, EngineConfig
 from agent.cost.window import TickResult, WindowJoiner
 from agent.samples import CostWindow, EngineScrape, NvmlRound
 from agent.sinks.otlp import OtlpExporter
 from agent.sinks.prometheus import PrometheusServer
+from agent.sinks.webconfig import load_web_config
 from agent.snapshot import Ledger, Snapshot
 from agent.sources.discovery import VersionReader
 from agent.sources.engines.scraper import EngineScraper
@@ -249,8 +250,13 @@ class Agent:
     async def _run(self, stop: asyncio.Event) -> None:
         exp = self.cfg.exporters
         if exp.prometheus.enabled:
+            try:
+                web_cfg = load_web_config(exp.prometheus.web_config_file)
+            except ConfigError:
+                await self._close_parts()
+                raise
             self.prometheus = PrometheusServer(
-                self.snapshot, self.health, exp.prometheus.host, exp.prometheus.port
+                self.snapshot, self.health, exp.prometheus.host, exp.prometheus.port, web_config=web_cfg
             )
             try:
                 await self.prometheus.start()

@@ -202,7 +202,8 @@ test_copy_of_rules.__test__ = False  # type: ignore[attr-defined]  # not a pytes
 
 
 class Prometheus(_Process):
-    """A real Prometheus on a free loopback port, scraping ``targets`` every second."""
+    """A real Prometheus on a free loopback port, scraping ``targets`` every second (job
+    ``infercost``), plus any further ``scrape_configs`` given whole."""
 
     def __init__(
         self,
@@ -212,6 +213,7 @@ class Prometheus(_Process):
         alertmanager: str | None = None,
         data_dir: Path | None = None,
         retention: str = "90d",
+        scrape_configs: Sequence[dict[str, Any]] = (),
     ) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -221,6 +223,7 @@ class Prometheus(_Process):
             "rule_files": [str(p) for p in rule_files],
             "scrape_configs": [{"job_name": "infercost", "static_configs": [{"targets": list(targets)}]}],
         }
+        config["scrape_configs"].extend(scrape_configs)  # extra jobs (TLS, auth, ...)
         if alertmanager:
             config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
         cfg = workdir / "prometheus.yml"

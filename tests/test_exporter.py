@@ -8,7 +8,9 @@ import subprocess
 from pathlib import Path
 
 import aiohttp
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from promstack import http_get_json
 
 from agent.catalog import CATALOG
 from agent.config import EngineConfig
@@ -354,3 +356,154 @@ def test_fast_renderer_writes_what_prometheus_client_writes() -> None:
         assert render_catalogue(s) == render_with_client(s)
     text = render_catalogue(replace(snap, models=(hostile,))).decode()
     assert 'model="we\\"ird\\\\name\\nline2"' in text  # escaped: one line per series
+
+
+# ---------------------------------------------------------------------------------------------
+# TLS and authentication (exporter-toolkit web-config)
+# ---------------------------------------------------------------------------------------------
+
+
+def _make_pki(d: Path) -> tuple[Path, Path, Path]:
+    """A CA and a server certificate for 127.0.0.1 signed by it (openssl; SAN as Go requires)."""
+    openssl = shutil.which("openssl")
+    assert openssl, "openssl missing (CI's .ci/run installs it)"
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], check=True, capture_output=True, cwd=d)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
+        "-days", "2", "-subj", "/CN=infercost test CA")  # fmt: skip
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "tls.key", "-out", "tls.csr",
+        "-subj", "/CN=127.0.0.1")  # fmt: skip
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    run("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "tls.crt", "-days", "2", "-extfile", "san.ext")  # fmt: skip
+    return d / "ca.crt", d / "tls.crt", d / "tls.key"
+
+
+def _web_config(d: Path, tls: bool = True) -> Path:
+    import bcrypt
+
+    _make_pki(d)
+    # htpasswd writes $2y$; cost 4 keeps the test fast (the server accepts any cost)
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode().replace("$2b$", "$2y$", 1)
+    (d / "token").write_text("tok-123\n")
+    doc: dict[str, object] = {"basic_auth_users": {"prom": hashed}, "bearer_token_file": "token"}
+    if tls:
+        doc["tls_server_config"] = {"cert_file": "tls.crt", "key_file": "tls.key"}
+    path = d / "web.yml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _basic(user: str, password: str) -> dict[str, str]:
+    from base64 import b64encode
+
+    return {"Authorization": "Basic " + b64encode(f"{user}:{password}".encode()).decode()}
+
+
+async def test_tls_and_auth_from_a_web_config(tmp_path: Path) -> None:
+    import ssl
+
+    from agent.sinks.webconfig import load_web_config
+
+    web = load_web_config(_web_config(tmp_path))
+    snap = _snapshot()
+    server = PrometheusServer(lambda: snap, lambda: True, "127.0.0.1", 0, web_config=web)
+    await server.start()
+    ctx = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+    base = f"https://127.0.0.1:{server.port}"
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s:
+            for path in ("/metrics", "/healthz"):
+                async with s.get(base + path) as r:  # no credentials
+                    assert r.status == 401 and r.headers["WWW-Authenticate"].startswith("Basic")
+            async with s.get(base + "/metrics", headers=_basic("prom", "guess")) as r:
+                assert r.status == 401
+            async with s.get(base + "/metrics", headers=_basic("nobody", "s3cret")) as r:
+                assert r.status == 401
+            for _ in range(2):  # the second is answered from the verified-pair cache
+                async with s.get(base + "/metrics", headers=_basic("prom", "s3cret")) as r:
+                    assert r.status == 200 and "infercost_build_info" in await r.text()
+            async with s.get(base + "/healthz", headers={"Authorization": "Bearer tok-123"}) as r:
+                assert r.status == 200
+            async with s.get(base + "/healthz", headers={"Authorization": "Bearer tok-12"}) as r:
+                assert r.status == 401
+        # plain HTTP to the TLS port gets no page
+        async with aiohttp.ClientSession() as s:
+            try:
+                async with s.get(f"http://127.0.0.1:{server.port}/metrics") as r:
+                    assert r.status == 400
+            except aiohttp.ClientError:
+                pass
+    finally:
+        await server.stop()
+
+
+def test_web_config_errors_name_the_key_and_hide_secrets(tmp_path: Path) -> None:
+    from agent.config import ConfigError
+    from agent.sinks.webconfig import load_web_config
+
+    bad = tmp_path / "web.yml"
+    bad.write_text("basic_auth_users:\n  prom: plaintext-password\n")
+    with pytest.raises(ConfigError) as e:
+        load_web_config(bad)
+    assert "basic_auth_users.prom" in str(e.value) and "plaintext-password" not in str(e.value)
+    bad.write_text("tls_server_config:\n  cert_file: missing.crt\n  key_file: missing.key\n")
+    with pytest.raises(ConfigError, match=r"tls_server_config.cert_file.*missing.crt"):
+        load_web_config(bad)
+    bad.write_text("basic_auth_user: {}\n")  # a typo of the key
+    with pytest.raises(ConfigError, match=r"basic_auth_user.*unknown key"):
+        load_web_config(bad)
+
+
+@pytest.mark.slow
+def test_real_prometheus_scrapes_over_tls_with_basic_and_bearer_auth(tmp_path: Path) -> None:
+    """Prometheus 2.42 scrapes the agent's endpoint with ``tls_config`` + ``basic_auth`` and with
+    ``tls_config`` + ``authorization`` (Bearer); a job without credentials gets 401 (up = 0)."""
+    import asyncio
+    import threading
+
+    from promstack import Prometheus
+
+    from agent.sinks.webconfig import load_web_config
+
+    web = load_web_config(_web_config(tmp_path))
+    snap = _snapshot()
+    loop = asyncio.new_event_loop()
+    server = PrometheusServer(lambda: snap, lambda: True, "127.0.0.1", 0, web_config=web)
+    loop.run_until_complete(server.start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    (tmp_path / "password").write_text("s3cret")
+    target = {"static_configs": [{"targets": [f"127.0.0.1:{server.port}"]}], "scheme": "https"}
+    tls = {"ca_file": str(tmp_path / "ca.crt")}
+    jobs = [
+        {"job_name": "basic", **target, "tls_config": tls,
+         "basic_auth": {"username": "prom", "password_file": str(tmp_path / "password")}},
+        {"job_name": "bearer", **target, "tls_config": tls,
+         "authorization": {"type": "Bearer", "credentials_file": str(tmp_path / "token")}},
+        {"job_name": "anonymous", **target, "tls_config": tls},
+    ]  # fmt: skip
+    prom = None
+    try:
+        prom = Prometheus(tmp_path / "prom", scrape_configs=jobs)
+        up = prom.wait_for('count(up{job=~"basic|bearer|anonymous"}) == 3', timeout=30)
+        assert up, prom.log.read_text()[-2000:]
+        got = {r["metric"]["job"]: r["value"][1] for r in prom.query('up{job=~"basic|bearer|anonymous"}')}
+        assert got == {"basic": "1", "bearer": "1", "anonymous": "0"}
+        # the scraped series arrived: the 20 s at $3.60/h of _snapshot() = $0.02
+        cost = prom.query('infercost_cost_usd_total{job="bearer"}')
+        assert [float(r["value"][1]) for r in cost] == [0.02]
+        targets = http_get_json(f"{prom.url}/api/v1/targets")["data"]["activeTargets"]
+        errors = {t["labels"]["job"]: t["lastError"] for t in targets}
+        assert "401" in errors["anonymous"] and errors["basic"] == errors["bearer"] == ""
+    finally:
+        if prom is not None:
+            prom.close()
+        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()

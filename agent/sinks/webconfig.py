@@ -109,8 +109,11 @@ def _read(path: Path, source: str, key: str) -> bytes:
         ) from None
 
 
-def load_web_config(path: Path) -> WebConfig:
-    """Read and check a web-config file: certificates load, hashes are bcrypt, token files are read."""
+def load_web_config(path: Path | None) -> WebConfig:
+    """Read and check a web-config file: certificates load, hashes are bcrypt, token files are read
+    (None: plain HTTP, no authentication)."""
+    if path is None:
+        return WebConfig()
     raw = load_yaml(path)
     src = str(path)
     if raw is None:

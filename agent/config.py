@@ -37,7 +37,8 @@ class ConfigError(Exception):
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # allow_inf_nan=False: `1e400` (YAML reads it as +inf) or `.nan` in any number is refused
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class SecretRef(_Frozen):
@@ -71,9 +72,12 @@ class IntervalsConfig(_Frozen):
     """Sampling cadence. Why 1 s / 5 s: NVML utilisation is averaged by the driver over ≤ 1 s, and
     engine counters move slowly enough that a 5 s scrape keeps the agent under 1 % of a core."""
 
-    nvml_seconds: float = Field(1.0, gt=0)
-    scrape_seconds: float = Field(5.0, gt=0)
-    window_seconds: float = Field(60.0, gt=0)  # rollup written to the store and seen by detectors
+    # Bounds, why: below 0.1 s NVML only repeats its last average and a scrape cannot finish; above a
+    # day a tick would fold a day of counters into one window (and a sleep that long looks hung).
+    nvml_seconds: float = Field(1.0, ge=0.1, le=86400)
+    scrape_seconds: float = Field(5.0, ge=0.1, le=86400)
+    # rollup written to the store and seen by detectors; 10 s–1 h: the store keeps 1-minute rows
+    window_seconds: float = Field(60.0, ge=10, le=3600)
 
 
 class NvmlConfig(_Frozen):
@@ -96,7 +100,7 @@ class EngineConfig(_Frozen):
     model_versions: dict[str, str] = Field(default_factory=dict)  # per served model name
     version_file: Path | None = None  # a downward-API labels file (lines key="value"), re-read each window
     version_label: str = "app.kubernetes.io/version"  # the key to read from version_file
-    timeout_seconds: float = Field(2.0, gt=0)
+    timeout_seconds: float = Field(2.0, gt=0, le=600)  # why ≤ 10 min: longer is a hung engine
     max_bytes: int = Field(8 * 1024 * 1024, gt=0)  # larger pages are refused (hostile endpoints)
     weights_bytes: float | None = Field(None, gt=0)  # model weights read per decode step, for roofline
     kv_bytes_per_token: float | None = Field(None, gt=0)  # 2 × layers × kv_heads × head_dim × bytes
@@ -155,8 +159,8 @@ class OtlpExporterConfig(_Frozen):
 
     endpoint: str | None = None  # e.g. http://otel-collector:4318/v1/metrics; None = off (or env)
     protocol: Literal["http/protobuf", "grpc"] | None = None  # None = OTEL_EXPORTER_OTLP_PROTOCOL
-    interval_seconds: float = Field(60.0, gt=0)
-    timeout_seconds: float = Field(5.0, gt=0)
+    interval_seconds: float = Field(60.0, ge=1, le=86400)  # why ≥ 1 s: a Collector is not a hot path
+    timeout_seconds: float = Field(5.0, gt=0, le=600)
 
 
 class ExportersConfig(_Frozen):
@@ -169,7 +173,9 @@ class ExportersConfig(_Frozen):
 class StoreConfig(_Frozen):
     """Embedded SQLite history."""
 
-    retention_days: float = Field(35.0, gt=0)  # why 35: a month plus the week a weekly report looks back
+    retention_days: float = Field(
+        35.0, gt=0, le=3650
+    )  # why 35: a month plus the week a weekly report looks back
 
 
 class SlackConfig(_Frozen):
@@ -177,7 +183,9 @@ class SlackConfig(_Frozen):
 
     webhook_url: SecretRef
     channel: str | None = None
-    min_interval_seconds: float = Field(1.0, ge=0)  # Slack allows about 1 message per second per webhook
+    min_interval_seconds: float = Field(
+        1.0, ge=0, le=3600
+    )  # Slack allows about 1 message per second per webhook
 
 
 class PagerDutyConfig(_Frozen):
@@ -375,9 +383,14 @@ def parse_config(raw: Any, source: str, environ: Mapping[str, str] | None = None
 def load_yaml(path: Path) -> Any:
     """Read a YAML file, turning I/O and syntax errors into ConfigError naming the file."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"{path}: cannot read: {err.strerror}; fix: check the path") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start}); "
+            "fix: save the file as UTF-8"
+        ) from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as err:

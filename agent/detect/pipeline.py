@@ -41,6 +41,9 @@ logger = logging.getLogger(__name__)
 # longer outage the minutes are replayed only to rebuild baselines.
 MAX_CATCH_UP_MINUTES = 15
 LAST_MINUTE_KEY = "pipeline.last_evaluated_minute"
+# Why 6 h: a start-up replay reads the store in slices this long, so its peak memory is a few hours
+# of records rather than the week a baseline looks back (296 MB → a few MB on a busy node).
+REPLAY_CHUNK_SECONDS = 6 * 3600.0
 
 
 class Pipeline:
@@ -74,18 +77,25 @@ class Pipeline:
             need = max(need, r.over + (r.baseline.window if r.baseline is not None else 0.0))
         return need
 
-    def _replay(self, start: float, end: float) -> None:
-        """Feed minutes [start, end) to the evaluator only (baselines and windows)."""
+    def _replay(self, start: float, end: float) -> int:
+        """Feed minutes [start, end) to the evaluator only (baselines and windows), a few hours of
+        records at a time so a week of history never sits in memory at once. Returns how many of
+        those minutes held data."""
         if end <= start:
-            return
-        by_minute: dict[float, list[MinuteRecord]] = defaultdict(list)
-        for r in self.store.records(start, end):
-            by_minute[r.minute].append(r)
+            return 0
+        found = 0
         m = start
         while m < end:
-            self.evaluator.warm(m + MINUTE, by_minute.get(m, ()))
-            m += MINUTE
+            chunk_end = min(end, m + REPLAY_CHUNK_SECONDS)
+            by_minute: dict[float, list[MinuteRecord]] = defaultdict(list)
+            for r in self.store.records(m, chunk_end):
+                by_minute[r.minute].append(r)
+            found += len(by_minute)
+            while m < chunk_end:
+                self.evaluator.warm(m + MINUTE, by_minute.pop(m, ()))
+                m += MINUTE
         self._last = end - MINUTE
+        return found
 
     def _start(self, target: float) -> None:
         self.alerts.restore(self.store.load_alert_state())
@@ -99,12 +109,13 @@ class Pipeline:
         live_from = target - MAX_CATCH_UP_MINUTES * MINUTE
         if saved is not None:
             live_from = max(live_from, float(saved) + MINUTE)
-        self._replay(start, live_from)  # nothing when the rules need no history before live_from
+        found = self._replay(start, live_from)  # nothing when the rules need no history before live_from
         self._last = live_from - MINUTE
         self._started = True  # only now: a start that failed half-way is tried again next step
         logger.info(
-            "detection warmed up from %.0f minutes of history; %d alerts restored",
-            (live_from - start) / MINUTE,
+            "detection warmed up from %d minutes of history found (of %.0f looked back); %d alerts restored",
+            found,
+            max(0.0, live_from - start) / MINUTE,
             len(self.alerts.active()),
         )
 

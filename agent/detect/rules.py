@@ -258,27 +258,40 @@ class Rule(_Frozen):
                     f"group_by {bad} are not labels of {kind} series; use some of {KIND_LABELS[kind]}"
                 )
         for name, text in (("summary", self.summary), ("description", self.description)):
-            try:
-                fields = {f for _, f, _, _ in string.Formatter().parse(text) if f is not None}
-            except ValueError as err:
-                raise ValueError(f"{name}: bad template ({err}); escape braces as {{{{ }}}}") from None
-            unknown = fields - TEMPLATE_FIELDS
-            if unknown:
-                raise ValueError(
-                    f"{name} uses unknown placeholders {sorted(unknown)}; "
-                    f"use some of {sorted(TEMPLATE_FIELDS)}"
-                )
-            try:  # placeholders are filled with text: a format spec such as {value:.2f} would fail later
-                text.format_map(dict.fromkeys(TEMPLATE_FIELDS, "x"))
-            except (ValueError, IndexError) as err:
-                raise ValueError(
-                    f"{name}: {err}; placeholders take no format spec, write {{value}}"
-                ) from None
+            _check_template(name, text)
         return self
 
     def group_labels(self) -> tuple[str, ...]:
         """The labels that identify one series of this rule."""
         return self.group_by if self.group_by is not None else KIND_LABELS[self.kind]
+
+
+def _check_template(name: str, text: str) -> None:
+    """Refuse a summary/description template that could do more than paste a known field as text:
+    format specs (``{value:>99999999999}`` allocates gigabytes), conversions (``{value!r}``),
+    attribute or index access (``{labels.__class__}``, ``{labels[0]}``) and unknown fields."""
+    try:
+        parts = list(string.Formatter().parse(text))
+    except ValueError as err:
+        raise ValueError(f"{name}: bad template ({err}); escape braces as {{{{ }}}}") from None
+    for _, field_name, spec, conversion in parts:
+        if field_name is None:
+            continue
+        if spec or conversion:
+            raise ValueError(
+                f"{name}: placeholder {{{field_name}{'!' + conversion if conversion else ''}"
+                f"{':' + spec if spec else ''}}} has a conversion or format spec; "
+                f"placeholders take none, write {{{field_name}}}"
+            )
+        if not field_name.isidentifier():
+            raise ValueError(
+                f"{name}: placeholder {{{field_name}}} uses attribute or index access (or is empty); "
+                f"write a plain field such as {{value}}: one of {sorted(TEMPLATE_FIELDS)}"
+            )
+        if field_name not in TEMPLATE_FIELDS:
+            raise ValueError(
+                f"{name} uses unknown placeholders {[field_name]}; use some of {sorted(TEMPLATE_FIELDS)}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,9 +377,13 @@ def load_rules(paths: Iterable[Path]) -> RuleSet:
     sources: dict[str, str] = {}
     for f in _rule_files(paths):
         try:
-            raw = yaml.safe_load(f.read_text())
+            raw = yaml.safe_load(f.read_text(encoding="utf-8"))
         except OSError as err:
             raise RuleError(f"{f}: cannot read: {err.strerror}; fix: check the path") from None
+        except UnicodeDecodeError as err:
+            raise RuleError(
+                f"{f}: not UTF-8 text (offset {err.start}); fix: save the file as UTF-8"
+            ) from None
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

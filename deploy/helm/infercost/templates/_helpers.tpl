@@ -28,5 +28,24 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 
 {{- /* Changes to node.yaml or the price book roll the DaemonSet. */ -}}
 {{- define "infercost.configChecksum" -}}
-{{- printf "%s\n%s" (toYaml .Values.config) (toYaml .Values.prices) | sha256sum -}}
+{{- printf "%s\n%s" (include "infercost.nodeConfig" .) (toYaml .Values.prices) | sha256sum -}}
+{{- end -}}
+
+{{- define "infercost.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* node.yaml as the agent reads it: config, with the pod-resources socket off when not mounted. */ -}}
+{{- define "infercost.nodeConfig" -}}
+{{- $cfg := deepCopy .Values.config -}}
+{{- $kube := get $cfg "kubernetes" | default dict -}}
+{{- if not .Values.podResources.enabled -}}
+{{- $_ := set $kube "pod_resources_socket" nil -}}
+{{- end -}}
+{{- $_ := set $cfg "kubernetes" $kube -}}
+{{- toYaml $cfg -}}
 {{- end -}}

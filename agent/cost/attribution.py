@@ -66,6 +66,7 @@ class Attribution:
     models: tuple[ModelCharge, ...]
     allocated_usd: Mapping[str, float]  # GPU UUID → dollars charged to any model
     used_usd: Mapping[str, float]  # GPU UUID → dollars charged to models that made tokens
+    engine_usd: float = 0.0  # dollars of engines' own hourly prices (CPU-only engines), not of GPUs
 
 
 def engine_gpus(spec: EngineSpec, gpus: Mapping[str, GpuSample]) -> list[str]:
@@ -105,6 +106,7 @@ def attribute(
     allocated = {u: 0.0 for u in charges}
     used = {u: 0.0 for u in charges}
     out: list[ModelCharge] = []
+    engine_usd = 0.0
     for e in engines:
         models = tokens.get(e.name, ())
         if not models:
@@ -137,10 +139,12 @@ def attribute(
                 if m.tokens > 0:
                     used[u] += c.cost_usd * f
             if cpu_price is not None:
-                time_usd += gpu_time_cost(cpu_price, seconds) * ms
+                own = gpu_time_cost(cpu_price, seconds) * ms
+                time_usd += own
+                engine_usd += own
             out.append(
                 ModelCharge(
                     e.name, m.model, time_usd, energy_usd, gpu_seconds, joules, watts, gpus, priced, estimated
                 )
             )
-    return Attribution(tuple(out), allocated, used)
+    return Attribution(tuple(out), allocated, used, engine_usd)

@@ -68,6 +68,15 @@ class TickResult:
     end: float  # epoch seconds
     windows: tuple[CostWindow, ...] = ()
     gpus: tuple[GpuTick, ...] = ()
+    engine_usd: float = 0.0  # dollars of engines' own hourly prices (CPU-only engines) in the windows
+
+    def unexplained_usd(self) -> float:
+        """Conservation check, ≈ 0: Σ GPU cost − (Σ model cost − engines' own + Σ unallocated).
+
+        Every GPU dollar is either charged to a model (busy or idle) or held by no engine."""
+        gpu = sum(g.cost_usd for g in self.gpus)
+        models = sum(w.cost_usd for w in self.windows) - self.engine_usd
+        return gpu - models - sum(g.unallocated_usd for g in self.gpus)
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,7 +264,7 @@ class WindowJoiner:
             for u, c in charges.items()
         ]
         self._remember(now, scrapes, readings)
-        return TickResult(start=start, end=now, windows=tuple(windows), gpus=tuple(gpus))
+        return TickResult(start, now, tuple(windows), tuple(gpus), att.engine_usd)
 
     def _window(
         self,

@@ -1,0 +1,364 @@
+"""The window join's dollars, hand-computed: every regression of issue 12 and every survivor of issue 16.
+
+Unless a test says otherwise: an H100 at $3.60 per GPU-hour ($0.001 per second), ticks of 10 s
+(so $0.01 per GPU per tick), power at $0.10 per kWh with a PUE of 1.5 ($0.15 per kWh drawn).
+Every tick is also checked for conservation: Σ model cost + Σ unallocated = Σ GPU cost, and
+Σ busy model cost + Σ GPU idle = Σ GPU cost.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+
+import pytest
+
+from agent.cost.inputs import EngineSpec, GpuRate, PowerRate, PriceTable
+from agent.cost.window import TickResult, WindowJoiner
+from agent.samples import EngineScrape, GpuSample, Histogram, ModelSignals, NvmlRound
+
+T0 = 1_780_000_000.0
+H100 = "NVIDIA H100 80GB HBM3"
+INF = math.inf
+POWER = PowerRate(usd_per_kwh=0.10, pue=1.5)
+BOOK = PriceTable(gpus=(GpuRate("H100", 3.6),), engines={"cpu": 0.36})
+BOOK_POWER = PriceTable(gpus=(GpuRate("H100", 3.6),), power=POWER)
+
+
+def conserved(res: TickResult) -> TickResult:
+    """Assert both conservation identities of one tick and hand it back."""
+    gpu = sum(g.cost_usd for g in res.gpus)
+    assert res.unexplained_usd() == pytest.approx(0.0, abs=1e-12)
+    busy = sum(w.cost_usd - w.idle_usd for w in res.windows) - res.engine_usd
+    assert busy + sum(g.idle_usd for g in res.gpus) == pytest.approx(gpu, abs=1e-12)
+    return res
+
+
+def gpu(
+    i: int, t: float, energy: float | None = None, power: float | None = 400.0, name: str = H100
+) -> GpuSample:
+    return GpuSample(i, f"GPU-{i}", name, t, util_gpu_ratio=0.5, power_watts=power, energy_joules=energy)
+
+
+def rnd(t: float, *gpus: GpuSample) -> NvmlRound:
+    return NvmlRound(t, True, gpus or tuple(gpu(i, t) for i in range(3)))
+
+
+def sig(model: str, gen: float, prompt: float = 0.0, **kw: object) -> ModelSignals:
+    return ModelSignals(model, prompt_tokens_total=prompt, generation_tokens_total=gen, **kw)  # type: ignore[arg-type]
+
+
+def scrape(engine: str, t: float, *models: ModelSignals, up: bool = True) -> EngineScrape:
+    return EngineScrape(engine, "vllm", t, up, 0.01, models)
+
+
+def two_ticks(
+    j: WindowJoiner,
+    first: dict[str, EngineScrape],
+    second: dict[str, EngineScrape],
+    rounds: tuple[NvmlRound, NvmlRound] | None = None,
+    dt_s: float = 10.0,
+) -> TickResult:
+    r0, r1 = rounds or (rnd(T0), rnd(T0 + dt_s))
+    j.add_round(r0)
+    j.close_tick(T0, first)
+    j.add_round(r1)
+    return conserved(j.close_tick(T0 + dt_s, second))
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 12, defect 1: a data-parallel rank (or Triton version) that vanishes for a scrape
+# ---------------------------------------------------------------------------------------------
+
+
+def dp(model: str, **ranks: float) -> ModelSignals:
+    parts = {f"vllm:generation_tokens_total,engine={k}": v for k, v in ranks.items()}
+    return sig(
+        model, sum(ranks.values()), counter_parts={"generation_tokens_total": parts} if len(ranks) > 1 else {}
+    )
+
+
+def test_a_rank_missing_for_one_scrape_is_no_reset_and_counts_only_what_it_made() -> None:
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=(0,)),), BOOK)
+    gens = []
+    pages = [
+        dp("m", r0=500_000, r1=500_000),
+        dp("m", r0=500_400),  # rank 1 missing: one unnamed series, 500,400
+        dp("m", r0=500_800, r1=500_400),  # rank 1 back: it made 400 meanwhile
+        dp("m", r0=500_900, r1=500_450),
+    ]
+    for k, page in enumerate(pages):
+        t = T0 + 10 * k
+        j.add_round(rnd(t))
+        res = j.close_tick(t, {"a": scrape("a", t, page)})
+        gens.extend(w.usage.generation_tokens for w in conserved(res).windows)
+    # rank 0 made 400 + 400 + 100, rank 1 400 + 50: 1,350 in all (the old join counted 1,001,600)
+    assert gens == [400.0, 800.0, 150.0]
+
+
+def test_a_triton_version_series_missing_for_a_scrape_comes_back_without_a_reset() -> None:
+    def page(**versions: float) -> ModelSignals:
+        parts = {f"nv_inference_count,version={v}": c for v, c in versions.items()}
+        return sig("m", sum(versions.values()), counter_parts={"generation_tokens_total": parts})
+
+    j = WindowJoiner("n1", (EngineSpec("t", gpus=(0,)),), BOOK)
+    gens = []
+    for k, p in enumerate(
+        [page(v1=1000, v2=2000, v3=10), page(v1=1010, v3=20), page(v1=1020, v2=2005, v3=30)]
+    ):
+        j.add_round(rnd(T0 + 10 * k))
+        res = j.close_tick(T0 + 10 * k, {"t": scrape("t", T0 + 10 * k, p)})
+        gens.extend(w.usage.generation_tokens for w in res.windows)
+    assert gens == [20.0, 25.0]  # 10 + 10; then 10 + 5 (v2 against its own last value) + 10
+
+
+def test_a_new_rank_counts_in_full_and_a_single_series_becoming_two_is_continued() -> None:
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=(0,)),), BOOK)
+    gens = []
+    for k, page in enumerate([dp("m", r0=100), dp("m", r0=150, r1=30), dp("m", r0=160, r1=35, r2=7)]):
+        j.add_round(rnd(T0 + 10 * k))
+        res = j.close_tick(T0 + 10 * k, {"a": scrape("a", T0 + 10 * k, page)})
+        gens.extend(w.usage.generation_tokens for w in res.windows)
+    # 100 → 150 is rank 0's 50, rank 1 is new (30 in full); then 10 + 5 + 7 (rank 2 new)
+    assert gens == [80.0, 22.0]
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 12, defect 2: MIG — the whole GPU is paid, the parent's energy is split by slice
+# ---------------------------------------------------------------------------------------------
+
+
+def test_two_3g_instances_pay_six_sevenths_and_the_uncreated_seventh_is_node_idle() -> None:
+    def mig_round(t: float, energy: float) -> NvmlRound:
+        parent = GpuSample(0, "GPU-0", H100, t, power_watts=None, energy_joules=energy)
+        inst = [
+            GpuSample(0, f"MIG-{x}", f"{H100} MIG 3g.40gb", t, mig_parent_uuid="GPU-0") for x in ("a", "b")
+        ]
+        return NvmlRound(t, True, (parent, *inst))
+
+    j = WindowJoiner("n1", (EngineSpec("one", gpus=("MIG-a",)),), BOOK_POWER)
+    res = two_ticks(
+        j,
+        {"one": scrape("one", T0, sig("m", 0))},
+        {"one": scrape("one", T0 + 3600, sig("m", 1000))},
+        (mig_round(T0, 0.0), mig_round(T0 + 3600, 3.6e6)),
+        dt_s=3600,
+    )
+    # the parent: $3.60 of time + 1 kWh × $0.10 × 1.5 = $0.15 of energy = $3.75 for the hour
+    g = {x.sample.uuid: x for x in res.gpus}
+    assert sum(x.cost_usd for x in res.gpus) == pytest.approx(3.75)  # not 2 × 3/7 × 3.60 = $3.09
+    assert g["MIG-a"].cost_usd == pytest.approx(3.75 * 3 / 7)
+    assert g["MIG-a"].usd_per_hour == pytest.approx(3.6 * 3 / 7)
+    assert g["MIG-b"].unallocated_usd == pytest.approx(3.75 * 3 / 7)  # created, held by no engine
+    assert g["GPU-0"].cost_usd == pytest.approx(3.75 / 7)  # the seventh slice never created
+    assert g["GPU-0"].unallocated_usd == pytest.approx(3.75 / 7) and g["GPU-0"].idle_usd == pytest.approx(
+        3.75 / 7
+    )
+    (w,) = res.windows
+    assert w.gpu_time_usd == pytest.approx(3.6 * 3 / 7)
+    assert w.energy_usd == pytest.approx(0.15 * 3 / 7)
+    assert w.usage.energy_joules == pytest.approx(3.6e6 * 3 / 7)
+    assert w.usd_per_1m_output == pytest.approx(3.75 * 3 / 7 / 1000 * 1e6)
+
+
+def test_a_mig_instance_whose_parent_was_not_read_pays_its_profile_share() -> None:
+    def inst(t: float) -> NvmlRound:
+        return NvmlRound(t, True, (GpuSample(0, "MIG-a", f"{H100} MIG 2g.20gb", t, mig_parent_uuid="GPU-0"),))
+
+    j = WindowJoiner("n1", (EngineSpec("one", gpus=("MIG-a",)),), BOOK)
+    res = two_ticks(
+        j,
+        {"one": scrape("one", T0, sig("m", 0))},
+        {"one": scrape("one", T0 + 10, sig("m", 5))},
+        (inst(T0), inst(T0 + 10)),
+    )
+    assert res.windows[0].cost_usd == pytest.approx(0.01 * 2 / 7)
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 12, defect 4: a price change inside a tick is prorated
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_price_change_inside_a_tick_is_prorated() -> None:
+    change = dt.datetime(2026, 7, 1, tzinfo=dt.UTC).timestamp()
+    book = PriceTable(gpus=(GpuRate("H100", 3.0), GpuRate("H100", 2.4, change)))
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=(0,)),), book)
+    j.add_round(rnd(change - 30))
+    j.close_tick(change - 30, {"a": scrape("a", change - 30, sig("m", 0))})
+    j.add_round(rnd(change + 30))
+    res = conserved(j.close_tick(change + 30, {"a": scrape("a", change + 30, sig("m", 100))}))
+    # 30 s at $3.00/h + 30 s at $2.40/h = $0.025 + $0.020 (not 60 s at $2.40 = $0.040)
+    assert res.windows[0].cost_usd == pytest.approx(0.045)
+    assert {g.sample.uuid: g.usd_per_hour for g in res.gpus}["GPU-0"] == 2.4  # the price now
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 16: survivors of mutation testing, each pinned by a hand-computed number
+# ---------------------------------------------------------------------------------------------
+
+
+def test_priced_power_is_in_the_headline_dollars_per_million() -> None:
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=(0,)),), BOOK_POWER)
+    rounds = (rnd(T0, gpu(0, T0, 0.0)), rnd(T0 + 10, gpu(0, T0 + 10, 3.6e6)))  # 1 kWh in 10 s
+    res = two_ticks(
+        j, {"a": scrape("a", T0, sig("m", 0))}, {"a": scrape("a", T0 + 10, sig("m", 1000))}, rounds
+    )
+    (w,) = res.windows
+    assert w.gpu_time_usd == pytest.approx(0.01) and w.energy_usd == pytest.approx(0.15)
+    assert w.cost_usd == pytest.approx(0.16)
+    assert w.usd_per_1m_output == pytest.approx(160.0)  # $0.16 / 1,000 tokens × 1e6
+    assert w.usd_per_1m_total == pytest.approx(160.0)
+
+
+def test_an_engines_cost_is_split_among_its_models_by_token_share() -> None:
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=(0, 1)),), BOOK)
+    res = two_ticks(
+        j,
+        {"a": scrape("a", T0, sig("x", 0), sig("y", 0), sig("z", 0))},
+        {"a": scrape("a", T0 + 10, sig("x", 200, prompt=100), sig("y", 100), sig("z", 0))},
+    )
+    w = {x.usage.model: x for x in res.windows}
+    # 400 tokens: x 300 (3/4), y 100 (1/4), z none; the engine's two GPUs cost $0.02
+    assert w["x"].cost_usd == pytest.approx(0.015) and w["x"].usage.gpu_seconds == pytest.approx(15.0)
+    assert w["y"].cost_usd == pytest.approx(0.005) and w["y"].usage.gpu_seconds == pytest.approx(5.0)
+    assert w["z"].cost_usd == 0.0 and w["z"].idle_usd == 0.0
+    assert w["x"].usd_per_1m_output == pytest.approx(0.015 / 200 * 1e6)
+    assert w["x"].usd_per_1m_total == pytest.approx(0.015 / 300 * 1e6)
+
+
+def test_models_without_tokens_split_the_engine_equally_as_idle() -> None:
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=(0, 1)),), BOOK)
+    res = two_ticks(
+        j,
+        {"a": scrape("a", T0, sig("x", 5), sig("y", 5))},
+        {"a": scrape("a", T0 + 10, sig("x", 5), sig("y", 5))},
+    )
+    assert [(w.cost_usd, w.idle_usd) for w in res.windows] == [pytest.approx((0.01, 0.01))] * 2
+
+
+def test_tokens_policy_with_an_idle_user_charges_the_busy_one_alone() -> None:
+    engines = (EngineSpec("a", gpus=(0, 1)), EngineSpec("b", gpus=(1,)))
+    j = WindowJoiner("n1", engines, BOOK, share_policy="tokens")
+    res = two_ticks(
+        j,
+        {"a": scrape("a", T0, sig("m", 0)), "b": scrape("b", T0, sig("s", 0))},
+        {"a": scrape("a", T0 + 10, sig("m", 300)), "b": scrape("b", T0 + 10, sig("s", 0))},
+    )
+    w = {x.usage.engine: x for x in res.windows}
+    assert w["a"].cost_usd == pytest.approx(0.02)  # all of GPU 1: b made no tokens
+    assert w["b"].cost_usd == 0.0 and w["b"].usage.gpu_seconds == 0.0
+    assert {g.sample.uuid: g.idle_usd for g in res.gpus}["GPU-1"] == pytest.approx(0.0)
+
+
+def test_the_energy_share_and_idle_cost_of_a_gpu_shared_by_engines() -> None:
+    engines = (EngineSpec("a", gpus=(0, 1)), EngineSpec("b", gpus=(1,)))
+    j = WindowJoiner("n1", engines, BOOK_POWER)
+    rounds = (
+        rnd(T0, gpu(0, T0, 0.0), gpu(1, T0, 0.0, power=300.0)),
+        rnd(T0 + 10, gpu(0, T0 + 10, 3.6e5), gpu(1, T0 + 10, 7.2e5, power=300.0)),  # 0.1 and 0.2 kWh
+    )
+    res = two_ticks(
+        j,
+        {"a": scrape("a", T0, sig("m", 0)), "b": scrape("b", T0, sig("s", 0))},
+        {"a": scrape("a", T0 + 10, sig("m", 100)), "b": scrape("b", T0 + 10, sig("s", 0))},
+        rounds,
+    )
+    w = {x.usage.engine: x for x in res.windows}
+    # GPU 0: $0.01 + 0.1 kWh × $0.15 = $0.025; GPU 1: $0.01 + 0.2 × $0.15 = $0.04, halved
+    assert w["a"].gpu_time_usd == pytest.approx(0.015) and w["a"].energy_usd == pytest.approx(0.015 + 0.015)
+    assert w["a"].usage.energy_joules == pytest.approx(3.6e5 + 3.6e5)
+    assert w["a"].usage.power_watts == pytest.approx(400 + 150)
+    assert w["b"].cost_usd == pytest.approx(0.02) and w["b"].idle_usd == pytest.approx(0.02)
+    assert w["b"].energy_usd == pytest.approx(0.015) and w["b"].usage.energy_joules == pytest.approx(3.6e5)
+    g = {x.sample.uuid: x for x in res.gpus}
+    assert g["GPU-1"].cost_usd == pytest.approx(0.04) and g["GPU-1"].idle_usd == pytest.approx(0.02)
+    assert g["GPU-1"].unallocated_usd == pytest.approx(0.0)
+    assert g["GPU-0"].idle_usd == pytest.approx(0.0)
+
+
+def test_an_unpriced_gpu_with_energy_is_not_priced_and_never_charged_a_made_up_rate() -> None:
+    j = WindowJoiner("n1", (EngineSpec("t4", gpus=(0,)),), BOOK_POWER)
+    t4 = "Tesla T4"
+    rounds = (rnd(T0, gpu(0, T0, 0.0, name=t4)), rnd(T0 + 10, gpu(0, T0 + 10, 3.6e5, name=t4)))
+    res = two_ticks(
+        j, {"t4": scrape("t4", T0, sig("m", 0))}, {"t4": scrape("t4", T0 + 10, sig("m", 100))}, rounds
+    )
+    (w,) = res.windows
+    assert not w.priced and w.usd_per_1m_output is None and w.usd_per_1m_total is None
+    assert w.gpu_time_usd == 0.0  # unknown, not $1/h
+    assert w.energy_usd == pytest.approx(0.015)  # 0.1 kWh × $0.15: the energy is still known
+    (g,) = res.gpus
+    assert g.usd_per_hour is None and g.cost_usd == pytest.approx(0.015)
+
+
+def test_an_engine_without_models_does_not_stop_the_engines_after_it() -> None:
+    engines = (EngineSpec("empty", gpus=(2,)), EngineSpec("a", gpus=(0, 1)))
+    j = WindowJoiner("n1", engines, BOOK)
+    res = two_ticks(
+        j,
+        {"empty": scrape("empty", T0), "a": scrape("a", T0, sig("m", 0))},
+        {"empty": scrape("empty", T0 + 10), "a": scrape("a", T0 + 10, sig("m", 100))},
+    )
+    (w,) = res.windows
+    assert w.usage.engine == "a" and w.cost_usd == pytest.approx(0.02)
+    assert {g.sample.uuid: g.unallocated_usd for g in res.gpus}["GPU-2"] == pytest.approx(0.01)
+
+
+def h(*buckets: tuple[float, float], total: float) -> Histogram:
+    return Histogram(tuple(buckets), total, buckets[-1][1])
+
+
+def test_latency_deltas_p99_preemptions_prefill_and_decode_seconds_come_out_of_the_join() -> None:
+    before = sig(
+        "m", 0, ttft_seconds=h((0.1, 5), (0.5, 10), (1.0, 20), (INF, 20), total=5.0),
+        itl_seconds=h((0.01, 10), (0.05, 10), (INF, 10), total=0.5),
+        preemptions_total=3.0, prefill_seconds_total=10.0, decode_seconds_total=100.0,
+    )  # fmt: skip
+    after = sig(
+        "m", 100, ttft_seconds=h((0.1, 15), (0.5, 70), (1.0, 120), (INF, 120), total=45.0),
+        itl_seconds=h((0.01, 60), (0.05, 110), (INF, 110), total=2.5),
+        preemptions_total=7.0, prefill_seconds_total=12.5, decode_seconds_total=140.0,
+    )  # fmt: skip
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=(0,)),), BOOK)
+    res = two_ticks(j, {"a": scrape("a", T0, before)}, {"a": scrape("a", T0 + 10, after)})
+    u = res.windows[0].usage
+    assert u.ttft_delta == h((0.1, 10), (0.5, 60), (1.0, 100), (INF, 100), total=40.0)
+    assert u.ttft_p99_seconds == pytest.approx(0.5 + 0.5 * (99 - 60) / 40)  # 0.9875 s
+    assert u.itl_delta == h((0.01, 50), (0.05, 100), (INF, 100), total=2.0)
+    assert u.itl_p99_seconds == pytest.approx(0.01 + 0.04 * (99 - 50) / 50)  # 0.0492 s
+    assert (u.preemptions, u.prefill_seconds, u.decode_seconds) == (4.0, 2.5, 40.0)
+
+
+def test_energy_falls_back_to_mean_power_over_the_ticks_rounds() -> None:
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=(0,)),), BOOK_POWER)
+    j.add_round(rnd(T0, gpu(0, T0, None, power=100.0)))
+    j.close_tick(T0, {"a": scrape("a", T0, sig("m", 0))})
+    for t, watts in ((T0 + 2, 300.0), (T0 + 5, None), (T0 + 8, 500.0), (T0 + 10, 400.0)):
+        j.add_round(rnd(t, gpu(0, t, None, power=watts)))
+    res = conserved(j.close_tick(T0 + 10, {"a": scrape("a", T0 + 10, sig("m", 10))}))
+    (w,) = res.windows
+    # mean of 300, 500 and 400 W (the missing reading is skipped) = 400 W × 10 s = 4,000 J
+    assert w.usage.energy_joules == pytest.approx(4000.0)
+    assert w.usage.power_watts == pytest.approx(400.0)
+    assert w.energy_usd == pytest.approx(4000 / 3.6e6 * 0.15)
+
+
+def test_a_node_override_prices_every_gpu_of_that_node_only() -> None:
+    book = PriceTable(gpus=(GpuRate("H100", 3.6),), nodes={"reserved-1": 1.8})
+    for node, per_tick in (("reserved-1", 0.005), ("other", 0.01)):
+        j = WindowJoiner(node, (EngineSpec("a", gpus=(0,)),), book)
+        res = two_ticks(j, {"a": scrape("a", T0, sig("m", 0))}, {"a": scrape("a", T0 + 10, sig("m", 1))})
+        assert res.windows[0].cost_usd == pytest.approx(per_tick)
+
+
+def test_a_cpu_engine_is_its_own_price_and_outside_gpu_conservation() -> None:
+    j = WindowJoiner("n1", (EngineSpec("cpu"), EngineSpec("a", gpus=(0,))), BOOK)
+    res = two_ticks(
+        j,
+        {"cpu": scrape("cpu", T0, sig("t", 0)), "a": scrape("a", T0, sig("m", 0))},
+        {"cpu": scrape("cpu", T0 + 10, sig("t", 80)), "a": scrape("a", T0 + 10, sig("m", 0))},
+    )
+    w = {x.usage.engine: x for x in res.windows}
+    assert w["cpu"].cost_usd == pytest.approx(0.001) and res.engine_usd == pytest.approx(0.001)  # $0.36/h
+    assert w["cpu"].priced and w["cpu"].usage.gpu_seconds == 0.0

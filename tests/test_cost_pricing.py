@@ -1,0 +1,166 @@
+"""Prices as plain data, GPU charges and per-series counters, hand-computed."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from agent.cost.counters import CounterMemory, counter_increase
+from agent.cost.inputs import EngineSpec, GpuRate, PowerRate, PriceTable
+from agent.cost.pricing import GpuReading, mig_slice_fraction, price_gpus
+from agent.samples import GpuSample
+
+DAY = 86400.0
+H100 = "NVIDIA H100 80GB HBM3"
+TABLE = PriceTable(
+    gpus=(
+        GpuRate("H100", 3.0),
+        GpuRate("H100", 2.4, 10 * DAY),
+        GpuRate("H100 80GB HBM3", 4.0, 20 * DAY),  # longer match, later date
+        GpuRate("A100", 1.5, 5 * DAY),
+    ),
+    engines={"cpu": 0.5},
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "at", "expected"),
+    [
+        (H100, 0.0, 3.0),
+        (H100, 10 * DAY - 1, 3.0),
+        (H100, 10 * DAY, 2.4),  # in effect from its instant
+        (H100, 20 * DAY, 4.0),  # the longest match wins once in effect
+        ("NVIDIA H100 PCIe", 20 * DAY, 2.4),  # "H100 80GB HBM3" does not match a PCIe card
+        ("nvidia a100-sxm4-80gb", 6 * DAY, 1.5),  # case-insensitive
+        ("NVIDIA A100-SXM4-80GB", 4 * DAY, None),  # not yet priced
+        ("Tesla T4", 0.0, None),
+    ],
+)
+def test_gpu_usd_per_hour(name: str, at: float, expected: float | None) -> None:
+    assert TABLE.gpu_usd_per_hour(name, "n1", at) == expected
+
+
+def test_gpu_time_is_prorated_over_every_price_change_inside_the_interval() -> None:
+    # [9.5 d, 20.5 d): 0.5 d at $3.00, 10 d at $2.40, 0.5 d at $4.00 (in GPU-hours: 12, 240, 12)
+    assert TABLE.gpu_time_usd(H100, "n1", 9.5 * DAY, 20.5 * DAY) == pytest.approx(
+        12 * 3.0 + 240 * 2.4 + 12 * 4.0
+    )
+    assert TABLE.gpu_time_usd(H100, "n1", 0.0, 3600.0) == pytest.approx(3.0)
+    # an interval partly before the A100 was priced is unknown, not partly free
+    assert TABLE.gpu_time_usd("NVIDIA A100", "n1", 4 * DAY, 6 * DAY) is None
+    assert TABLE.gpu_time_usd("NVIDIA A100", "n1", 5 * DAY, 5 * DAY + 7200) == pytest.approx(3.0)
+
+
+def test_a_node_override_wins_over_every_gpu_price_and_date() -> None:
+    t = PriceTable(gpus=TABLE.gpus, nodes={"reserved": 1.1})
+    assert t.gpu_usd_per_hour("Tesla T4", "reserved", 0.0) == 1.1
+    assert t.gpu_time_usd(H100, "reserved", 9 * DAY, 9 * DAY + 1800) == pytest.approx(0.55)
+    assert t.gpu_usd_per_hour(H100, "other", 0.0) == 3.0
+
+
+def test_engine_prices_and_engine_versions() -> None:
+    assert TABLE.engine_usd_per_hour("cpu") == 0.5 and TABLE.engine_usd_per_hour("gpu") is None
+    e = EngineSpec("a", model_version="v1", model_versions={"big": "b7"})
+    assert (e.version_of("big"), e.version_of("small")) == ("b7", "v1")
+    assert EngineSpec("b").version_of("x") == "unknown"
+
+
+@pytest.mark.parametrize(
+    ("name", "fraction"),
+    [
+        (f"{H100} MIG 1g.10gb", 1 / 7),
+        (f"{H100} MIG 3g.40gb", 3 / 7),
+        (f"{H100} MIG 7g.80gb", 1.0),
+        (f"{H100} MIG 1g.10gb+me", 1 / 7),
+        ("NVIDIA A30 MIG 2g.12gb", 2 / 4),
+        ("NVIDIA A30 MIG 4g.24gb", 1.0),
+        ("NVIDIA A100-SXM4-40GB MIG 9g.99gb", 1.0),  # more than the GPU has: capped at the whole
+        ("MIG instance", 1 / 7),  # no profile in the name: one slice
+    ],
+)
+def test_mig_slice_fraction(name: str, fraction: float) -> None:
+    assert mig_slice_fraction(name) == pytest.approx(fraction)
+
+
+def _reading(uuid: str, name: str = H100, parent: str | None = None, **kw: object) -> GpuReading:
+    s = GpuSample(0, uuid, name, 100.0, mig_parent_uuid=parent)
+    return GpuReading(sample=s, **{"seen": True, "mean_power_watts": None, "prev_energy_joules": None, **kw})  # type: ignore[arg-type]
+
+
+def test_a_gpu_not_read_is_charged_time_and_last_known_power_marked_estimated() -> None:
+    t = PriceTable(gpus=(GpuRate("H100", 3.6),), power=PowerRate(0.1, 1.5))
+    (c,) = price_gpus({"g": _reading("g", seen=False, mean_power_watts=720.0)}, t, "n1", 0.0, 100.0).values()
+    # 100 s at $3.60/h = $0.10; 720 W × 100 s = 72,000 J = 0.02 kWh × $0.15 = $0.003
+    assert c.estimated and c.priced
+    assert c.time_usd == pytest.approx(0.10) and c.energy_usd == pytest.approx(0.003)
+    assert c.energy_joules == pytest.approx(72_000.0)
+    (d,) = price_gpus({"g": _reading("g", mean_power_watts=720.0)}, t, "n1", 0.0, 100.0).values()
+    assert not d.estimated
+
+
+def test_without_a_power_price_energy_is_measured_but_costs_nothing() -> None:
+    t = PriceTable(gpus=(GpuRate("H100", 3.6),))
+    (c,) = price_gpus({"g": _reading("g", mean_power_watts=500.0)}, t, "n1", 0.0, 10.0).values()
+    assert c.energy_joules == 5000.0 and c.energy_usd == 0.0 and c.cost_usd == pytest.approx(0.01)
+
+
+def test_a_mig_parent_pays_whole_and_its_instances_take_their_shares() -> None:
+    t = PriceTable(gpus=(GpuRate("H100", 7.0),))
+    readings = {
+        "P": _reading("P", mean_power_watts=700.0),
+        "a": _reading("a", f"{H100} MIG 4g.40gb", parent="P"),
+        "b": _reading("b", f"{H100} MIG 2g.20gb", parent="P"),
+    }
+    out = price_gpus(readings, t, "n1", 0.0, 3600.0)
+    assert (out["a"].time_usd, out["b"].time_usd, out["P"].time_usd) == pytest.approx((4.0, 2.0, 1.0))
+    assert (out["a"].energy_joules, out["P"].energy_joules) == pytest.approx((4 * 360_000.0, 360_000.0))
+    assert out["a"].usd_per_hour == pytest.approx(4.0) and out["P"].usd_per_hour == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# counters summed over several series
+# ---------------------------------------------------------------------------------------------
+
+
+def test_counter_increase_first_reading_sets_the_baseline() -> None:
+    assert counter_increase(None, 10.0, None) == (None, CounterMemory(anonymous=10.0))
+    assert counter_increase(None, 10.0, {"a": 4.0, "b": 6.0}) == (None, CounterMemory({"a": 4.0, "b": 6.0}))
+    mem = CounterMemory(anonymous=3.0)
+    assert counter_increase(mem, None, None) == (None, mem)  # not exposed this time: nothing changes
+    assert counter_increase(mem, math.nan, None) == (None, mem)
+
+
+def test_counter_increase_single_series_resets_like_prometheus() -> None:
+    inc, mem = counter_increase(CounterMemory(anonymous=10.0), 25.0, None)
+    assert inc == 15.0 and mem == CounterMemory(anonymous=25.0)
+    inc, mem = counter_increase(mem, 4.0, None)
+    assert inc == 4.0 and mem == CounterMemory(anonymous=4.0)
+
+
+def test_counter_increase_per_series_with_a_restarted_one() -> None:
+    inc, mem = counter_increase(CounterMemory({"a": 100.0, "b": 50.0}), 130.0, {"a": 120.0, "b": 10.0})
+    assert inc == 30.0  # a made 20; b restarted and made 10 since
+    assert mem == CounterMemory({"a": 120.0, "b": 10.0})
+
+
+def test_counter_increase_an_unnamed_reading_continues_the_closest_series_below_it() -> None:
+    mem = CounterMemory({"a": 100.0, "b": 300.0})
+    inc, mem = counter_increase(mem, 310.0, None)  # b alone: 300 → 310 (a at 100 would be +210)
+    assert inc == 10.0 and mem == CounterMemory({"a": 100.0, "b": 310.0}, current="b")
+    inc, mem = counter_increase(mem, 312.0, None)  # still b
+    assert inc == 2.0 and mem == CounterMemory({"a": 100.0, "b": 312.0}, current="b")
+    inc, mem = counter_increase(mem, 5.0, None)  # b restarted
+    assert inc == 5.0 and mem.series["b"] == 5.0
+    inc, mem = counter_increase(mem, 20.0, {"a": 101.0, "b": 20.0})  # both back
+    assert inc == 16.0 and mem == CounterMemory({"a": 101.0, "b": 20.0})
+
+
+def test_counter_increase_an_unnamed_reading_below_every_series_is_a_reset() -> None:
+    inc, mem = counter_increase(CounterMemory({"a": 100.0, "b": 300.0}), 7.0, None)
+    assert inc == 7.0 and mem == CounterMemory({"a": 100.0, "b": 300.0}, anonymous=7.0)
+    inc, mem = counter_increase(mem, 9.0, None)  # the restarted series goes on
+    assert inc == 2.0 and mem.anonymous == 9.0
+    # named again: the unnamed 9 continues the closest series at or above it (a at 12)
+    inc, mem = counter_increase(mem, 312.0, {"a": 12.0, "b": 300.0})
+    assert inc == 3.0 and mem == CounterMemory({"a": 12.0, "b": 300.0})

@@ -220,6 +220,8 @@ _SIGNAL_LIST: tuple[Signal, ...] = (
     _mean("gpu_dram_bandwidth_ratio", "gpu", "mem_bw", "ratio"),
     _mean("gpu_sm_active_ratio", "gpu", "sm_active", "ratio"),
     _mean("gpu_power_watts", "gpu", "power", "watts"),
+    Signal("gpu_cost_usd", "gpu", ("cost_usd",), _total, "USD"),
+    Signal("gpu_idle_cost_usd", "gpu", ("idle_usd",), _total, "USD"),
 )
 SIGNALS: Mapping[str, Signal] = {s.name: s for s in _SIGNAL_LIST}
 

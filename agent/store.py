@@ -9,7 +9,8 @@ Rollups (one row per series and minute; a window belongs to the minute it *start
   (GPU time, energy, idle), GPU-seconds, joules, preemptions, and time-weighted gauges stored as
   ``<name>_s`` (value × seconds) / ``<name>_w`` (seconds with a value): utilisation, bandwidth,
   power, requests running, KV cache, p99 TTFT / ITL, roofline, anomaly score.
-- ``gpu_minutes`` per (node, gpu): NVML samples, sample-weighted gauges, first/last energy.
+- ``gpu_minutes`` per (node, gpu): NVML samples, sample-weighted gauges, first/last energy, and
+  the GPU's dollars (cost, idle, unallocated) from the window join.
 - ``engine_minutes`` per (node, engine): scrapes up / total, scrape duration.
 - ``node_minutes`` per node: NVML rounds up / total.
 
@@ -36,7 +37,7 @@ import sqlite3
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.clock import Clock, SystemClock
 from agent.records import (
@@ -48,9 +49,12 @@ from agent.records import (
 )
 from agent.samples import CostWindow, EngineScrape, NvmlRound
 
+if TYPE_CHECKING:
+    from agent.cost.window import TickResult
+
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Why 1 GiB: 35 days of 1-minute rows for ~50 series is ~150 MB; the cap only guards a runaway
 # label set from filling the node's disk.
 DEFAULT_MAX_BYTES = 1 << 30
@@ -81,7 +85,9 @@ def _gauge_cols(names: Sequence[str]) -> list[str]:
 
 
 MODEL_COLS = list(MODEL_SUMS) + _gauge_cols(MODEL_GAUGES)
-GPU_COLS = [*_gauge_cols(GPU_GAUGES), "energy_first", "energy_last"]
+GPU_COLS_V1 = [*_gauge_cols(GPU_GAUGES), "energy_first", "energy_last"]  # as migration 1 made them
+GPU_COST_SUMS = ("cost_usd", "idle_usd", "unallocated_usd")  # dollars per GPU (schema 4)
+GPU_COLS = [*GPU_COLS_V1, *GPU_COST_SUMS]
 ENGINE_COLS = _gauge_cols(ENGINE_GAUGES)
 NODE_COLS = _gauge_cols(NODE_GAUGES)
 
@@ -120,7 +126,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
         _create(TABLES["model"]),
         f"CREATE INDEX model_minutes_minute ON {TABLES['model'].name} (minute)",
-        _create(TABLES["gpu"], ["uuid TEXT", "gpu_model TEXT"]),
+        _create(
+            _Table("gpu_minutes", "gpu", ("node", "gpu"), tuple(GPU_COLS_V1)), ["uuid TEXT", "gpu_model TEXT"]
+        ),
         _create(TABLES["engine"], ["engine_kind TEXT"]),
         _create(TABLES["node"]),
     ),
@@ -139,6 +147,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         f"CREATE INDEX engine_minutes_minute ON {TABLES['engine'].name} (minute)",
         f"CREATE INDEX node_minutes_minute ON {TABLES['node'].name} (minute)",
         "CREATE INDEX deploys_at ON deploys (at)",
+    ),
+    (  # per-GPU dollars (time + energy), idle and unallocated, kept apart from the NVML samples'
+        # coverage mark: a tick's [start, end) and instantaneous samples are merged independently
+        *(f"ALTER TABLE gpu_minutes ADD COLUMN {c} REAL NOT NULL DEFAULT 0" for c in GPU_COST_SUMS),
+        "ALTER TABLE gpu_minutes ADD COLUMN cost_covered_until REAL NOT NULL DEFAULT 0",
     ),
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION
@@ -347,6 +360,48 @@ class Store:
                 extra = {"uuid": g.uuid, "gpu_model": g.name}
                 gpu = str(g.index) if not g.mig_parent_uuid else g.uuid
                 self._merge(TABLES["gpu"], (node, gpu), minute, ts, ts + SAMPLE_SPAN, add, extra, fl)
+
+    def write_gpu_costs(self, node: str, tick: TickResult) -> int:
+        """Roll one tick's per-GPU dollars (cost, idle, unallocated) into each GPU's minute.
+
+        Idempotent like :meth:`write_windows` (a tick already merged is ignored); returns the GPUs
+        merged. Σ idle over a node's GPUs is the node's idle cost, GPUs no engine uses included."""
+        merged = 0
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            for g in tick.gpus:
+                s = g.sample
+                gpu = str(s.index) if not s.mig_parent_uuid else s.uuid
+                minute = _minute(tick.start)
+                row = self._db.execute(
+                    "SELECT cost_covered_until FROM gpu_minutes WHERE node=? AND gpu=? AND minute=?",
+                    (node, gpu, minute),
+                ).fetchone()
+                if row is not None and tick.start < float(row[0]) - EPS:
+                    continue
+                self._db.execute(
+                    "INSERT INTO gpu_minutes (node, gpu, minute, covered_until, uuid, gpu_model, cost_usd, "
+                    "idle_usd, unallocated_usd, cost_covered_until) VALUES (?,?,?,0,?,?,?,?,?,?) "
+                    "ON CONFLICT (node, gpu, minute) DO UPDATE SET cost_usd = cost_usd + excluded.cost_usd, "
+                    "idle_usd = idle_usd + excluded.idle_usd, "
+                    "unallocated_usd = unallocated_usd + excluded.unallocated_usd, "
+                    "cost_covered_until = excluded.cost_covered_until",
+                    (node, gpu, minute, s.uuid, s.name, g.cost_usd, g.idle_usd, g.unallocated_usd, tick.end),
+                )
+                merged += 1
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        return merged
+
+    def gpu_idle_by_node(self, start: float, end: float) -> dict[str, float]:
+        """Idle dollars of every node's GPUs over minutes in [start, end) (epoch seconds)."""
+        rows = self._db.execute(
+            "SELECT node, SUM(idle_usd) FROM gpu_minutes WHERE minute >= ? AND minute < ? GROUP BY node",
+            (start, end),
+        )
+        return {str(n): float(v or 0.0) for n, v in rows}
 
     def write_engine_scrapes(self, node: str, scrapes: Sequence[EngineScrape]) -> None:
         """Roll engine scrapes (up, duration) into each engine's minute."""

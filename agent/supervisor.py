@@ -407,6 +407,8 @@ class Agent:
                 self._dropped_windows += len(priced) - len(finite)
             if finite:
                 self.history.call("writing cost windows", lambda: store.write_windows(finite))
+            if tick.gpus:  # per-GPU dollars: node idle (unused GPUs included) survives in history
+                self.history.call("writing GPU costs", lambda: store.write_gpu_costs(self.cfg.node, tick))
             self._snapshot = self._publish()  # store_up may have changed
         for cb in self.hooks.on_tick:
             try:

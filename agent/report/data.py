@@ -664,8 +664,20 @@ def build_from_store(path: Path, end: float) -> WeeklyReport:
     try:
         sums = store.hourly_model_sums(end - 2 * WEEK_SECONDS, end, HOUR_SECONDS)
         deploys = store.deploys(end - WEEK_SECONDS)
+        # per-GPU idle (GPUs no engine uses included), as the Prometheus path reads it; an older
+        # store without GPU dollars falls back to the model rows
+        idle_by_node = store.gpu_idle_by_node(end - WEEK_SECONDS, end)
+        last_idle = store.gpu_idle_by_node(end - 2 * WEEK_SECONDS, end - WEEK_SECONDS)
     except sqlite3.Error as err:
         raise ReportError(f"{path}: cannot read the store: {err}") from None
     finally:
         store.close()
-    return assemble(rows_from_store_sums(sums), end=end, source="local store", deploys=deploys)
+    return assemble(
+        rows_from_store_sums(sums),
+        end=end,
+        source="local store",
+        deploys=deploys,
+        idle_usd=sum(idle_by_node.values()) if idle_by_node else None,
+        last_idle_usd=sum(last_idle.values()) if last_idle else None,
+        idle_by_node=idle_by_node or None,
+    )

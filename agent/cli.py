@@ -185,6 +185,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from agent.bench.exposition import run as run_exposition
 
         run_exposition()
+    elif args.what == "report":
+        from agent.bench.report import run as run_report_bench
+
+        run_report_bench(series=args.series, days=args.days, store=args.store)
     return EXIT_OK
 
 
@@ -272,10 +276,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_check)
 
     b = add("bench", "benchmarks (print figures)")
-    b.add_argument("what", choices=["overhead", "parse", "detection", "exposition"], help="which benchmark")
+    b.add_argument(
+        "what", choices=["overhead", "parse", "detection", "exposition", "report"], help="which benchmark"
+    )
     b.add_argument("--seconds", type=float, default=60.0, help="overhead: wall seconds measured")
     b.add_argument("--seed", type=int, default=7, help="detection: random seed")
     b.add_argument("--weeks", type=int, default=4, help="detection: weeks of simulated history")
+    b.add_argument("--series", type=int, default=24, help="report: model-version series in the store")
+    b.add_argument("--days", type=float, default=35.0, help="report: days of history in the store")
+    b.add_argument("--store", type=Path, default=None, help="report: reuse (or create) this store file")
     b.set_defaults(func=cmd_bench)
 
     rep = add("report", "weekly cost report")

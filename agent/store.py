@@ -492,7 +492,10 @@ class Store:
             "SUM(CASE WHEN generation_tokens + prompt_tokens > 0 THEN 0 ELSE gpu_seconds END), "
             "SUM(gpu_util_s), SUM(gpu_util_w), SUM(running_s), SUM(running_w), "
             "SUM(roofline_s), SUM(roofline_w) "
-            "FROM model_minutes WHERE minute >= ? AND minute < ? "
+            # "+minute": a sequential scan in primary-key order beats the minute index here (the
+            # index visits rows in time order, each a separate b-tree lookup): measured 1.4 s vs
+            # 3.4 s on a 35-day store of 24 series (agent/bench/report.py)
+            "FROM model_minutes WHERE +minute >= ? AND +minute < ? "
             "GROUP BY node, engine, model, model_version, bucket"
         )
         b = float(bucket_seconds)

@@ -12,8 +12,8 @@ outbox's durable firing set, so a restart keeps re-sending); a resolve is posted
 
 Labels are Alertmanager label names (``[a-zA-Z_][a-zA-Z0-9_]*``; anything else becomes ``_``),
 values and annotations cleaned and bounded (:mod:`agent.sinks.webhook`); ``generatorURL`` is
-``alerts.external_url`` only. A 400 (Alertmanager refuses the alert) is not retried; 5xx and
-network errors are.
+``alerts.external_url`` only, and a relative ``runbook_url`` is made absolute from it. A 400
+(Alertmanager refuses the alert) is not retried; 5xx and network errors are.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def alertmanager_alert(
 ) -> dict[str, Any]:
     """One postable alert: firing ends ``ttl`` seconds after ``now`` (epoch seconds) unless re-sent;
     resolved ends when it resolved."""
-    labels, ann = bounded_labels(body)
+    labels, ann = bounded_labels(body, external_url)
     ends = float(body.get("resolved_at") or now) if kind == "resolved" else now + ttl
     alert: dict[str, Any] = {
         "labels": {label_name(k): v for k, v in labels.items() if v != ""},

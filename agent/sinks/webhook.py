@@ -15,7 +15,7 @@ from typing import Any
 
 from agent.config import WebhookConfig
 from agent.records import iso
-from agent.sinks.escape import bounded_mapping, config_link
+from agent.sinks.escape import absolute_link, bounded_mapping, config_link
 from agent.sinks.notify import HttpJsonSink, Policy, Request, url_secrets
 from agent.sinks.outbox import OutboxItem
 
@@ -30,10 +30,17 @@ ANNOTATION_VALUE_MAX = 4096
 NAME_MAX = 128
 
 
-def bounded_labels(body: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
-    """The alert's labels and annotations as bounded, cleaned strings."""
+def bounded_labels(
+    body: Mapping[str, Any], external_url: str | None = None
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The alert's labels and annotations as bounded, cleaned strings; a relative ``runbook_url``
+    is made absolute from ``external_url`` (or left out: a relative link is no link to a person)."""
     labels = bounded_mapping(body.get("labels", {}), MAX_ITEMS, NAME_MAX, LABEL_VALUE_MAX)
     ann = bounded_mapping(body.get("annotations", {}), MAX_ITEMS, NAME_MAX, ANNOTATION_VALUE_MAX, False)
+    if "runbook_url" in ann:
+        runbook = absolute_link(ann.pop("runbook_url"), external_url)
+        if runbook:
+            ann["runbook_url"] = runbook
     return labels, ann
 
 
@@ -41,7 +48,7 @@ def webhook_payload(
     kind: str, body: Mapping[str, Any], external_url: str | None = None, receiver: str = "infercost"
 ) -> dict[str, Any]:
     """The Alertmanager v4 webhook body for one firing / resolved alert."""
-    labels, ann = bounded_labels(body)
+    labels, ann = bounded_labels(body, external_url)
     resolved_at = body.get("resolved_at")
     alert = {
         "status": kind,

@@ -38,7 +38,7 @@ from agent.clock import Clock, SteadyClock
 from agent.config import Config, ConfigError, EngineConfig
 from agent.cost.window import TickResult, WindowJoiner
 from agent.samples import CostWindow, EngineScrape, NvmlRound
-from agent.sinks.otlp import OtlpExporter
+from agent.sinks.otlp import otlp_exporter
 from agent.sinks.prometheus import PrometheusServer
 from agent.sinks.webconfig import load_web_config
 from agent.snapshot import Ledger, Snapshot
@@ -270,7 +270,7 @@ class Agent:
             await self.sampler.start()
         elif not self.hooks.nvml_expected:
             logger.info("no NVML backend: GPU series are absent, engines are still scraped")
-        otlp = OtlpExporter(self.snapshot, exp.otlp, self.cfg.node) if exp.otlp.endpoint else None
+        otlp = otlp_exporter(self.snapshot, exp.otlp, self.cfg.node)  # config or OTEL_EXPORTER_OTLP_*
         self.started.set()
         timeout = aiohttp.ClientTimeout(total=None)
         try:

@@ -1,41 +1,363 @@
-"""OTLP export of the same snapshot, through the OpenTelemetry SDK.
+"""OTLP export of the same snapshot, by the OpenTelemetry semantic conventions (pinned below).
 
-Each catalogue row becomes an observable instrument whose callback reads the current snapshot;
-a PeriodicExportingMetricReader pushes them over OTLP/HTTP. Names follow the semantic conventions
-where one exists (``hw.gpu.utilization``, ``hw.power``, ``hw.energy``, ...) and ``infercost.*``
-otherwise; label names become ``infercost.*`` attributes except ``hw.id`` for the GPU.
+Each catalogue row maps (a pure table, ``OTEL``) to an observable instrument whose callback reads
+the current snapshot; a PeriodicExportingMetricReader pushes them over OTLP/HTTP (protobuf), or
+gRPC with the ``grpc`` extra. Where the conventions define a metric, its name, instrument, unit
+and attributes are the conventions' (taken from the ``opentelemetry-semantic-conventions``
+package's constants): ``hw.gpu.utilization``, ``hw.gpu.memory.usage`` / ``.limit`` (UpDownCounters,
+bytes), ``hw.gpu.memory.utilization``, ``hw.power`` and ``hw.energy`` (with the required
+``hw.type="gpu"``), ``hw.status`` (``hw.state`` ok / failed) and ``hw.temperature``. Everything
+else is ``infercost.*`` with UCUM units in the unit field, never in the name.
+
+Attributes: the GPU is ``hw.id`` (plus ``hw.model``, ``hw.vendor``, ``hw.parent`` for a MIG slice);
+the served model is ``gen_ai.request.model``; the engine, model version, rule and sink are
+``infercost.*``. The node is not a point attribute: ``host.name`` (and ``k8s.node.name``,
+``k8s.pod.name`` when the environment says) sit on the Resource with ``service.name`` and
+``service.version``.
+
+Token counts: the conventions' only token metric, ``gen_ai.client.token.usage``, is a histogram
+of tokens *per request* recorded by a client; the agent sees the engine's cumulative counters,
+not requests. So tokens go out as one counter, ``infercost.token.usage``, with the conventions'
+``gen_ai.token.type`` (``input`` / ``output``) and ``gen_ai.request.model`` attributes — the
+same split a backend would query on the histogram's sum.
+
+Configuration: ``exporters.otlp`` fields, else the standard ``OTEL_EXPORTER_OTLP_*`` variables
+(an endpoint alone enables export; headers, protocol, timeout, compression and certificates are
+the SDK's own handling of those variables; ``OTEL_RESOURCE_ATTRIBUTES`` is merged).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as genai
+from opentelemetry.semconv._incubating.attributes import host_attributes as host
+from opentelemetry.semconv._incubating.attributes import hw_attributes as hw
+from opentelemetry.semconv._incubating.metrics import hw_metrics
+from opentelemetry.semconv.attributes import k8s_attributes as k8s
+from opentelemetry.semconv.attributes import service_attributes as service
+from opentelemetry.semconv.schemas import Schemas
 
 from agent import __version__
 from agent.catalog import CATALOG, MetricSpec
-from agent.config import OtlpExporterConfig
+from agent.config import ConfigError, OtlpExporterConfig
 from agent.snapshot import Snapshot, series
 
 logger = logging.getLogger(__name__)
 
-_ATTR = {"gpu": "hw.id", "gpu_model": "hw.model", "node": "host.name"}
+# The semantic-conventions version this mapping follows (README "OpenTelemetry"); the schema URL
+# goes out with the Resource and the instrumentation scope.
+SEMCONV_VERSION = "1.44.0"
+SCHEMA_URL = Schemas.V1_44_0.value
+
+Instrument = Literal["counter", "updowncounter", "gauge"]
+Points = Iterator[tuple[dict[str, Any], float | int]]
+
+
+@dataclass(frozen=True, slots=True)
+class OtelMetric:
+    """One OTLP metric: name, instrument, UCUM unit and the catalogue rows that feed it."""
+
+    name: str
+    instrument: Instrument
+    unit: str
+    description: str
+    points: Callable[[Snapshot], Points]
+
+
+# Catalogue label → OTel attribute. The node goes on the Resource, never on a point.
+ATTRIBUTES: Mapping[str, str | None] = {
+    "node": None,
+    "gpu": hw.HW_ID,
+    "model": genai.GEN_AI_REQUEST_MODEL,
+    "model_version": "infercost.model.version",
+    "engine": "infercost.engine",
+    "kind": "infercost.engine.kind",
+    "rule": "infercost.rule",
+    "severity": "infercost.severity",
+    "sink": "infercost.sink",
+}
+GPU = hw.HwTypeValues.GPU.value  # hw.type of every GPU point that requires it
+GPU_VENDOR = "NVIDIA"  # every GPU the agent reads comes through NVML
+UNIT_WORDS = ("_total", "_seconds", "_bytes", "_ratio", "_watts", "_joules", "_hertz", "_celsius")
+
+# Catalogue rows under a conventions name (instrument and unit are the conventions').
+SEMCONV_GPU: Mapping[str, tuple[str, Instrument, str, dict[str, str]]] = {
+    "gpu_utilization_ratio": (
+        hw_metrics.HW_GPU_UTILIZATION,
+        "gauge",
+        "1",
+        {hw.HW_GPU_TASK: hw.HwGpuTaskValues.GENERAL.value},
+    ),
+    "gpu_memory_used_bytes": (hw_metrics.HW_GPU_MEMORY_USAGE, "updowncounter", "By", {}),
+    "gpu_memory_total_bytes": (hw_metrics.HW_GPU_MEMORY_LIMIT, "updowncounter", "By", {}),
+    "gpu_power_watts": (hw_metrics.HW_POWER, "gauge", "W", {hw.HW_TYPE: hw.HwTypeValues.GPU.value}),
+    "gpu_energy_joules_total": (
+        hw_metrics.HW_ENERGY,
+        "counter",
+        "J",
+        {hw.HW_TYPE: hw.HwTypeValues.GPU.value},
+    ),
+}
+# Catalogue rows with their own infercost.* name (the default strips unit words: see otel_name).
+NAMES: Mapping[str, str] = {
+    "gpu_memory_busy_ratio": "infercost.gpu.memory.busy",
+    "gpu_dram_bandwidth_ratio": "infercost.gpu.memory.bandwidth.utilization",
+    "gpu_sm_active_ratio": "infercost.gpu.sm.active",
+    "gpu_sm_clock_hertz": "infercost.gpu.sm.clock",
+    "gpu_memory_clock_hertz": "infercost.gpu.memory.clock",
+    "gpu_price_usd_per_hour": "infercost.gpu.price",
+    "gpu_cost_usd_total": "infercost.gpu.cost",
+    "gpu_idle_cost_usd_total": "infercost.gpu.idle_cost",
+    "gpu_seconds_total": "infercost.gpu.time",
+    "cost_usd_total": "infercost.cost",
+    "energy_cost_usd_total": "infercost.energy_cost",
+    "idle_cost_usd_total": "infercost.idle_cost",
+    "energy_joules_total": "infercost.energy",
+    "usd_per_1m_output_tokens": "infercost.output_token.cost",
+    "usd_per_1m_tokens": "infercost.token.cost",
+    "model_gpu_utilization_ratio": "infercost.model.gpu.utilization",
+    "model_memory_bandwidth_ratio": "infercost.model.gpu.memory.bandwidth.utilization",
+    "model_power_watts": "infercost.model.power",
+    "ttft_p99_seconds": "infercost.time_to_first_token.p99",
+    "itl_p99_seconds": "infercost.time_per_output_token.p99",
+    "deploy_timestamp_seconds": "infercost.deploy.time",
+    "kv_cache_usage_ratio": "infercost.kv_cache.usage",
+    "store_files_recovered_total": "infercost.store.recovered_files",
+}
+# Not sent over OTLP: identity and build go as attributes / the Resource; gpu_up is hw.status;
+# temperature is hw.temperature; token rows are infercost.token.usage / .rate (built below).
+SPECIAL = {
+    "build_info",
+    "gpu_info",
+    "gpu_up",
+    "gpu_temperature_celsius",
+    "prompt_tokens_total",
+    "generation_tokens_total",
+    "prompt_tokens_per_second",
+    "generation_tokens_per_second",
+}
+# Units of the catalogue (UCUM-ish) → UCUM: dollars are an annotation, $/1M tokens a ratio.
+UNITS: Mapping[str, str] = {"USD": "{USD}", "USD/h": "{USD}/h"}
+UNITS_BY_ROW: Mapping[str, str] = {
+    "usd_per_1m_output_tokens": "{USD}/10*6{token}",
+    "usd_per_1m_tokens": "{USD}/10*6{token}",
+}
 
 
 def otel_name(spec: MetricSpec) -> str:
-    """The OTLP instrument name of a catalogue row."""
-    if spec.otel_name:
-        return spec.otel_name
-    return "infercost." + spec.name.removesuffix("_total")
+    """The OTLP name of a catalogue row (``infercost.`` + the name without unit words)."""
+    if spec.name in SEMCONV_GPU:
+        return SEMCONV_GPU[spec.name][0]
+    if spec.name in NAMES:
+        return NAMES[spec.name]
+    name = spec.name
+    for word in UNIT_WORDS:
+        name = name.replace(word, "")
+    return "infercost." + name.replace("_", ".")
 
 
-def _attrs(spec: MetricSpec, values: tuple[str, ...]) -> dict[str, str]:
-    return {_ATTR.get(k, f"infercost.{k}"): v for k, v in zip(spec.labels, values, strict=True)}
+def _attrs(spec: MetricSpec, values: tuple[str, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in zip(spec.labels, values, strict=True):
+        key = ATTRIBUTES.get(k, f"infercost.{k}")
+        if key is not None:
+            out[key] = v
+    return out
+
+
+def _gpu_attrs(snap: Snapshot) -> dict[str, dict[str, Any]]:
+    """Per GPU label: hw.id, hw.model, hw.vendor and (for a MIG slice) hw.parent."""
+    out: dict[str, dict[str, Any]] = {}
+    for g in snap.gpus:
+        a = {hw.HW_ID: g.gpu, hw.HW_MODEL: g.sample.name, hw.HW_VENDOR: GPU_VENDOR}
+        if g.sample.mig_parent_uuid:
+            a[hw.HW_PARENT] = g.sample.mig_parent_uuid
+        out[g.gpu] = a
+    return out
+
+
+def _catalogue_points(
+    spec: MetricSpec, extra: Mapping[str, str], integer: bool
+) -> Callable[[Snapshot], Points]:
+    def points(snap: Snapshot) -> Points:
+        gpus = _gpu_attrs(snap) if spec.source == "gpu" else {}
+        for labels, v in series(spec, snap):
+            if v is None:
+                continue
+            a = _attrs(spec, labels)
+            if spec.source == "gpu":
+                a.update(gpus.get(labels[1], {}))
+            a.update(extra)
+            yield a, int(v) if integer else float(v)
+
+    return points
+
+
+def _tokens(fields: Mapping[str, str]) -> Callable[[Snapshot], Points]:
+    """Token rows merged into one metric by ``gen_ai.token.type``."""
+
+    def points(snap: Snapshot) -> Points:
+        for m in snap.models:
+            for field, kind in fields.items():
+                v = getattr(m, field)
+                if v is None:
+                    continue
+                yield (
+                    {
+                        genai.GEN_AI_REQUEST_MODEL: m.model,
+                        "infercost.model.version": m.model_version,
+                        "infercost.engine": m.engine,
+                        genai.GEN_AI_TOKEN_TYPE: kind,
+                    },
+                    float(v),
+                )
+
+    return points
+
+
+def _gpu_status(snap: Snapshot) -> Points:
+    """hw.status of each GPU: 1 for its current hw.state (ok or failed), 0 for the other."""
+    gpus = _gpu_attrs(snap)
+    for g in snap.gpus:
+        base = {**gpus[g.gpu], hw.HW_TYPE: hw.HwTypeValues.GPU.value}
+        up = 1 if g.sample.up else 0
+        yield {**base, hw.HW_STATE: hw.HwStateValues.OK.value}, up
+        yield {**base, hw.HW_STATE: hw.HwStateValues.FAILED.value}, 1 - up
+
+
+def _gpu_memory_utilization(snap: Snapshot) -> Points:
+    """Fraction of GPU memory used (usage ÷ limit), where both are known."""
+    gpus = _gpu_attrs(snap)
+    for g in snap.gpus:
+        used, total = g.sample.memory_used_bytes, g.sample.memory_total_bytes
+        if used is not None and total:
+            yield gpus[g.gpu], used / total
+
+
+def _gpu_temperature(snap: Snapshot) -> Points:
+    """The GPU's temperature sensor: its own hw.id, the GPU as hw.parent."""
+    for g in snap.gpus:
+        t = g.sample.temperature_celsius
+        if t is not None:
+            yield {hw.HW_ID: f"{g.gpu}.temperature", hw.HW_PARENT: g.gpu, hw.HW_SENSOR_LOCATION: "gpu"}, t
+
+
+def _table() -> tuple[OtelMetric, ...]:
+    token_help = "Tokens processed, by gen_ai.token.type (input = prompt, output = generated)."
+    out = [
+        OtelMetric(
+            "infercost.token.usage",
+            "counter",
+            "{token}",
+            token_help,
+            _tokens({"prompt_tokens_total": "input", "generation_tokens_total": "output"}),
+        ),
+        OtelMetric(
+            "infercost.token.rate",
+            "gauge",
+            "{token}/s",
+            "Tokens per second over the trailing window, by gen_ai.token.type.",
+            _tokens({"prompt_tokens_per_second": "input", "generation_tokens_per_second": "output"}),
+        ),
+        OtelMetric(hw_metrics.HW_STATUS, "updowncounter", "1", "GPU operational status.", _gpu_status),
+        OtelMetric(
+            hw_metrics.HW_GPU_MEMORY_UTILIZATION,
+            "gauge",
+            "1",
+            "Fraction of GPU memory used.",
+            _gpu_memory_utilization,
+        ),
+        OtelMetric(hw_metrics.HW_TEMPERATURE, "gauge", "Cel", "GPU temperature.", _gpu_temperature),
+    ]
+    for spec in CATALOG:
+        if spec.name in SPECIAL:
+            continue
+        if spec.name in SEMCONV_GPU:
+            name, sc_inst, sc_unit, extra = SEMCONV_GPU[spec.name]
+            points = _catalogue_points(spec, extra, sc_unit == "By")
+            out.append(OtelMetric(name, sc_inst, sc_unit, spec.help, points))
+            continue
+        unit = UNITS_BY_ROW.get(spec.name) or UNITS.get(spec.unit, spec.unit)
+        inst: Instrument = "counter" if spec.kind == "counter" else "gauge"
+        out.append(OtelMetric(otel_name(spec), inst, unit, spec.help, _catalogue_points(spec, {}, False)))
+    names = [m.name for m in out]
+    dup = {n for n in names if names.count(n) > 1}
+    assert not dup, f"two catalogue rows map to one OTLP name: {dup}"
+    return tuple(out)
+
+
+OTEL: tuple[OtelMetric, ...] = _table()
+
+
+def resource(node: str, environ: Mapping[str, str]) -> Resource:
+    """service.*, host.name and, when the pod's environment says, k8s.node.name / k8s.pod.name
+    (the chart sets ``K8S_NODE_NAME`` and ``K8S_POD_NAME`` from the downward API);
+    ``OTEL_RESOURCE_ATTRIBUTES`` / ``OTEL_SERVICE_NAME`` are merged by the SDK."""
+    attrs: dict[str, str] = {
+        service.SERVICE_NAME: "infercost",
+        service.SERVICE_VERSION: __version__,
+        host.HOST_NAME: node,
+    }
+    if environ.get("K8S_NODE_NAME"):
+        attrs[k8s.K8S_NODE_NAME] = environ["K8S_NODE_NAME"]
+    if environ.get("K8S_POD_NAME"):
+        attrs[k8s.K8S_POD_NAME] = environ["K8S_POD_NAME"]
+    return Resource.create(attrs, schema_url=SCHEMA_URL)
+
+
+def endpoint_of(cfg: OtlpExporterConfig, environ: Mapping[str, str]) -> str | None:
+    """Where to push: the config's endpoint, else the standard variables; None = export off."""
+    return (
+        cfg.endpoint
+        or environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+        or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or None
+    )
+
+
+def protocol_of(cfg: OtlpExporterConfig, environ: Mapping[str, str]) -> str:
+    """http/protobuf (default) or grpc; http/json is refused (the SDK does not send it)."""
+    proto = (
+        cfg.protocol
+        or environ.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
+        or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "http/protobuf"
+    )
+    if proto not in ("http/protobuf", "grpc"):
+        raise ConfigError(
+            f"OTLP protocol {proto!r} (exporters.otlp.protocol or OTEL_EXPORTER_OTLP_PROTOCOL) is not "
+            "supported; fix: use http/protobuf or grpc"
+        )
+    return proto
+
+
+def make_exporter(cfg: OtlpExporterConfig, environ: Mapping[str, str]) -> MetricExporter:
+    """The SDK's OTLP exporter for the configured protocol (endpoint, headers etc. from env if unset)."""
+    timeout = cfg.timeout_seconds
+    if protocol_of(cfg, environ) == "grpc":
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+                OTLPMetricExporter as GrpcExporter,
+            )
+        except ImportError:
+            raise ConfigError(
+                "OTLP protocol grpc needs the grpc extra; "
+                "fix: pip install 'infercost[grpc]' or use http/protobuf"
+            ) from None
+        return GrpcExporter(endpoint=cfg.endpoint, timeout=timeout)
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+    return OTLPMetricExporter(endpoint=cfg.endpoint, timeout=timeout)
 
 
 class OtlpExporter:
@@ -47,42 +369,36 @@ class OtlpExporter:
         cfg: OtlpExporterConfig,
         node: str,
         exporter: MetricExporter | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
+        env = os.environ if environ is None else environ
         self._get = get
         if exporter is None:
-            assert cfg.endpoint is not None
-            exporter = OTLPMetricExporter(endpoint=cfg.endpoint, timeout=cfg.timeout_seconds)
+            exporter = make_exporter(cfg, env)
         self._reader = PeriodicExportingMetricReader(
             exporter,
             export_interval_millis=cfg.interval_seconds * 1000,
             export_timeout_millis=cfg.timeout_seconds * 1000,
         )
-        resource = Resource.create(
-            {"service.name": "infercost", "service.version": __version__, "host.name": node}
-        )
-        self._provider = MeterProvider(resource=resource, metric_readers=[self._reader])
-        meter = self._provider.get_meter("infercost", __version__)
-        seen: set[str] = set()
-        for spec in CATALOG:
-            name = otel_name(spec)
-            if name in seen:
-                continue
-            seen.add(name)
-            cb = self._callback(spec)
-            if spec.kind == "counter":
-                meter.create_observable_counter(name, callbacks=[cb], unit=spec.unit, description=spec.help)
+        self._provider = MeterProvider(resource=resource(node, env), metric_readers=[self._reader])
+        meter = self._provider.get_meter("infercost", __version__, schema_url=SCHEMA_URL)
+        for m in OTEL:
+            cb = self._callback(m)
+            if m.instrument == "counter":
+                meter.create_observable_counter(
+                    m.name, callbacks=[cb], unit=m.unit, description=m.description
+                )
+            elif m.instrument == "updowncounter":
+                meter.create_observable_up_down_counter(
+                    m.name, callbacks=[cb], unit=m.unit, description=m.description
+                )
             else:
-                meter.create_observable_gauge(name, callbacks=[cb], unit=spec.unit, description=spec.help)
+                meter.create_observable_gauge(m.name, callbacks=[cb], unit=m.unit, description=m.description)
         self._closed = False
 
-    def _callback(self, spec: MetricSpec) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def _callback(self, m: OtelMetric) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def cb(_opts: CallbackOptions) -> Iterable[Observation]:
-            snap = self._get()
-            return [
-                Observation(float(v), _attrs(spec, labels))
-                for labels, v in series(spec, snap)
-                if v is not None
-            ]
+            return [Observation(v, a) for a, v in m.points(self._get())]
 
         return cb
 
@@ -95,3 +411,25 @@ class OtlpExporter:
         if not self._closed:
             self._closed = True
             self._provider.shutdown()
+
+
+def otlp_exporter(
+    get: Callable[[], Snapshot],
+    cfg: OtlpExporterConfig,
+    node: str,
+    environ: Mapping[str, str] | None = None,
+) -> OtlpExporter | None:
+    """The exporter when an endpoint is configured (config or ``OTEL_EXPORTER_OTLP_*``), else None."""
+    env = os.environ if environ is None else environ
+    endpoint = endpoint_of(cfg, env)
+    if endpoint is None:
+        return None
+    where = urlsplit(endpoint)  # scheme and host only: a URL may carry credentials
+    logger.info(
+        "OTLP export (%s) to %s://%s every %.0f s",
+        protocol_of(cfg, env),
+        where.scheme,
+        where.hostname,
+        cfg.interval_seconds,
+    )
+    return OtlpExporter(get, cfg, node, environ=env)

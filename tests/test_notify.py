@@ -366,3 +366,13 @@ async def test_a_slack_message_goes_through_the_outbox(
     assert body["attachments"][0]["title"] == "Weekly cost report"
     assert body["attachments"][0]["title_link"] == "https://grafana.example/d/cost"
     assert receivers["pagerduty"].received == [] and receivers["slack"].requests == 2
+
+
+def test_a_pre_escaped_message_is_not_escaped_twice() -> None:
+    from agent.sinks.slack import slack_payload
+
+    body = {"text": "*Top* `m&amp;m` &lt;!here&gt; <!channel> @here", "escaped": True}
+    got = slack_payload("message", body)["text"]
+    assert got == "*Top* `m&amp;m` &lt;!here&gt; &lt;!channel&gt; @\u200bhere"
+    plain = slack_payload("message", {**body, "escaped": False})["text"]
+    assert plain.startswith("*Top* `m&amp;amp;m` &amp;lt;!here&amp;gt;")

@@ -44,26 +44,31 @@ def clean(text: Any, limit: int, one_line: bool = True) -> str:
     return s
 
 
-def _slack(s: str) -> str:
-    s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+def _slack(s: str, keep_entities: bool = False) -> str:
+    if not keep_entities:
+        s = s.replace("&", "&amp;")
+    s = s.replace("<", "&lt;").replace(">", "&gt;")
     return _BROADCAST.sub("@" + ZWSP, s)
 
 
-def escape_slack(text: Any, limit: int, one_line: bool = False) -> str:
+def escape_slack(text: Any, limit: int, one_line: bool = False, keep_entities: bool = False) -> str:
     """``text`` safe inside Slack message text (mrkdwn or not), at most ``limit`` characters
-    after escaping (an entity such as ``&amp;`` is never cut in half)."""
+    after escaping (an entity such as ``&amp;`` is never cut in half).
+
+    ``keep_entities``: the text was escaped by its author already (``&amp;`` stays as written);
+    ``<``, ``>`` and mentions are still disarmed, so a slip there cannot page or link."""
     raw = _strip(text, one_line)
-    out = _slack(raw)
+    out = _slack(raw, keep_entities)
     if len(out) <= limit:
         return out
     lo, hi = 0, min(len(raw), limit)  # the longest prefix whose escaped form leaves room for "…"
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if len(_slack(raw[:mid])) + 1 <= limit:
+        if len(_slack(raw[:mid], keep_entities)) + 1 <= limit:
             lo = mid
         else:
             hi = mid - 1
-    return _slack(raw[:lo]) + ELLIPSIS
+    return _slack(raw[:lo], keep_entities) + ELLIPSIS
 
 
 def bounded_mapping(

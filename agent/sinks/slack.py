@@ -112,11 +112,8 @@ def slack_message_payload(
 ) -> dict[str, Any]:
     """A free-form message: its text (Slack mrkdwn allowed, but escaped: no mentions, no links
     from the text) and an optional link from our configuration as the attachment title."""
-    out: dict[str, Any] = {
-        "username": "infercost",
-        "text": escape_slack(body.get("text", ""), MESSAGE_CHARS),
-        "mrkdwn": True,
-    }
+    text = escape_slack(body.get("text", ""), MESSAGE_CHARS, keep_entities=bool(body.get("escaped")))
+    out: dict[str, Any] = {"username": "infercost", "text": text, "mrkdwn": True}
     link = absolute_link(body.get("link"), external_url)
     if body.get("title") or link:
         title = escape_slack(body.get("title") or link, TITLE_CHARS, one_line=True)
@@ -148,16 +145,24 @@ def slack_sink(cfg: SlackConfig, external_url: str | None = None, name: str = "s
 
 
 def enqueue_slack_message(
-    notifier: Notifier, text: str, *, key: str, title: str | None = None, link: str | None = None
+    notifier: Notifier,
+    text: str,
+    *,
+    key: str,
+    title: str | None = None,
+    link: str | None = None,
+    escaped: bool = False,
 ) -> int:
     """Queue a message for every configured Slack sink (durable, retried, rate-limited like
     alerts); returns the rows added (0 when no Slack sink is configured).
 
-    ``text`` is plain text with optional Slack mrkdwn (``*bold*``, ``_italic_``); it is escaped
-    here (do not pre-escape), so it cannot mention anyone or carry ``<url|text>`` links. ``link``
-    (absolute, or relative to ``alerts.external_url``) must come from configuration, not data.
-    ``key`` names the message (e.g. ``weekly-report-2026-W48``)."""
-    body = {"text": text, "title": title, "link": link}
+    ``text`` is Slack mrkdwn (``*bold*``, ``_italic_``). By default it is escaped here (``&``,
+    ``<``, ``>``, mentions). With ``escaped=True`` its author escaped every name already (e.g.
+    :func:`agent.report.escape.slack`): entities are kept as written, while raw ``<``/``>`` and
+    mentions are still disarmed. Either way it cannot mention anyone or carry ``<url|text>``
+    links. ``link`` (absolute, or relative to ``alerts.external_url``) must come from
+    configuration, not data. ``key`` names the message (e.g. ``weekly-report-2026-W48``)."""
+    body = {"text": text, "title": title, "link": link, "escaped": escaped}
     return sum(
         notifier.enqueue_message(s.name, key, body)
         for s in notifier.sinks

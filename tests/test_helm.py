@@ -194,7 +194,8 @@ def test_daemonset_binds_the_pod_ip_and_mounts_no_podinfo(rendered: tuple[str, A
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     assert "nvidia.com/gpu" not in json.dumps(c["resources"]), "the agent must not take a GPU"
-    assert c["args"] == ["--log-format", "json", "run", "--config", "/etc/infercost/node.yaml"]
+    assert "command" not in c  # the image's entrypoint, `infercost run`
+    assert c["args"] == ["--config", "/etc/infercost/node.yaml", "--log-format", "json"]
     env = {e["name"]: e for e in c["env"]}
     assert env["INFERCOST_NODE"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"

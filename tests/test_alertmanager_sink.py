@@ -365,3 +365,56 @@ def test_check_refuses_relative_runbook_links_without_external_url(tmp_path: Pat
     good = _check(tmp_path, {**am, "external_url": "https://github.com/acme/infercost/blob/main/"})
     assert good.returncode == 0, good.stderr
     assert "alerts: ok — alertmanager" in good.stdout
+
+
+SHIPPED = Path(__file__).resolve().parent.parent / "deploy" / "alertmanager" / "alertmanager.yml"
+
+
+@pytest.mark.slow
+async def test_shipped_alertmanager_config_escapes_hostile_names_for_slack(tmp_path: Path) -> None:
+    """Alertmanager's default Slack templates pass `<!channel>` through; the shipped config's
+    templates escape every value (checked on what the real Alertmanager posts)."""
+    vendor = VendorReceiver()
+    cfg: dict[str, Any] = yaml.safe_load(SHIPPED.read_text())
+    url_file = tmp_path / "slack-url"
+    url_file.write_text(f"{vendor.url}/slack\n")
+    cfg["global"]["slack_api_url_file"] = str(url_file)
+    cfg["route"].update(group_wait="1s", group_interval="1s")
+    for r in cfg["receivers"]:
+        for pd in r.get("pagerduty_configs", []):
+            (tmp_path / "key").write_text(ROUTING_KEY)
+            pd.update(routing_key_file=str(tmp_path / "key"), url=f"{vendor.url}/pagerduty")
+    (tmp_path / "am.yml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    am = Alertmanager(tmp_path, tmp_path / "am.yml")
+    stop = asyncio.Event()
+    n = Notifier(
+        Outbox(tmp_path / "outbox.sqlite"),
+        [alertmanager_sink(AlertmanagerConfig(url=am.url), SystemClock())],
+        SystemClock(),
+    )
+    delivery = asyncio.create_task(n.run(stop))
+    try:
+        from dataclasses import replace
+
+        a = alert("<!channel>", "warning", time.time() - 60)
+        a = replace(
+            a,
+            labels={**a.labels, "node": "@here&<b>"},
+            annotations={"summary": "<!channel> costs more, see <https://evil.example|runbook> @here"},
+        )
+        n.enqueue([firing(a)])
+        [body] = await asyncio.to_thread(vendor.wait, "/slack", lambda b: True)
+        att = body["attachments"][0]
+        for field in ("title", "text", "fallback"):
+            assert "<!channel>" not in att[field] and "<https://evil" not in att[field], (field, att[field])
+            assert "@here" not in att[field], (field, att[field])
+        assert att["title"] == (
+            "[FIRING:1] &lt;!channel&gt; costs more, see &lt;https://evil.example|runbook&gt; @\u200bhere"
+        )
+        assert att["fallback"] == "[FIRING:1] cost_per_token_regression"
+    finally:
+        stop.set()
+        await delivery
+        await n.close()
+        am.close()
+        vendor.close()

@@ -358,6 +358,7 @@ async def test_a_slack_message_goes_through_the_outbox(
         link="https://grafana.example/d/cost",
     )
     assert rows == 1 and n.pending() == {"slack": 1, "pagerduty": 0}  # Slack only
+    assert n.enqueue_message("pagerduty", "weekly-2026-W48", {"text": "x"}) == 0  # it would page
     await drain(n, clock)
     await n.close()
     [body] = receivers["slack"].received

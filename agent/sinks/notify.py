@@ -242,8 +242,9 @@ class Notifier:
 
     def enqueue_message(self, sink_name: str, key: str, body: Mapping[str, Any]) -> int:
         """Queue a free-form message (kind ``message``) for one sink; returns rows added (0 when
-        no such sink is configured). ``key`` names the message, e.g. ``report-2026-W48``."""
-        if all(s.name != sink_name for s in self.sinks):
+        no such sink is configured, or it takes no messages: PagerDuty would page with it).
+        ``key`` names the message, e.g. ``report-2026-W48``."""
+        if not any(s.name == sink_name and MESSAGE_KIND in _policy(s).kinds for s in self.sinks):
             return 0
         self.outbox.enqueue_many([(sink_name, key, MESSAGE_KIND, dict(body))], self.clock.now())
         self._recount()

@@ -284,6 +284,13 @@ async def _wire_history(
     except BaseException:
         detect_store.close()
         raise
+    if cfg.report.enabled and hooks.pipeline is not None:
+        from agent.report.schedule import WeeklyReporter
+
+        reporter = WeeklyReporter(
+            cfg.report, store, path, hooks.pipeline.notifier, clock, state.path / "reports"
+        )
+        hooks.tasks.append(reporter.run)
     if scorer and not state.temporary:
         from agent.detect.scoring import AnomalyScorer
 

@@ -258,6 +258,35 @@ class KubernetesConfig(_Frozen):
     max_bytes: int = Field(8 * 1024 * 1024, gt=0)  # per page of a discovered engine
 
 
+WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+
+
+class ReportConfig(_Frozen):
+    """The weekly cost report that ``infercost run`` posts to Slack (through alerts.slack)."""
+
+    enabled: bool = False
+    weekday: Literal["monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"] = "monday"
+    hour: int = Field(9, ge=0, le=23)  # local hour in `timezone` at which the week ends and is posted
+    timezone: str = "UTC"  # an IANA name, e.g. Europe/Berlin
+    link: str | None = (
+        None  # where the full report is published (absolute, or relative to alerts.external_url)
+    )
+    keep_files: bool = True  # also write HTML/CSV/JSON/Markdown into state_dir/reports
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, v: str) -> str:
+        import zoneinfo
+
+        try:
+            zoneinfo.ZoneInfo(v)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            raise ValueError(
+                f"unknown time zone {v!r}; use an IANA name such as Europe/Berlin or UTC"
+            ) from None
+        return v
+
+
 class Config(_Frozen):
     """The whole agent configuration."""
 
@@ -271,6 +300,7 @@ class Config(_Frozen):
     store: StoreConfig = StoreConfig()
     alerts: AlertsConfig = AlertsConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()
+    report: ReportConfig = ReportConfig()
 
     @model_validator(mode="after")
     def _unique_engines(self) -> Config:

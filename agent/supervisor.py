@@ -27,7 +27,7 @@ import contextlib
 import logging
 import math
 import sqlite3
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +83,8 @@ class Hooks:
     nvml_expected: bool = False  # nvml.backend auto/real but no backend: export nvml_up 0
     recovered_files: int = 0  # damaged SQLite files moved aside at start
     engine_source: EngineSource | None = None  # engines that come and go (Kubernetes discovery)
+    # more loops, run in the daemon's task group until stop (the weekly report)
+    tasks: list[Callable[[asyncio.Event], Coroutine[Any, Any, None]]] = field(default_factory=list)
 
 
 class HistoryGuard:
@@ -291,6 +293,8 @@ class Agent:
                     if self.hooks.engine_source is not None:
                         self._session = session
                         tg.create_task(self.hooks.engine_source.run(stop))
+                    for task in self.hooks.tasks:
+                        tg.create_task(task(stop))
         finally:
             if self._detect_task is not None and not self._detect_task.done():
                 await asyncio.wait({self._detect_task}, timeout=30)

@@ -49,16 +49,19 @@ def _unlink(text: str) -> str:
     return text.replace("://", ":" + ZWSP + "//").replace("www.", "www" + ZWSP + ".")
 
 
-def slack(text: str, limit: int = MAX_NAME_CHARS) -> str:
-    """Plain text for Slack mrkdwn (no link, mention or formatting)."""
+def slack(text: str, limit: int = MAX_NAME_CHARS, entities: bool = True) -> str:
+    """Plain text for Slack mrkdwn (no link, mention or formatting). ``entities=False`` leaves
+    ``&``, ``<``, ``>`` to a sender that escapes the whole message itself
+    (:func:`agent.sinks.slack.enqueue_slack_message`), so nothing is escaped twice."""
     t = shorten(clean(text), limit)
-    t = t.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    if entities:
+        t = t.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return _unlink(t.replace("@", "@" + ZWSP))
 
 
-def slack_code(text: str, limit: int = MAX_NAME_CHARS) -> str:
+def slack_code(text: str, limit: int = MAX_NAME_CHARS, entities: bool = True) -> str:
     """A name as a Slack code span (formatting characters inside are shown as typed)."""
-    return "`" + slack(text, limit).replace("`", "ˋ") + "`"
+    return "`" + slack(text, limit, entities).replace("`", "ˋ") + "`"
 
 
 def csv_cell(text: str) -> str:

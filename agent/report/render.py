@@ -208,12 +208,19 @@ def render_markdown(r: WeeklyReport) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def render_slack(r: WeeklyReport, link: str | None = None) -> str:
-    """A short Slack mrkdwn summary: totals, regressions and savings in dollars (names escaped)."""
+def render_slack(r: WeeklyReport, link: str | None = None, entities: bool = True) -> str:
+    """A short Slack mrkdwn summary: totals, regressions and savings in dollars (names escaped;
+    ``entities=False`` for a sender that entity-escapes the whole text itself)."""
+
+    def txt(text: str, limit: int = esc.MAX_NAME_CHARS) -> str:
+        return esc.slack(text, limit, entities)
+
+    def code(text: str) -> str:
+        return esc.slack_code(text, esc.MAX_NAME_CHARS, entities)
+
     last = r.last_total_usd
     lines = [
-        f"*infercost weekly cost report* {_day(r.start)[:10]} – {_day(r.end)[:10]} "
-        f"({esc.slack(r.source, 80)})",
+        f"*infercost weekly cost report* {_day(r.start)[:10]} – {_day(r.end)[:10]} ({txt(r.source, 80)})",
         f"Total {usd(r.total_usd)} (last week {usd(last)}, {change(r.total_usd / last if last else None)}) · "
         f"idle {usd(r.idle_usd)} · {usd(r.usd_per_1m_output, 4)} per 1M output tokens",
     ]
@@ -222,9 +229,8 @@ def render_slack(r: WeeklyReport, link: str | None = None) -> str:
         for m in r.regressions[:SLACK_MAX_LINES]:
             how, against = _regression_line(m)
             lines.append(
-                f"• {esc.slack_code(m.model)} {esc.slack_code(m.model_version)}: "
-                f"{usd(m.usd_per_1m_output, 4)}/1M, {esc.slack(how, 200)} vs {esc.slack(against, 200)}, "
-                f"{usd(m.excess_usd)} more"
+                f"• {code(m.model)} {code(m.model_version)}: {usd(m.usd_per_1m_output, 4)}/1M, "
+                f"{txt(how, 200)} vs {txt(against, 200)}, {usd(m.excess_usd)} more"
             )
     else:
         lines.append("No cost regression this week.")
@@ -234,10 +240,10 @@ def render_slack(r: WeeklyReport, link: str | None = None) -> str:
         for s in r.savings[:SLACK_MAX_LINES]:
             lines.append(
                 f"• {usd(s.usd_per_week)}/week: {SAVING_KINDS.get(s.kind, s.kind)}, "
-                f"{esc.slack_code(s.subject)}: {esc.slack(s.detail, 300)}"
+                f"{code(s.subject)}: {txt(s.detail, 300)}"
             )
     if link:
-        lines.append(f"Full report: {esc.slack(link, 500)}")
+        lines.append(f"Full report: {txt(link, 500)}")
     return "\n".join(lines)
 
 

@@ -16,11 +16,12 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import json
 import math
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from agent.report.data import (
     WeeklyReport,
     build_from_windows,
 )
-from agent.report.prom import build_from_prometheus
+from agent.report.prom import PromAuth, build_from_prometheus, parse_header
 from agent.report.render import render_csv, render_html, render_markdown
 from agent.samples import CostWindow, UsageWindow
 from agent.store import Store
@@ -472,3 +473,144 @@ def test_cli_from_prometheus(prometheus: Prometheus, capsys: pytest.CaptureFixtu
 
 def test_cli_missing_store_is_an_error(tmp_path: Path) -> None:
     assert run_report(_args(state_dir=tmp_path / "nope")) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Behind a gateway, as Thanos / Mimir / managed Prometheus are reached: auth, TLS, tenant header
+# ---------------------------------------------------------------------------------------------
+
+
+def _pki(d: Path) -> tuple[Path, Path, Path]:
+    """A CA and a server certificate for 127.0.0.1 signed by it (openssl)."""
+    openssl = shutil.which("openssl")
+    assert openssl, "openssl missing (CI's .ci/run installs it)"
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], check=True, capture_output=True, cwd=d)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
+        "-days", "2", "-subj", "/CN=report test CA")  # fmt: skip
+    run(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "tls.key",
+        "-out",
+        "tls.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    )
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    run("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "tls.crt", "-days", "2", "-extfile", "san.ext")  # fmt: skip
+    return d / "ca.crt", d / "tls.crt", d / "tls.key"
+
+
+@pytest.fixture
+async def gateway(
+    prometheus: Prometheus, tmp_path: Path
+) -> AsyncIterator[tuple[str, Path, list[dict[str, str]]]]:
+    """An HTTPS gateway in front of the real Prometheus that, like Mimir's or a managed
+    Prometheus' front end, refuses a request without the tenant header and valid credentials
+    (bearer token ``tok-123`` or basic ``report:s3cret``). Yields (URL, CA file, headers seen)."""
+    import base64
+    import ssl
+
+    import aiohttp
+    from aiohttp import web
+
+    ca, cert, key = _pki(tmp_path)
+    seen: list[dict[str, str]] = []
+    good = {"Bearer tok-123", "Basic " + base64.b64encode(b"report:s3cret").decode()}
+
+    async def handle(request: web.Request) -> web.Response:
+        seen.append({k.lower(): v for k, v in request.headers.items()})
+        if request.headers.get("X-Scope-OrgID") != "team-a":
+            return web.Response(status=401, text="no org id")
+        if request.headers.get("Authorization") not in good:
+            return web.json_response({"status": "error", "error": "unauthorized"}, status=401)
+        async with aiohttp.ClientSession() as s:
+            upstream = f"{prometheus.url}/{request.match_info['tail']}?{request.query_string}"
+            async with s.get(upstream) as r:
+                return web.Response(status=r.status, body=await r.read(), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/prometheus/{tail:.*}", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"https://127.0.0.1:{port}/prometheus", ca, seen
+    finally:
+        await runner.cleanup()
+
+
+async def test_from_prometheus_behind_an_authenticating_gateway(
+    gateway: tuple[str, Path, list[dict[str, str]]], tmp_path: Path
+) -> None:
+    import asyncio
+
+    url, ca, seen = gateway
+    token = tmp_path / "token"
+    token.write_text("tok-123\n")
+    password = tmp_path / "password"
+    password.write_text("s3cret")
+    tenant = (("X-Scope-OrgID", "team-a"),)
+    for auth in (
+        PromAuth(bearer_token_file=token, ca_file=ca, headers=tenant),
+        PromAuth(basic_auth_user="report", basic_auth_password_file=password, ca_file=ca, headers=tenant),
+    ):
+        rep = await asyncio.to_thread(build_from_prometheus, url, T, None, None, auth)
+        check_common(rep)
+    assert {h["x-scope-orgid"] for h in seen} == {"team-a"}  # on every query
+    # without the tenant header, with a wrong token, or without the CA: a clear error, no report
+    with pytest.raises(ReportError, match="HTTP 401"):
+        await asyncio.to_thread(
+            build_from_prometheus, url, T, None, None, PromAuth(bearer_token_file=token, ca_file=ca)
+        )
+    token.write_text("wrong")
+    with pytest.raises(ReportError, match="HTTP 401: unauthorized"):
+        await asyncio.to_thread(
+            build_from_prometheus,
+            url,
+            T,
+            None,
+            None,
+            PromAuth(bearer_token_file=token, ca_file=ca, headers=tenant),
+        )
+    with pytest.raises(ReportError, match=r"CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
+        await asyncio.to_thread(
+            build_from_prometheus, url, T, None, None, PromAuth(bearer_token_file=token, headers=tenant)
+        )
+    # the same through `infercost report` options
+    token.write_text("tok-123")
+    out = tmp_path / "report.json"
+    args = _args(
+        prometheus=url,
+        format="json",
+        output=out,
+        bearer_token_file=token,
+        ca_file=ca,
+        header=["X-Scope-OrgID: team-a"],
+    )
+    assert await asyncio.to_thread(run_report, args) == 0
+    assert json.loads(out.read_text())["total_usd"] == pytest.approx(840.0)
+
+
+def test_prometheus_auth_errors_name_the_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    with pytest.raises(ReportError, match=f"{missing}: cannot read the bearer token file"):
+        PromAuth(bearer_token_file=missing).request_headers()
+    with pytest.raises(ReportError, match="without a password file"):
+        PromAuth(basic_auth_user="u").request_headers()
+    with pytest.raises(ReportError, match="expected 'Name: value'"):
+        parse_header("X-Scope-OrgID team-a")
+    with pytest.raises(ReportError, match="expected 'Name: value'"):
+        parse_header("X-Evil: a\r\nInjected: b")
+    assert parse_header(" X-Scope-OrgID :  team-a ") == ("X-Scope-OrgID", "team-a")

@@ -157,6 +157,34 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 
+@dataclass(slots=True)
+class _Rollup:
+    """NVML samples of one row (table, keys, minute) summed in memory before one write."""
+
+    start: float  # epoch seconds of the first sample
+    end: float  # end of the span the last sample covers
+    add: dict[str, float]
+    extra: dict[str, Any] | None = None
+    energy_first: float | None = None  # joules (NVML counter) at the first sample with a reading
+    energy_last: float | None = None  # joules at the last one
+
+
+def _rollup(
+    rows: dict[tuple[Kind, tuple[str, ...], int], _Rollup],
+    key: tuple[Kind, tuple[str, ...], int],
+    ts: float,
+    add: Mapping[str, float],
+) -> _Rollup:
+    r = rows.get(key)
+    if r is None:
+        r = rows[key] = _Rollup(ts, ts + SAMPLE_SPAN, dict(add))
+        return r
+    r.end = ts + SAMPLE_SPAN
+    for k, v in add.items():
+        r.add[k] = r.add.get(k, 0.0) + v
+    return r
+
+
 class StoreError(Exception):
     """The history file is unusable (e.g. written by a newer agent)."""
 
@@ -250,8 +278,11 @@ class Store:
         add: Mapping[str, float],
         extra: Mapping[str, Any] | None = None,
         first_last: Mapping[str, float] | None = None,
+        energy_first: float | None = None,
     ) -> bool:
-        """Add ``add`` into the row unless [start, end) was already covered. True when merged."""
+        """Add ``add`` into the row unless [start, end) was already covered. True when merged.
+
+        A new row's ``energy_first`` is ``energy_first`` when given, else ``energy_last``."""
         where = " AND ".join(f"{k}=?" for k in (*t.keys, "minute"))
         params = (*keys, minute)
         row = self._db.execute(f"SELECT covered_until FROM {t.name} WHERE {where}", params).fetchone()
@@ -263,7 +294,7 @@ class Store:
             vals = [*keys, minute, end, *(extra or {}).values(), *add.values(), *fl.values()]
             if "energy_last" in fl:
                 cols.append("energy_first")
-                vals.append(fl["energy_last"])
+                vals.append(fl["energy_last"] if energy_first is None else energy_first)
             marks = ", ".join("?" for _ in cols)
             self._db.execute(f"INSERT INTO {t.name} ({', '.join(cols)}) VALUES ({marks})", vals)
         else:
@@ -337,11 +368,20 @@ class Store:
 
     def write_nvml_round(self, node: str, rnd: NvmlRound) -> None:
         """Roll one NVML round into the node's and each GPU's minute (a sample counted once)."""
-        minute = _minute(rnd.timestamp)
-        with self._txn():
+        self.write_nvml_rounds(node, (rnd,))
+
+    def write_nvml_rounds(self, node: str, rounds: Sequence[NvmlRound]) -> None:
+        """Roll NVML rounds into the node's and each GPU's minutes in one transaction.
+
+        The rounds are summed in memory first, so a tick of five 1 s rounds costs one row update
+        per GPU and minute rather than five (the daemon writes once per tick, not once per round).
+        A round already written is recognised and not counted again."""
+        rows: dict[tuple[Kind, tuple[str, ...], int], _Rollup] = {}
+        for rnd in rounds:
             ts = rnd.timestamp
+            minute = _minute(ts)
             up = {"nvml_up_s": float(rnd.up), "nvml_up_w": 1.0}
-            self._merge(TABLES["node"], (node,), minute, ts, ts + SAMPLE_SPAN, up)
+            _rollup(rows, ("node", (node,), minute), ts, up)
             for g in rnd.gpus:
                 add: dict[str, float] = {"up_s": float(g.up), "up_w": 1.0}
                 for short, v in (
@@ -356,10 +396,28 @@ class Store:
                     if v is not None:
                         add[short + "_s"] = v
                         add[short + "_w"] = 1.0
-                fl = {"energy_last": g.energy_joules} if g.energy_joules is not None else None
-                extra = {"uuid": g.uuid, "gpu_model": g.name}
                 gpu = str(g.index) if not g.mig_parent_uuid else g.uuid
-                self._merge(TABLES["gpu"], (node, gpu), minute, ts, ts + SAMPLE_SPAN, add, extra, fl)
+                r = _rollup(rows, ("gpu", (node, gpu), minute), ts, add)
+                r.extra = {"uuid": g.uuid, "gpu_model": g.name}
+                if g.energy_joules is not None:
+                    r.energy_first = g.energy_joules if r.energy_first is None else r.energy_first
+                    r.energy_last = g.energy_joules
+        if not rows:
+            return
+        with self._txn():
+            for (table, keys, minute), r in rows.items():
+                fl = {"energy_last": r.energy_last} if r.energy_last is not None else None
+                self._merge(
+                    TABLES[table],
+                    keys,
+                    minute,
+                    r.start,
+                    r.end,
+                    r.add,
+                    r.extra,
+                    fl,
+                    energy_first=r.energy_first,
+                )
 
     def write_gpu_costs(self, node: str, tick: TickResult) -> int:
         """Roll one tick's per-GPU dollars (cost, idle, unallocated) into each GPU's minute.

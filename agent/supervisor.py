@@ -59,6 +59,9 @@ logger = logging.getLogger(__name__)
 # Why 5: a tick may legitimately take a scrape timeout plus an NVML round longer than its interval
 # once or twice (a slow engine, a GC pause); five missed intervals in a row is a stuck loop.
 STUCK_AFTER_INTERVALS = 5
+# NVML rounds kept for the next tick's history write; why 600: ten minutes of 1 s rounds covers any
+# sane scrape interval, and a store that stays down for longer must not grow the daemon's memory.
+MAX_BUFFERED_ROUNDS = 600
 # Why 1 s .. 5 min: a full disk or a remounted volume is fixed by a person in minutes; retrying
 # faster only floods the log, slower leaves history paused long after the fix.
 HISTORY_RETRY_MIN_SECONDS = 1.0
@@ -164,6 +167,7 @@ class Agent:
         self.history = HistoryGuard(clock)
         self.started = asyncio.Event()
         self._ticks = 0
+        self._nvml_rounds: list[NvmlRound] = []  # sampled since the last tick, not yet in history
         self._last_tick_mono: float | None = None  # monotonic seconds of the last completed tick
         self._detected_slot = -1
         self._detect_task: asyncio.Task[None] | None = None
@@ -354,9 +358,14 @@ class Agent:
         rnd = await self.sampler.sample()
         self.joiner.add_round(rnd)
         self.ledger.observe_nvml(rnd)
-        store = self.hooks.store
-        if store is not None:
-            self.history.call("writing an NVML round", lambda: store.write_nvml_round(self.cfg.node, rnd))
+        if self.hooks.store is not None and len(self._nvml_rounds) < MAX_BUFFERED_ROUNDS:
+            self._nvml_rounds.append(rnd)  # written with the next tick, in one transaction
+
+    def _write_nvml_rounds(self, store: Store) -> None:
+        """Write the NVML rounds sampled since the last tick (one transaction for all of them)."""
+        rounds, self._nvml_rounds = self._nvml_rounds, []
+        if rounds:
+            self.history.call("writing NVML rounds", lambda: store.write_nvml_rounds(self.cfg.node, rounds))
 
     def _check_clock(self) -> None:
         if not isinstance(self.clock, SteadyClock):
@@ -399,6 +408,7 @@ class Agent:
         self._snapshot = self._publish()
         store = self.hooks.store
         if store is not None:
+            self._write_nvml_rounds(store)
             self.history.call(
                 "writing engine scrapes", lambda: store.write_engine_scrapes(self.cfg.node, results)
             )

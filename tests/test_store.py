@@ -116,6 +116,36 @@ def test_gpu_engine_and_node_rollups(tmp_path: Path, clock: ManualClock) -> None
     st.close()
 
 
+def test_nvml_rounds_written_as_one_batch_equal_round_by_round(tmp_path: Path, clock: ManualClock) -> None:
+    """The daemon writes a tick's rounds at once: across a minute boundary, the sums, energy span
+    and up counts are those of writing every round alone, and a batch written twice counts once."""
+
+    def rounds(start: float) -> list[NvmlRound]:
+        out = []
+        for i in range(4):  # T0+58 .. T0+61: two rounds in each minute
+            t = start + 58 + i
+            g = GpuSample(0, "GPU-0", "NVIDIA H100", t, util_gpu_ratio=0.1 * (i + 1), energy_joules=500.0 * i)
+            out.append(NvmlRound(t, True, (g,)))
+        return out
+
+    one, batch = Store(tmp_path / "one.sqlite", 35, clock), Store(tmp_path / "batch.sqlite", 35, clock)
+    for rnd in rounds(T0):
+        one.write_nvml_round("n1", rnd)
+    batch.write_nvml_rounds("n1", rounds(T0))
+    batch.write_nvml_rounds("n1", rounds(T0))  # replayed: already covered
+    key = ("gpu", (("node", "n1"), ("gpu", "0")))
+    for st in (one, batch):
+        recs = {(r.minute, r.kind, r.labels): r.sums for r in st.records(T0, T0 + 120)}
+        first, second = recs[(T0, *key)], recs[(T0 + 60, *key)]
+        # minute 1: rounds 0, 1 (util 0.1, 0.2; energy 0 → 500); minute 2: 2, 3 (0.3, 0.4; 1000 → 1500)
+        assert first["gpu_util.s"] == pytest.approx(0.3) and first["gpu_util.w"] == 2
+        assert (first["energy_first"], first["energy_last"]) == (0.0, 500.0)
+        assert second["gpu_util.s"] == pytest.approx(0.7) and second["up.w"] == 2
+        assert (second["energy_first"], second["energy_last"]) == (1000.0, 1500.0)
+        assert recs[(T0, "node", (("node", "n1"),))]["nvml_up.w"] == 2
+        st.close()
+
+
 def test_deploys_are_recorded_and_survive_restart(tmp_path: Path, clock: ManualClock) -> None:
     st = Store(tmp_path / "h.sqlite", 35, clock)
     st.write_windows([cw(T0), cw(T0 + 60)])

@@ -52,12 +52,12 @@ class RateLimitFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         """False to hold a repeat back; the first after the interval reports how many were held."""
+        key = (record.name, record.lineno, str(record.msg)[:200])  # the template, not the text
         msg = record.getMessage()
         if len(msg) > MAX_MESSAGE_CHARS:
             record.msg, record.args = _truncate(msg), None
         if record.levelno < logging.WARNING:
             return True
-        key = (record.name, record.lineno, str(record.msg)[:200])
         now = self._monotonic()
         seen = self._seen.get(key)
         if seen is None or now - seen[0] >= self.interval:

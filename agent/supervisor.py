@@ -335,10 +335,8 @@ class Agent:
             if not first:
                 due += interval
             first = False
-            try:
-                await body()
-            except Exception:
-                logger.exception("%s loop failed this round; it will run again", name)
+            if not await self._until_stop(stop, body, name):
+                return
             mono = self.clock.monotonic()
             if due <= mono:  # the body overran: skip the missed slots rather than running back to back
                 due += math.ceil((mono - due) / interval) * interval
@@ -352,6 +350,24 @@ class Agent:
                     t.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await t
+
+    async def _until_stop(self, stop: asyncio.Event, body: Callable[[], Awaitable[None]], name: str) -> bool:
+        """Run one round of ``body``; a stop cancels a round that hangs (an engine that never
+        answers must not hold up shutdown). False when stopped."""
+        work = asyncio.ensure_future(body())
+        stopper = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            work.cancel()
+        elif not stopper.done():
+            stopper.cancel()
+        for t in (work, stopper):
+            with contextlib.suppress(asyncio.CancelledError):
+                try:
+                    await t
+                except Exception:
+                    logger.exception("%s loop failed this round; it will run again", name)
+        return not stop.is_set()
 
     async def _nvml_once(self) -> None:
         assert self.sampler is not None

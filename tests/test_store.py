@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import resource
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,7 +14,7 @@ from agent.clock import ManualClock
 from agent.detect.baselines import baseline_of
 from agent.detect.rules import RuleEvaluator, load_default_rules
 from agent.samples import CostWindow, EngineScrape, GpuSample, NvmlRound, UsageWindow
-from agent.store import MIGRATIONS, Store, StoreError
+from agent.store import MIGRATIONS, Store, StoreError, check_sqlite_file, recover_if_corrupt
 
 T0 = 1699833600.0  # Monday 00:00 UTC
 KEY = {"node": "n1", "engine": "vllm-a", "model": "llama", "model_version": "v1"}
@@ -213,3 +216,88 @@ def test_backfill_gives_a_week_of_baselines(tmp_path: Path) -> None:
     assert day.value is not None and 1.38 < day.value < 2.18 and day.minutes > 500
     assert night.value is not None and night.value > 5 * day.value
     st.close()
+
+
+# ---------------------------------------------------------------- a full disk, damaged files
+@contextlib.contextmanager
+def _file_size_limit(limit: int) -> Iterator[None]:
+    """RLIMIT_FSIZE for this process: a write past ``limit`` bytes fails with EFBIG, as on a full
+    disk (Python ignores SIGXFSZ, so the write returns the error instead of killing the process)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def test_a_full_disk_raises_the_real_error_and_the_next_write_works(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    store = Store(tmp_path / "h.sqlite", clock=clock)
+    store.write_windows([cw(T0)])
+    wal = tmp_path / "h.sqlite-wal"
+    err: BaseException | None = None
+    with _file_size_limit(wal.stat().st_size + 16_384):
+        for i in range(1, 200):
+            try:
+                store.write_windows([cw(T0 + 60 * i, version=f"v{i}")])
+            except sqlite3.Error as e:
+                err = e
+                break
+    assert err is not None, "the WAL never reached the limit"
+    # SQLite rolled the transaction back itself; a second ROLLBACK used to raise this and hide it
+    assert "cannot rollback" not in str(err)
+    assert "disk I/O error" in str(err) or "full" in str(err)
+    store.write_windows([cw(T0 + 60 * 500)])  # not stuck inside a dead transaction
+    assert store.records(T0 + 60 * 500, T0 + 60 * 501, ("model",))[0].sums["generation_tokens"] == 6000.0
+
+
+def _damage(path: Path, offset: int, length: int) -> None:
+    with path.open("r+b") as f:
+        f.seek(offset)
+        f.write(b"\xa5" * length)
+
+
+@pytest.mark.parametrize(
+    ("how", "full"),
+    [
+        ("garbage", False),  # not a database at all
+        ("header", False),  # the 100-byte header overwritten
+        ("schema", False),  # page 1 (the schema) overwritten after the header
+        ("table", True),  # a table page overwritten: only a full check reads it
+    ],
+)
+def test_damaged_files_are_recognised(tmp_path: Path, clock: ManualClock, how: str, full: bool) -> None:
+    path = tmp_path / "h.sqlite"
+    store = Store(path, clock=clock)
+    for i in range(40):
+        store.write_windows([cw(T0 + 60 * i)])
+    store.close()
+    assert check_sqlite_file(path, full=True) is None  # healthy first
+    if how == "garbage":
+        path.write_bytes(b"this is not sqlite " * 500)
+    elif how == "header":
+        _damage(path, 0, 100)
+    elif how == "schema":
+        _damage(path, 100, 3900)
+    else:
+        _damage(path, path.stat().st_size - 4096, 4096)
+    assert check_sqlite_file(path, full=full) is not None
+
+
+def test_a_damaged_file_is_moved_aside_with_a_timestamp(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "history.sqlite"
+    path.write_bytes(b"\x00garbage" * 1000)
+    (tmp_path / "history.sqlite-wal").write_bytes(b"w")
+    with caplog.at_level("ERROR"):
+        dest = recover_if_corrupt(path, T0)
+    assert dest == tmp_path / "history.sqlite.corrupt-20231113T000000Z"  # T0 is 2023-11-13 00:00 UTC
+    assert dest.read_bytes().startswith(b"\x00garbage")
+    assert (tmp_path / "history.sqlite.corrupt-20231113T000000Z-wal").read_bytes() == b"w"
+    assert not path.exists()
+    assert [r.levelname for r in caplog.records] == ["ERROR"]
+    assert Store(path).span() is None  # a new, empty store opens in its place
+    assert recover_if_corrupt(path, T0) is None  # a healthy file stays

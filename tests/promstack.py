@@ -79,7 +79,7 @@ def label_sets(spec: MetricSpec) -> Iterator[dict[str, str]]:
             for engine, _, model, version in MODELS:
                 yield {"node": node, "engine": engine, "model": model, "model_version": version}
         elif spec.source == "alert":
-            yield {"node": node, "rule": "cost_per_token_regression", "severity": "page"}
+            yield {"node": node, "rule": "cost_per_token_regression", "severity": "critical"}
         elif spec.source == "outbox":
             yield {"node": node, "sink": "slack"}
 

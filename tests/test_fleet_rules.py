@@ -71,13 +71,39 @@ def test_rules_read_only_catalogued_series() -> None:
     assert used - exported - inner == set()
 
 
-def test_alerts_carry_severity_for_and_summary() -> None:
+RUNBOOK_BASE = "https://github.com/example/infercost/blob/main/rules/prometheus/RUNBOOKS.md"
+
+
+def test_alerts_carry_severity_for_summary_and_an_absolute_runbook() -> None:
+    runbooks = (RULES_DIR / "RUNBOOKS.md").read_text()
+    anchors = {m.lower() for m in re.findall(r"^## (\w+)$", runbooks, re.M)}
     for rule in _rules():
         if "alert" not in rule:
             continue
-        assert rule["labels"]["severity"] in {"page", "warning"}, rule["alert"]
-        assert rule.get("for"), f"{rule['alert']}: a `for:` duration keeps one bad scrape from alerting"
-        assert "summary" in rule["annotations"], rule["alert"]
+        name = rule["alert"]
+        assert rule["labels"]["severity"] in {"critical", "warning"}, name  # the common convention
+        assert rule.get("for"), f"{name}: a `for:` duration keeps one bad scrape from alerting"
+        assert "summary" in rule["annotations"], name
+        # absolute (it ends up in Slack and PagerDuty), and the runbook has that section
+        assert rule["annotations"]["runbook_url"] == f"{RUNBOOK_BASE}#{name.lower()}", name
+        assert name.lower() in anchors, f"RUNBOOKS.md has no '## {name}' section"
+
+
+def test_agent_down_covers_a_failing_and_a_missing_agent() -> None:
+    exprs = [str(r["expr"]) for r in _rules() if r.get("alert") == "InfercostAgentDown"]
+    assert any("== 0" in e and e.startswith("up{") for e in exprs)
+    assert any(e.startswith("absent(up{") for e in exprs)
+
+
+def test_seven_day_baselines_need_six_days_of_history() -> None:
+    for rule in _rules():
+        if "alert" in rule and "ratio_7d" in str(rule["expr"]):
+            assert "model:infercost_history_hours:count7d >= 144" in str(rule["expr"]), rule["alert"]
+
+
+def test_helm_chart_ships_the_same_rules() -> None:
+    chart_copy = ROOT / "deploy" / "helm" / "infercost" / "files" / "infercost.rules.yml"
+    assert chart_copy.read_text() == RULES.read_text(), "copy rules/prometheus/infercost.rules.yml there"
 
 
 def test_promtool_rejects_a_broken_rule(tmp_path: Path) -> None:

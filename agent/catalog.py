@@ -112,6 +112,16 @@ CATALOG: tuple[MetricSpec, ...] = (
         (*GPU_LABELS, "uuid", "gpu_model", "mig_parent"),
     ),
     _m(
+        "gpu_pod_info",
+        "gauge",
+        "1",
+        "The pod holding this GPU per the kubelet when it is not a scraped engine (value 1): the GPU's "
+        "cost is that pod's.",
+        "gpu",
+        "pod_info",
+        (*GPU_LABELS, "namespace", "pod"),
+    ),
+    _m(
         "gpu_utilization_ratio",
         "gauge",
         "1",

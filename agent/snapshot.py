@@ -97,6 +97,8 @@ class Snapshot:
     store_files_recovered_total: int = 0  # damaged SQLite files moved aside and recreated
     # (engine, model, version) → epoch seconds when it replaced another version
     deploys: Mapping[ModelKey, float] = field(default_factory=dict)
+    # GPU or MIG UUID → (namespace, pod) holding it per the kubelet, for pods that are not scraped
+    gpu_pods: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     python_version: str = platform.python_version()
 
 
@@ -315,7 +317,11 @@ def series(spec: MetricSpec, snap: Snapshot) -> Iterator[tuple[tuple[str, ...], 
     elif spec.source == "gpu":
         for g in snap.gpus:
             s = g.sample
-            if spec.field == "info":
+            if spec.field == "pod_info":
+                holder = snap.gpu_pods.get(s.uuid)
+                if holder is not None:
+                    yield (node, g.gpu, *holder), 1.0
+            elif spec.field == "info":
                 yield (node, g.gpu, s.uuid, s.name, s.mig_parent_uuid or ""), 1.0
             elif spec.field == "up":
                 yield (node, g.gpu), s.up

@@ -450,7 +450,9 @@ class Agent:
     def _publish(self) -> Snapshot:
         store_up = None if self.hooks.store is None else self.history.up
         snap = self.ledger.snapshot(store_up=store_up)
-        return replace(snap, store_files_recovered_total=self.hooks.recovered_files)
+        src = self.hooks.engine_source
+        gpu_pods = src.gpu_pods() if src is not None else {}
+        return replace(snap, store_files_recovered_total=self.hooks.recovered_files, gpu_pods=gpu_pods)
 
     def _maybe_detect(self, tick_end: float) -> None:
         """Start detection up to ``tick_end`` when a window boundary has passed since the last run.

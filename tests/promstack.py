@@ -71,6 +71,7 @@ def label_sets(spec: MetricSpec) -> Iterator[dict[str, str]]:
             for gpu in GPUS:
                 base = {"node": node, "gpu": gpu}
                 extra = {"uuid": f"GPU-{node}-{gpu}", "gpu_model": gpu_model, "mig_parent": ""}
+                extra |= {"namespace": "research", "pod": "notebook-0"}  # gpu_pod_info
                 yield {k: ({**base, **extra})[k] for k in spec.labels}
         elif spec.source == "engine":
             for engine, kind, _, _ in MODELS:

@@ -174,6 +174,21 @@ async def test_discovered_engines_are_priced_by_their_kubelet_gpus_and_an_image_
                 assert agent.hooks.engine_source is not None
                 holders = {(h.gpu, h.namespace, h.pod) for h in agent.hooks.engine_source.gpu_holders()}
                 assert holders == {(uuid[4], "research", "notebook-0"), (uuid[5], "research", "notebook-0")}
+                # ... and named on /metrics, so the notebook's GPUs are its cost, not anonymous idle
+                pod_info = {tuple(sorted(k)) for k in m["infercost_gpu_pod_info"]}
+                assert pod_info == {
+                    tuple(
+                        sorted(
+                            {
+                                "node": "gpu-node-1",
+                                "gpu": g,
+                                "namespace": "research",
+                                "pod": "notebook-0",
+                            }.items()
+                        )
+                    )
+                    for g in ("4", "5")
+                }
 
                 # a new vLLM image, same weights (same version label): an engine upgrade, no new model version
                 assert store.deploys() == []

@@ -74,6 +74,7 @@ class KubeEngines:
         self._no_gpu_logged: set[str] = set()
         self._on_engine_version = on_engine_version
         self._noted: dict[str, str] = {}  # engine → build last passed to on_engine_version
+        self._holders_logged: dict[str, tuple[str, str]] = {}
         self.generation = 0  # bumps whenever the engine list may have changed
 
     # ---------------------------------------------------------------- the daemon's side
@@ -99,6 +100,18 @@ class KubeEngines:
             for g, (ns, pod) in self.gpu_map.holders().items()
             if (ns, pod) not in engine_pods
         ]
+
+    def gpu_pods(self) -> dict[str, tuple[str, str]]:
+        """GPU UUID → (namespace, pod) for GPUs held by pods that are not engines (exported as
+        ``infercost_gpu_pod_info``; one log line per new holder)."""
+        out = {h.gpu: (h.namespace, h.pod) for h in self.gpu_holders()}
+        for gpu, (ns, pod) in out.items():
+            if self._holders_logged.get(gpu) != (ns, pod):
+                logger.info(
+                    "GPU %s is held by pod %s/%s, which is not scraped: its cost is that pod's", gpu, ns, pod
+                )
+        self._holders_logged = dict(out)
+        return out
 
     async def run(self, stop: asyncio.Event) -> None:
         """Follow the pods and refresh the GPU map until ``stop`` is set."""

@@ -172,14 +172,14 @@ class FakeKubeApi:
         else:
             self._events.put_nowait({"type": kind, "object": self._apply(kind, obj)})
 
-    async def start(self) -> str:
-        """Listen on a free loopback port; return the base URL."""
+    async def start(self, port: int = 0) -> str:
+        """Listen on a loopback port (default: a free one); return the base URL."""
         app = web.Application()
         app.router.add_get("/api/v1/pods", self._handle)
         app.router.add_get("/api/v1/namespaces/{ns}/pods", self._handle)
         self._runner = web.AppRunner(app, shutdown_timeout=0.1)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", port, reuse_address=True)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.url = f"http://127.0.0.1:{port}"

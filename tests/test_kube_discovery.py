@@ -194,6 +194,23 @@ async def test_list_then_watch_follows_pods_relists_after_410_and_keeps_engines_
         assert skipped == [
             "pod llm/bad-0 skipped: annotation infercost.io/port 'abc' is not a port number (1-65535)"
         ]
+        # SSRF: an annotation pointing at the cloud metadata address is refused with one line
+        evil = pod(
+            "evil-0", ip="10.244.1.14", annotations=_ann(path="http://169.254.169.254/latest/meta-data/")
+        )
+        api.emit("ADDED", evil)
+        await _until(lambda: any("evil-0" in r.getMessage() for r in caplog.records))
+        assert [r.getMessage() for r in caplog.records if "evil-0" in r.getMessage()] == [
+            "pod llm/evil-0 skipped: refused scrape target path 'http://169.254.169.254/latest/meta-data/': "
+            "it must be an absolute path such as /metrics"
+        ]
+        assert "evil-0" not in _urls(src)
+        api.emit("DELETED", evil)
+        await _until(
+            lambda: (
+                ("llm", "evil-0") not in {(p.metadata.namespace, p.metadata.name) for p in src.watcher.pods()}
+            )
+        )
 
         # 410 Gone → a fresh list, which sees a pod deleted while no watch was open
         lists = src.watcher.lists
@@ -276,3 +293,42 @@ def test_one_config_file_serves_a_mixed_fleet_through_per_node_overrides() -> No
         parse_config(bad, "node.yaml", environ={"INFERCOST_NODE": "gpu-node-17"})
     with pytest.raises(ConfigError, match="key 'nodes': must map node names"):
         parse_config({"nodes": ["gpu-node-17"]}, "node.yaml", environ={})
+
+
+async def test_a_watch_cut_by_an_api_server_restart_reconnects(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """The API server goes away mid-watch (connection refused): the engines stay; when it is back on
+    the same address the agent lists again and follows the change it missed."""
+    caplog.set_level(logging.INFO)
+    labels = {"app.kubernetes.io/version": "v1"}
+    api = FakeKubeApi()
+    api.put(pod("a-0", ip="10.244.1.10", annotations=SCRAPE, labels=labels))
+    url = await api.start()
+    k = KubernetesConfig(
+        enabled=True,
+        kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", url),
+        pod_resources_socket=None,
+        backoff_min_seconds=0.05,
+        backoff_max_seconds=0.2,
+    )
+    src = KubeEngines(Config(node="gpu-node-1", kubernetes=k))
+    stop = asyncio.Event()
+    task = asyncio.create_task(src.run(stop))
+    again = FakeKubeApi()
+    try:
+        await _until(lambda: _urls(src).get("a-0") == ("http://10.244.1.10:8000/metrics", "v1"))
+        await _until(lambda: any(q.get("watch") == "true" for q in api.requests))
+        await api.stop()
+        await _until(lambda: any("unavailable" in r.getMessage() for r in caplog.records))
+        assert _urls(src) == {"a-0": ("http://10.244.1.10:8000/metrics", "v1")}  # the last engines stay
+        again.put(
+            pod("a-0", ip="10.244.1.10", annotations=SCRAPE, labels={"app.kubernetes.io/version": "v2"})
+        )
+        await again.start(port=int(url.rsplit(":", 1)[1]))
+        await _until(lambda: _urls(src).get("a-0") == ("http://10.244.1.10:8000/metrics", "v2"))
+        assert any("answering again" in r.getMessage() for r in caplog.records)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+        await again.stop()

@@ -102,6 +102,9 @@ class EngineConfig(_Frozen):
     version_label: str = "app.kubernetes.io/version"  # the key to read from version_file
     timeout_seconds: float = Field(2.0, gt=0, le=600)  # why ≤ 10 min: longer is a hung engine
     max_bytes: int = Field(8 * 1024 * 1024, gt=0)  # larger pages are refused (hostile endpoints)
+    # At most this many models per engine; the rest are folded into model="other" (why 64: bounds
+    # the series per node that /metrics and the store carry, while a multi-LoRA server stays whole)
+    max_models: int = Field(64, ge=1)
     weights_bytes: float | None = Field(None, gt=0)  # model weights read per decode step, for roofline
     kv_bytes_per_token: float | None = Field(None, gt=0)  # 2 × layers × kv_heads × head_dim × bytes
     kv_capacity_tokens: float | None = Field(

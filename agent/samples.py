@@ -108,6 +108,10 @@ class EngineScrape:
     models: tuple[ModelSignals, ...] = ()
     error: str | None = None  # why up is False
     size_bytes: int = 0  # bytes of the page
+    # series refused at the adapter boundary (non-finite, negative or huge counters, broken
+    # histograms): their signal is absent for this scrape; one short description each
+    invalid_series: tuple[str, ...] = ()
+    dropped_series: int = 0  # series of models beyond the engine's max_models, folded into "other"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.samples import Histogram, ModelSignals
 from agent.sources.engines import ADAPTERS, detect_kind
+from agent.sources.engines.base import clean_label
 from agent.sources.engines.pagegen import make_vllm_page
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -232,3 +233,139 @@ def test_underscore_escaped_names_from_newer_prometheus_client_map_the_same() ->
     assert detect_kind(escaped) == "vllm"
     (sig,) = ADAPTERS["vllm"].parse(escaped)
     assert sig.model == "m" and sig.generation_tokens_total == 42
+
+
+# ---- the adapter boundary (issues 11 and 14) ------------------------------------------------
+
+
+def _read(page: str, kind: str = "vllm", **kw: Any) -> tuple[dict[str, ModelSignals], Any]:
+    reading = ADAPTERS[kind].read(page, **kw)
+    return {m.model: m for m in reading.models}, reading
+
+
+def test_a_series_written_twice_counts_once_with_its_last_value() -> None:
+    page = (
+        'vllm:num_requests_running{model_name="m"} 8\n'
+        'vllm:generation_tokens_total{model_name="m"} 100\n'
+        'vllm:num_requests_running{model_name="m"} 5\n'
+        'vllm:generation_tokens_total{model_name="m"} 100\n'
+    )
+    (m,) = ADAPTERS["vllm"].parse(page)
+    assert m.requests_running == 5 and m.generation_tokens_total == 100
+
+
+def test_both_spellings_of_a_family_are_read_once() -> None:
+    page = (
+        'vllm:generation_tokens_total{model_name="m"} 100\n'
+        'vllm_generation_tokens_total{model_name="m"} 100\n'
+        'vllm_prompt_tokens_total{model_name="m"} 40\n'
+    )
+    (m,) = ADAPTERS["vllm"].parse(page)
+    assert m.generation_tokens_total == 100  # not 200
+    assert m.prompt_tokens_total == 40  # only the escaped spelling: read as the canonical one
+
+
+def test_exemplars_native_histograms_and_quoted_names_are_read() -> None:
+    page = (
+        'vllm:generation_tokens_total{model_name="m"} 7 # {trace_id="abc"} 1.0\n'
+        'vllm:time_to_first_token_seconds{model_name="m"} {count:3,sum:1.5,schema:0,zero_threshold:0,'
+        "zero_count:0,positive_spans:[0:1],positive_deltas:[3]}\n"
+        'vllm:time_to_first_token_seconds_bucket{model_name="m",le="0.5"} 2 # {trace_id="x"} 0.4\n'
+        'vllm:time_to_first_token_seconds_bucket{model_name="m",le="+Inf"} 3\n'
+        'vllm:time_to_first_token_seconds_sum{model_name="m"} 1.5\n'
+        'vllm:time_to_first_token_seconds_count{model_name="m"} 3\n'
+        '{"vllm:prompt_tokens_total", model_name="m"} 11\n'
+        "# EOF\n"
+    )
+    (m,) = ADAPTERS["vllm"].parse(page, openmetrics=True)
+    assert m.generation_tokens_total == 7 and m.prompt_tokens_total == 11
+    assert m.ttft_seconds == Histogram(buckets=((0.5, 2.0), (math.inf, 3.0)), sum=1.5, count=3.0)
+
+
+@pytest.mark.parametrize("bad", ["+Inf", "-Inf", "1e308", "NaN", "-5", "2e15"])
+def test_a_hostile_counter_makes_only_its_signal_absent(bad: str) -> None:
+    page = (
+        f'vllm:generation_tokens_total{{model_name="a",engine="0"}} {bad}\n'
+        'vllm:generation_tokens_total{model_name="a",engine="1"} 50\n'
+        'vllm:prompt_tokens_total{model_name="a"} 20\n'
+        'vllm:generation_tokens_total{model_name="b"} 10\n'
+    )
+    models, reading = _read(page)
+    assert models["a"].generation_tokens_total is None  # not 50 (a partial sum), not Inf
+    assert models["a"].counter_parts == {}
+    assert models["a"].prompt_tokens_total == 20  # other signals of the model unaffected
+    assert models["b"].generation_tokens_total == 10  # other models unaffected
+    (why,) = reading.invalid_series
+    assert why.startswith("generation_tokens_total: vllm:generation_tokens_total{engine=0,model_name=a}")
+
+
+@pytest.mark.parametrize("bad", ["+Inf", "-1", "NaN", "1.5"])
+def test_a_hostile_gauge_is_refused_and_a_ratio_stays_in_0_1(bad: str) -> None:
+    page = (
+        f'vllm:kv_cache_usage_perc{{model_name="a"}} {bad}\nvllm:num_requests_running{{model_name="a"}} 3\n'
+    )
+    models, reading = _read(page)
+    assert models["a"].kv_cache_usage_ratio is None and models["a"].requests_running == 3
+    assert len(reading.invalid_series) == (0 if bad == "NaN" else 1)  # a NaN gauge: no reading
+
+
+def _ttft(model: str, buckets: list[tuple[str, str]], count: str) -> str:
+    lines = [
+        f'vllm:time_to_first_token_seconds_bucket{{model_name="{model}",le="{le}"}} {v}' for le, v in buckets
+    ]
+    lines.append(f'vllm:time_to_first_token_seconds_sum{{model_name="{model}"}} 1')
+    lines.append(f'vllm:time_to_first_token_seconds_count{{model_name="{model}"}} {count}')
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("buckets", "count"),
+    [
+        ([("0.1", "5"), ("1", "3"), ("+Inf", "5")], "5"),  # decreasing
+        ([("0.1", "NaN"), ("1", "3"), ("+Inf", "5")], "5"),
+        ([("0.1", "1"), ("1", "3"), ("+Inf", "NaN")], "5"),  # +Inf bucket NaN
+        ([("0.1", "1"), ("1", "3"), ("+Inf", "5")], "NaN"),
+        ([("0.1", "1"), ("1", "-3"), ("+Inf", "5")], "5"),
+    ],
+)
+def test_a_broken_histogram_is_absent_never_a_made_up_quantile(
+    buckets: list[tuple[str, str]], count: str
+) -> None:
+    page = _ttft("a", buckets, count) + _ttft("b", [("0.1", "1"), ("1", "3"), ("+Inf", "4")], "4")
+    models, reading = _read(page)
+    assert "a" not in models or models["a"].ttft_seconds is None
+    assert models["b"].ttft_seconds == Histogram(
+        buckets=((0.1, 1.0), (1.0, 3.0), (math.inf, 4.0)), sum=1.0, count=4.0
+    )
+    assert len(reading.invalid_series) == 1 and reading.invalid_series[0].startswith("ttft_seconds: ")
+
+
+def test_label_values_are_bounded_and_cleaned() -> None:
+    long_a, long_b = "m" * 1000 + "a", "m" * 1000 + "b"
+    page = "".join(
+        f'vllm:generation_tokens_total{{model_name="{name}"}} {i}\n'
+        for i, name in enumerate([long_a, long_b, "bell\x07and\x1bescape", "ok/model"], start=1)
+    )
+    models, _ = _read(page)
+    names = sorted(models)
+    assert "bellandescape" in names and "ok/model" in names
+    longs = [n for n in names if n.startswith("mmm")]
+    assert len(longs) == 2 and all(len(n) == 128 and n[119] == "~" for n in longs)  # 119 kept + "~" + 8 hex
+    assert longs[0] != longs[1]  # distinct long names stay distinct
+    assert clean_label("x" * 128) == "x" * 128 and clean_label("tab\there") == "tabhere"
+
+
+def test_models_beyond_max_models_fold_into_other_with_a_dropped_count() -> None:
+    page = "".join(
+        f'vllm:generation_tokens_total{{model_name="m{i:02d}",engine="{e}"}} {i}\n'
+        for i in range(70)
+        for e in (0, 1)
+    )
+    models, reading = _read(page, max_models=64)
+    assert len(models) == 65 and "m63" in models and "m64" not in models
+    assert models["other"].generation_tokens_total == 2 * sum(range(64, 70))  # 2 ranks each
+    assert reading.dropped_series == 6 * 2
+    small, reading = _read(page)  # the default is 64 too
+    assert len(small) == 65 and reading.dropped_series == 12
+    _, none_dropped = _read(page, max_models=100)
+    assert none_dropped.dropped_series == 0

@@ -201,3 +201,89 @@ async def test_auto_kind_is_detected_once_then_kept(server: tuple[str, dict[str,
     assert first.kind == "llamacpp" and first.models[0].model == "default"
     assert second.up and second.kind == "llamacpp"  # not re-detected: a vLLM page has no llamacpp series
     assert second.models == ()
+
+
+@pytest.fixture
+async def pages() -> AsyncIterator[tuple[str, dict[str, bytes | str]]]:
+    """A local server answering /page with whatever ``state["body"]`` holds right now."""
+    state: dict[str, bytes | str] = {"body": "", "ctype": "text/plain; version=0.0.4"}
+
+    async def page(_: web.Request) -> web.Response:
+        body = state["body"]
+        raw = body.encode() if isinstance(body, str) else body
+        return web.Response(body=raw, headers={"Content-Type": str(state["ctype"])})
+
+    app = web.Application()
+    app.router.add_get("/page", page)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}/page", state
+    finally:
+        await runner.cleanup()
+
+
+GOOD_B = 'vllm:generation_tokens_total{model_name="b"} 10\n'
+
+
+async def test_hostile_values_never_pass_and_are_logged_once_per_change(
+    pages: tuple[str, dict[str, bytes | str]], caplog: pytest.LogCaptureFixture
+) -> None:
+    url, state = pages
+    caplog.set_level(logging.INFO, logger="agent.sources.engines.scraper")
+    results = []
+    async with aiohttp.ClientSession() as session:
+        scraper = EngineScraper(_cfg(url, "vllm"), session, ManualClock())
+        for bad in ["+Inf", "-Inf", "1e308", "NaN", "-5"]:  # five scrapes, one bad series throughout
+            state["body"] = f'vllm:generation_tokens_total{{model_name="a"}} {bad}\n' + GOOD_B
+            results.append(await scraper.scrape())
+        state["body"] = 'vllm:generation_tokens_total{model_name="a"} 7\n' + GOOD_B
+        results.append(await scraper.scrape())
+    for r in results[:-1]:
+        assert r.up and len(r.invalid_series) == 1
+        got = {m.model: m.generation_tokens_total for m in r.models}
+        assert got == {"b": 10.0}  # model a has no valid signal at all: absent, not Inf
+    assert results[-1].invalid_series == () and {m.model for m in results[-1].models} == {"a", "b"}
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("series refused" in msg for msg in messages) == 1
+    assert sum("every series valid again" in msg for msg in messages) == 1
+
+
+async def test_a_huge_malformed_line_is_quoted_short_and_logged_once(
+    pages: tuple[str, dict[str, bytes | str]], caplog: pytest.LogCaptureFixture
+) -> None:
+    url, state = pages
+    caplog.set_level(logging.INFO, logger="agent.sources.engines.scraper")
+    async with aiohttp.ClientSession() as session:
+        scraper = EngineScraper(_cfg(url, "vllm", max_bytes=4 * 1024 * 1024), session, ManualClock())
+        errors = []
+        for i in range(4):  # the line differs every scrape
+            state["body"] = 'vllm:generation_tokens_total{model_name="' + str(i) + "x" * 1_000_000 + "} 1\n"
+            got = await scraper.scrape()
+            assert not got.up and got.error is not None
+            errors.append(got.error)
+    assert all(e.startswith("unparsable page") and len(e) < 400 for e in errors)
+    logged = [r.getMessage() for r in caplog.records]
+    assert len(logged) == 1 and len(logged[0]) < 600
+
+
+async def test_nul_bytes_in_comments_and_openmetrics_pages(pages: tuple[str, dict[str, bytes | str]]) -> None:
+    url, state = pages
+    async with aiohttp.ClientSession() as session:
+        scraper = EngineScraper(_cfg(url, "vllm"), session, ManualClock())
+        state["body"] = b"# HELP vllm:generation_tokens_total he\x00lp\n" + GOOD_B.encode()
+        nul = await scraper.scrape()
+        state["body"] = 'vllm:generation_tokens_total{model_name="b"} 10 1700000000\n# EOF\n' + (
+            'vllm:generation_tokens_total{model_name="b"} 99\n'
+        )
+        text_eof = await scraper.scrape()
+        state["ctype"] = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+        om_eof = await scraper.scrape()
+        state["body"] = b"\x00" * 200 + GOOD_B.encode()
+        binary = await scraper.scrape()
+    assert nul.up and nul.models[0].generation_tokens_total == 10
+    assert text_eof.models[0].generation_tokens_total == 99  # text format: "# EOF" is a comment; last wins
+    assert om_eof.models[0].generation_tokens_total == 10  # OpenMetrics: the page ends at # EOF
+    assert not binary.up and binary.error is not None and "binary body" in binary.error

@@ -12,24 +12,49 @@ parsed page into one :class:`ModelSignals` per served model:
 - histograms are summed bucket by bucket (Prometheus ``sum by (le)``), ``le`` read from the page;
 - a signal whose series are all missing stays ``None`` (absent), never 0.
 
+The adapter boundary (issue 11): nothing hostile passes on to the cost path.
+
+- one value per series: a series written twice on a page counts once, the last value (as
+  Prometheus keeps it);
+- counters must be finite, ≥ 0 and ≤ :data:`MAX_VALUE`; gauges too (ratios ≤ 1; a NaN gauge is
+  simply no reading); histogram buckets finite, ≥ 0 and non-decreasing in ``le``. A series that
+  fails makes its signal absent for that model in this scrape (never a made-up value or quantile)
+  and is described in :attr:`Reading.invalid_series`; the other signals and models are unaffected;
+- model names (and finish reasons) are cleaned by :func:`clean_label`; at most ``max_models``
+  models per engine (the first by name), the rest folded into ``model="other"``, their series
+  counted in :attr:`Reading.dropped_series`.
+
 Values are cumulative, as read; counter resets are the window join's business.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import itertools
 import logging
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from agent.samples import Histogram, ModelSignals
-from agent.sources.engines.parser import FamilyParser, Page
+from agent.sources.engines.parser import FamilyParser, Page, Sample
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "default"  # model name when neither the page nor the config names one
+OTHER_MODEL = "other"  # the models beyond an engine's max_models, folded together
+DEFAULT_MAX_MODELS = 64  # models per engine (config: engines[].max_models)
+# Why 1e15: a year of 100 M tokens/s is 3e15, far beyond any one engine's counter; 1e308 or Inf
+# would turn every sum downstream into Inf or NaN.
+MAX_VALUE = 1e15
+# Why 128: a Hugging Face repo id is at most 96 characters; longer values are hostile or broken
+# and would bloat /metrics and the store (issue 11).
+MAX_LABEL_CHARS = 128
+MAX_REPORTED = 20  # refused series described per scrape (the rest only counted out of the signal)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 _SCALAR_FIELDS = frozenset(
     f.name
@@ -113,135 +138,252 @@ class Adapter:
     families: frozenset[str] = field(init=False, default=frozenset())  # wire families it reads
     parser: FamilyParser = field(init=False, repr=False, compare=False, default=None)  # type: ignore[assignment]
 
+    def read(
+        self,
+        text: str,
+        default_model: str | None = None,
+        openmetrics: bool = False,
+        max_models: int = DEFAULT_MAX_MODELS,
+    ) -> Reading:
+        """Parse a page (OpenMetrics text when ``openmetrics``) and map it with its checks;
+        raises ParseError on a malformed wanted line."""
+        return self.map(self.parser.parse(text, openmetrics), default_model, max_models)
+
     def parse(
         self, text: str, default_model: str | None = None, openmetrics: bool = False
     ) -> tuple[ModelSignals, ...]:
-        """Parse a page (OpenMetrics text when ``openmetrics``) and map it; raises ParseError on a
-        malformed wanted line."""
-        return self.map(self.parser.parse(text, openmetrics), default_model)
+        """The models of :meth:`read` (raises ParseError on a malformed wanted line)."""
+        return self.read(text, default_model, openmetrics).models
 
-    def _model_of(self, labels: Mapping[str, str], default_model: str) -> str | None:
-        if self.model_label is None:
-            return default_model
-        model = labels.get(self.model_label)
-        if model is None:
-            return None
-        if model in self.placeholder_models:
-            return default_model
-        return model
+    def map(
+        self, page: Page, default_model: str | None = None, max_models: int = DEFAULT_MAX_MODELS
+    ) -> Reading:
+        """One :class:`ModelSignals` per model seen on the page, sorted by model name, with the
+        series refused and the series folded (see the module docstring)."""
+        return _Mapping(self, page, default_model, max_models).run()
 
-    @staticmethod
-    def _matches(labels: Mapping[str, str], where: Mapping[str, str]) -> bool:
-        return all(labels.get(k) == v for k, v in where.items())
 
-    def _scalar(
-        self,
-        page: Page,
-        s: Series,
-        default_model: str,
-        mean: bool,
-        parts: dict[str, dict[str, float]] | None = None,
-    ) -> dict[str, float]:
-        """Per model, the series' value summed (or averaged) over every other label; with ``parts``,
-        also each summed series' own value (keyed by its name and other labels), for counters."""
-        first = page.get(s.names[0])
-        if not first:
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """What one page said, after the adapter boundary's checks."""
+
+    models: tuple[ModelSignals, ...]
+    invalid_series: tuple[str, ...] = ()  # "signal: series (why)", at most MAX_REPORTED
+    dropped_series: int = 0  # series of models beyond max_models, folded into OTHER_MODEL
+
+
+def clean_label(value: str) -> str:
+    """A label value as the agent passes it on: control characters removed, at most
+    :data:`MAX_LABEL_CHARS` characters (a longer one is cut and ends in ``~`` and 8 hex digits of
+    its SHA-256, so distinct long values stay distinct)."""
+    if len(value) <= MAX_LABEL_CHARS and _CONTROL.search(value) is None:
+        return value
+    cleaned = _CONTROL.sub("", value)
+    if len(cleaned) > MAX_LABEL_CHARS:
+        digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+        cleaned = f"{cleaned[: MAX_LABEL_CHARS - 9]}~{digest}"
+    return cleaned
+
+
+def _describe(name: str, labels: Mapping[str, str], why: str) -> str:
+    inner = ",".join(f"{k}={clean_label(v)[:40]}" for k, v in sorted(labels.items()))
+    return f"{name}{{{inner}}}"[:200] + f" ({why})"
+
+
+def _latest(samples: list[Sample]) -> Iterable[Sample]:
+    """One sample per series (equal labels): the last on the page, as Prometheus keeps it."""
+    if len(samples) < 2:
+        return samples
+    return {frozenset(s.labels.items()): s for s in samples}.values()
+
+
+class _Mapping:
+    """One run of :meth:`Adapter.map` (state shared by its steps)."""
+
+    def __init__(self, adapter: Adapter, page: Page, default_model: str | None, max_models: int) -> None:
+        self.a = adapter
+        self.page = {name: _latest(samples) for name, samples in page.items()}
+        self.fallback = clean_label(default_model) if default_model else DEFAULT_MODEL
+        self.invalid: list[str] = []
+        self.bad: set[tuple[str, str]] = set()  # (model, signal) refused this scrape
+        self.dropped = 0
+        self.model_of: dict[str, str] = {}  # label value on the wire → model name passed on
+        self._plan_models(max_models)
+
+    def _plan_models(self, max_models: int) -> None:
+        label = self.a.model_label
+        if label is None:
+            return
+        wire = {s.labels.get(label) for samples in self.page.values() for s in samples}
+        wire.discard(None)
+        names: dict[str, str] = {}
+        for w in wire:
+            assert w is not None
+            m = clean_label(w)
+            names[w] = self.fallback if (not m or w in self.a.placeholder_models) else m
+        kept = set(sorted(set(names.values()))[:max_models])
+        for w, m in names.items():
+            self.model_of[w] = m if m in kept else OTHER_MODEL
+        folded = {w for w, m in self.model_of.items() if m == OTHER_MODEL}
+        if folded:
+            self.dropped = sum(
+                1 for samples in self.page.values() for s in samples if s.labels.get(label) in folded
+            )
+
+    def _model(self, labels: Mapping[str, str]) -> str | None:
+        if self.a.model_label is None:
+            return self.fallback
+        wire = labels.get(self.a.model_label)
+        return None if wire is None else self.model_of[wire]
+
+    def _refuse(self, model: str, signal: str, name: str, labels: Mapping[str, str], why: str) -> None:
+        self.bad.add((model, signal))
+        if len(self.invalid) < MAX_REPORTED:
+            self.invalid.append(f"{signal}: {_describe(name, labels, why)}")
+
+    def _scalar(self, signal: str, s: Series, parts: dict[str, dict[str, float]] | None) -> dict[str, float]:
+        """Per model, the series' value summed (or averaged) over every other label; with
+        ``parts``, also each summed series' own value (keyed by name and other labels)."""
+        if not self.page.get(s.names[0]):
             return {}
+        mean = signal in _MEAN_FIELDS
+        counter = signal in COUNTER_FIELDS
+        high = 1.0 if mean else MAX_VALUE
+        where = s.where
+        scale = s.scale
         total: dict[str, float] = {}
         count: dict[str, int] = {}
+        seen: dict[str, list[tuple[str, Mapping[str, str], float]]] = {}
         for name in s.names:
-            for sample in page.get(name, ()):
-                if math.isnan(sample.value) or not self._matches(sample.labels, s.where):
+            for sample in self.page.get(name, ()):
+                labels = sample.labels
+                if where and any(labels.get(k) != v for k, v in where.items()):
                     continue
-                model = self._model_of(sample.labels, default_model)
+                model = self._model(labels)
                 if model is None:
                     continue
-                total[model] = total.get(model, 0.0) + sample.value * s.scale
+                v = sample.value
+                if not 0.0 <= v <= high:  # False for NaN too
+                    if v != v and not counter:  # a NaN gauge: no reading, not an error
+                        continue
+                    kind = "counter" if counter else "gauge"
+                    self._refuse(model, signal, name, labels, f"{kind} value {v!r} outside [0, {high:g}]")
+                    continue
+                v *= scale
+                total[model] = total.get(model, 0.0) + v
                 count[model] = count.get(model, 0) + 1
                 if parts is not None:
-                    key = name + "".join(
-                        f",{k}={v}" for k, v in sorted(sample.labels.items()) if k != self.model_label
-                    )
+                    seen.setdefault(model, []).append((name, labels, v))
+        if parts is not None:
+            label = self.a.model_label
+            for model, items in seen.items():
+                if len(items) > 1:
                     per = parts.setdefault(model, {})
-                    per[key] = per.get(key, 0.0) + sample.value * s.scale
+                    for wire, wire_labels, v in items:
+                        key = wire + "".join(
+                            f",{k}={clean_label(x)}" for k, x in sorted(wire_labels.items()) if k != label
+                        )
+                        per[key] = per.get(key, 0.0) + v
         if mean:
             return {m: v / count[m] for m, v in total.items()}
         return total
 
-    def _histogram(self, page: Page, s: Series, default_model: str) -> dict[str, Histogram]:
-        """Per model, the histogram summed bucket by bucket over every other label."""
+    def _histogram(self, signal: str, s: Series) -> dict[str, Histogram]:
+        """Per model, the histogram summed bucket by bucket over every other label; a histogram
+        with a NaN, negative or non-monotonic bucket, or a bad sum or count, is refused."""
         base = s.names[0]
+        where = s.where
         buckets: dict[str, dict[float, float]] = {}
-        for sample in page.get(base + "_bucket", ()):
-            if not self._matches(sample.labels, s.where):
+        for sample in self.page.get(base + "_bucket", ()):
+            labels = sample.labels
+            if where and any(labels.get(k) != v for k, v in where.items()):
                 continue
-            model = self._model_of(sample.labels, default_model)
-            le_text = sample.labels.get("le")
+            model = self._model(labels)
+            le_text = labels.get("le")
             if model is None or le_text is None:
                 continue
             try:
                 le = float(le_text)
             except ValueError:
-                logger.debug("bad le %r on %s", le_text, base)
+                self._refuse(model, signal, base + "_bucket", labels, "le is not a number")
+                continue
+            v = sample.value
+            if not 0.0 <= v <= MAX_VALUE or le != le:
+                self._refuse(model, signal, base + "_bucket", labels, f"bucket count {v!r}")
                 continue
             le = le * s.scale if math.isfinite(le) else le
             per = buckets.setdefault(model, {})
-            per[le] = per.get(le, 0.0) + sample.value
+            per[le] = per.get(le, 0.0) + v
         sums: dict[str, float] = {}
         counts: dict[str, float] = {}
-        for suffix, into in (("_sum", sums), ("_count", counts)):
-            for sample in page.get(base + suffix, ()):
-                if not self._matches(sample.labels, s.where):
+        for suffix, into, low in (("_sum", sums, -MAX_VALUE), ("_count", counts, 0.0)):
+            for sample in self.page.get(base + suffix, ()):
+                labels = sample.labels
+                if where and any(labels.get(k) != v for k, v in where.items()):
                     continue
-                model = self._model_of(sample.labels, default_model)
-                if model is not None:
-                    into[model] = into.get(model, 0.0) + sample.value
+                model = self._model(labels)
+                if model is None:
+                    continue
+                if not low <= sample.value <= MAX_VALUE:
+                    self._refuse(model, signal, base + suffix, labels, f"value {sample.value!r}")
+                    continue
+                into[model] = into.get(model, 0.0) + sample.value
         out: dict[str, Histogram] = {}
         for model, per in buckets.items():
             ordered = tuple(sorted(per.items()))
             if not ordered or not math.isinf(ordered[-1][0]):
                 continue  # no +Inf bucket: not a usable histogram
+            if any(later < earlier for (_, earlier), (_, later) in itertools.pairwise(ordered)):
+                self._refuse(model, signal, base + "_bucket", {"model": model}, "bucket counts decrease")
+                continue
             count = counts.get(model, ordered[-1][1])
             out[model] = Histogram(buckets=ordered, sum=sums.get(model, 0.0) * s.scale, count=count)
         return out
 
-    def map(self, page: Page, default_model: str | None = None) -> tuple[ModelSignals, ...]:
-        """One :class:`ModelSignals` per model seen on the page, sorted by model name."""
-        fallback = default_model or DEFAULT_MODEL
+    def run(self) -> Reading:
+        a = self.a
         values: dict[str, dict[str, Any]] = {}
-
-        def put(model: str, name: str, value: Any) -> None:
-            values.setdefault(model, {}).setdefault(name, value)  # first alternative wins
-
         counter_parts: dict[str, dict[str, dict[str, float]]] = {}  # model → signal → series → value
-        for name, alternatives in self.scalars.items():
+        for signal, alternatives in a.scalars.items():
             for s in alternatives:
-                parts: dict[str, dict[str, float]] | None = {} if name in COUNTER_FIELDS else None
-                for model, v in self._scalar(page, s, fallback, name in _MEAN_FIELDS, parts).items():
-                    if (
-                        name not in values.get(model, {})
-                        and parts is not None
-                        and len(parts.get(model, {})) > 1
-                    ):
-                        counter_parts.setdefault(model, {})[name] = parts[model]
-                    put(model, name, v)
-        for model, per_signal in counter_parts.items():
-            values[model]["counter_parts"] = per_signal
-        for name, alternatives in self.histograms.items():
+                parts: dict[str, dict[str, float]] | None = {} if signal in COUNTER_FIELDS else None
+                for model, v in self._scalar(signal, s, parts).items():
+                    got = values.setdefault(model, {})
+                    if signal in got:
+                        continue  # an earlier alternative wins
+                    got[signal] = v
+                    if parts is not None and len(parts.get(model, ())) > 1:
+                        counter_parts.setdefault(model, {})[signal] = parts[model]
+        for signal, alternatives in a.histograms.items():
             for s in alternatives:
-                for model, h in self._histogram(page, s, fallback).items():
-                    put(model, name, h)
+                for model, h in self._histogram(signal, s).items():
+                    values.setdefault(model, {}).setdefault(signal, h)
         finished: dict[str, dict[str, float]] = {}
-        for f in self.finished:
-            for sample in page.get(f.metric, ()):
-                if math.isnan(sample.value) or not self._matches(sample.labels, f.where):
+        for f in a.finished:
+            for sample in self.page.get(f.metric, ()):
+                labels = sample.labels
+                if f.where and any(labels.get(k) != v for k, v in f.where.items()):
                     continue
-                owner = self._model_of(sample.labels, fallback)
-                reason = (sample.labels.get(f.label) if f.label else None) or f.reason
+                owner = self._model(labels)
+                reason = (labels.get(f.label) if f.label else None) or f.reason
                 if owner is None or reason is None:
                     continue
+                if not 0.0 <= sample.value <= MAX_VALUE:
+                    self._refuse(
+                        owner, "requests_finished_total", f.metric, labels, f"counter value {sample.value!r}"
+                    )
+                    continue
                 per = finished.setdefault(owner, {})
+                reason = clean_label(reason)
                 per[reason] = per.get(reason, 0.0) + sample.value
         for model, per in finished.items():
-            put(model, "requests_finished_total", dict(sorted(per.items())))
-        return tuple(ModelSignals(model=m, **values[m]) for m in sorted(values))
+            values.setdefault(model, {}).setdefault("requests_finished_total", dict(sorted(per.items())))
+        for model, signal in self.bad:  # a refused series makes its signal absent for the model
+            if model in values:
+                values[model].pop(signal, None)
+                counter_parts.get(model, {}).pop(signal, None)
+        for model, per_signal in counter_parts.items():
+            if per_signal:
+                values[model]["counter_parts"] = per_signal
+        models = tuple(ModelSignals(model=m, **values[m]) for m in sorted(values) if values[m])
+        return Reading(models, tuple(self.invalid), self.dropped)

@@ -49,14 +49,18 @@ logger = logging.getLogger(__name__)
 FAMILY_SUFFIXES: tuple[str, ...] = ("", "_bucket", "_sum", "_count")
 QUOTE_LIMIT = 200  # characters of a bad line quoted in a ParseError (a hostile line may be 1 MB)
 
-_LABEL_NAME = r'(?:[a-zA-Z_][a-zA-Z0-9_]*|"[^"\\\n]*(?:\\.[^"\\\n]*)*")'
-_LABEL_VALUE = r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"'  # unrolled (?:[^"\\]|\\.)* : much faster in sre
-_TERM = rf"[ \t]*(?:{_LABEL_NAME}[ \t]*=[ \t]*{_LABEL_VALUE}[ \t]*)?"
+# Possessive quantifiers (*+) everywhere a hostile 1 MB line could make sre backtrack: every
+# pattern here runs in time linear in the line.
+_LABEL_NAME = r'(?:[a-zA-Z_][a-zA-Z0-9_]*+|"[^"\\\n]*+(?:\\.[^"\\\n]*+)*+")'
+_LABEL_VALUE = r'"[^"\\\n]*+(?:\\.[^"\\\n]*+)*+"'  # unrolled (?:[^"\\]|\\.)* : much faster in sre
+_TERM = rf"[ \t]*+(?:{_LABEL_NAME}[ \t]*+=[ \t]*+{_LABEL_VALUE}[ \t]*+)?"
 # A label block (without its braces): terms separated by commas, empty terms allowed.
 _BLOCK = rf"{_TERM}(?:,{_TERM})*"
 _HEAD_RE = re.compile(rf"\{{({_BLOCK})\}}")
-_PAIR_RE = re.compile(rf'({_LABEL_NAME})[ \t]*=[ \t]*"([^"\\\n]*(?:\\.[^"\\\n]*)*)"')
-_SIMPLE_PAIR_RE = re.compile(r'([a-zA-Z_]\w*)="([^"]*)"')  # the common case: no escapes, no spaces
+_PAIR_RE = re.compile(rf'({_LABEL_NAME})[ \t]*+=[ \t]*+"([^"\\\n]*+(?:\\.[^"\\\n]*+)*+)"')
+# The common case: no escapes, no blanks. A name starts only after a non-word character, so a long
+# run of word characters is scanned once, not once per starting position.
+_SIMPLE_PAIR_RE = re.compile(r'(?<!\w)([a-zA-Z_]\w*+)="([^"]*+)"')
 _ESCAPE_RE = re.compile(r'\\[\\n"]')
 _ESCAPES: Mapping[str, str] = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 
 import aiohttp
@@ -34,6 +35,8 @@ ACCEPTED_TYPES = ("text/plain", "application/openmetrics-text")
 # for OpenMetrics, escapes "vllm:" names to "vllm_" in its newer releases.
 ACCEPT_HEADER = "text/plain;version=0.0.4,*/*;q=0.1"
 CHUNK_BYTES = 64 * 1024  # read size; the max_bytes cap is checked after each chunk
+# Why 60 s: an endpoint cycling through failure kinds still leaves at most one line a minute.
+LOG_INTERVAL_SECONDS = 60.0
 
 
 class ScrapeFailed(Exception):
@@ -52,7 +55,10 @@ class EngineScraper:
         self.session = session
         self.clock = clock
         self.kind: str | None = None if cfg.kind == "auto" else cfg.kind
-        self._state: str | None = None  # "up" or the last error, for log-once-per-change
+        self._state: str | None = None  # "up" or the kind of the last error, for log-once-per-change
+        self._last_down_log = -math.inf  # time.monotonic() of the last "down" line
+        self._held_back = 0  # down lines not written since (rate limit)
+        self._invalid: frozenset[str] = frozenset()  # the refused series last logged
 
     @property
     def adapter(self) -> Adapter | None:
@@ -68,7 +74,7 @@ class EngineScraper:
             size = len(body)
             text = self._decode(body)
             adapter = self._adapter_for(text)
-            models = adapter.parse(text, self.cfg.model, openmetrics)
+            reading = adapter.read(text, self.cfg.model, openmetrics, self.cfg.max_models)
         except asyncio.CancelledError:
             raise
         except Exception as err:
@@ -84,14 +90,17 @@ class EngineScraper:
                 size_bytes=size,
             )
         self._note("up")
+        self._note_invalid(reading.invalid_series)
         return EngineScrape(
             engine=self.cfg.name,
             kind=adapter.kind,
             timestamp=self.clock.now(),
             up=True,
             duration_seconds=time.perf_counter() - t0,
-            models=models,
+            models=reading.models,
             size_bytes=size,
+            invalid_series=reading.invalid_series,
+            dropped_series=reading.dropped_series,
         )
 
     async def _fetch(self) -> tuple[bytes, bool]:
@@ -121,8 +130,10 @@ class EngineScraper:
     @staticmethod
     def _decode(body: bytes) -> str:
         # A few NUL bytes are text (the OpenMetrics suite has one in a HELP line; in a label value
-        # the adapter removes it); a compressed body, or one that is more than 1 % NUL, is not.
-        if body[:2] == b"\x1f\x8b" or body.count(b"\x00") * 100 > len(body):
+        # the adapter removes it); a compressed body, or one with more than 8 NULs making up over
+        # 1 % of it (protobuf, a core dump), is not.
+        nuls = body.count(b"\x00")
+        if body[:2] == b"\x1f\x8b" or (nuls > 8 and nuls * 100 > len(body)):
             raise ScrapeFailed("binary body (compressed or NUL bytes), not exposition text")
         try:
             return body.decode("utf-8")
@@ -152,11 +163,39 @@ class EngineScraper:
         return f"unexpected {type(err).__name__}: {err}"
 
     def _note(self, state: str) -> None:
-        if state == self._state:
+        """One log line per change of state. A down reason that only differs in its details (the
+        quoted line of a page whose text changes every scrape) is the same state; a new kind of
+        reason is logged at most once per LOG_INTERVAL_SECONDS, with a count of the ones held back."""
+        kind = state.split(":", 1)[0]
+        if kind == self._state:
             return
-        previous, self._state = self._state, state
+        previous, self._state = self._state, kind
         if state == "up":
             if previous is not None:
                 logger.info("engine %s (%s) is up again", self.cfg.name, self.cfg.url)
+            return
+        now = time.monotonic()
+        if previous not in (None, "up") and now - self._last_down_log < LOG_INTERVAL_SECONDS:
+            self._held_back += 1
+            return
+        held = f" ({self._held_back} other down reasons held back)" if self._held_back else ""
+        self._last_down_log, self._held_back = now, 0
+        logger.warning("engine %s (%s) is down: %s%s", self.cfg.name, self.cfg.url, state[:300], held)
+
+    def _note_invalid(self, invalid: tuple[str, ...]) -> None:
+        """One log line when the set of refused series changes (values aside), not per scrape."""
+        keys = frozenset(i.rsplit(" (", 1)[0] for i in invalid)
+        if keys == self._invalid:
+            return
+        self._invalid = keys
+        if invalid:
+            more = f" (+{len(invalid) - 1} more)" if len(invalid) > 1 else ""
+            logger.warning(
+                "engine %s: %d series refused, their signals absent: %s%s",
+                self.cfg.name,
+                len(invalid),
+                invalid[0],
+                more,
+            )
         else:
-            logger.warning("engine %s (%s) is down: %s", self.cfg.name, self.cfg.url, state)
+            logger.info("engine %s: every series valid again", self.cfg.name)

@@ -162,7 +162,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     check_port("127.0.0.1", args.port)
     return asyncio.run(
-        run_demo(seconds=args.seconds, speed=args.speed, port=args.port, live=not args.no_view)
+        run_demo(
+            seconds=args.seconds,
+            speed=args.speed,
+            port=args.port,
+            live=not args.no_view,
+            state_dir=args.state_dir,
+            history_hours=args.history_hours,
+        )
     )
 
 
@@ -258,6 +265,15 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seconds", type=float, default=45.0, help="real seconds to run (0 = until Ctrl-C)")
     d.add_argument("--speed", type=float, default=120.0, help="simulated seconds per real second")
     d.add_argument("--port", type=int, default=9464, help="Prometheus endpoint port on 127.0.0.1 (0 = any)")
+    d.add_argument(
+        "--state-dir", type=Path, default=None, help="keep the demo's history here (for infercost report)"
+    )
+    d.add_argument(
+        "--history-hours",
+        type=float,
+        default=None,
+        help="hours of simulated history prepared first (default 27)",
+    )
     d.add_argument(
         "--no-view", action="store_true", help="print a summary table at the end instead of a live view"
     )

@@ -168,8 +168,17 @@ def demo_config(state_dir: Path, port: int, speed: float, slack: bool) -> Config
     )
 
 
-async def run_demo(seconds: float = 60.0, speed: float = 120.0, port: int = 9464, live: bool = True) -> int:
-    """Run the demo for ``seconds`` of real time (0 = until interrupted)."""
+async def run_demo(
+    seconds: float = 60.0,
+    speed: float = 120.0,
+    port: int = 9464,
+    live: bool = True,
+    state_dir: Path | None = None,
+    history_hours: float | None = None,
+) -> int:
+    """Run the demo for ``seconds`` of real time (0 = until interrupted). With ``state_dir`` the
+    history is kept there (a weekly report can be made from it afterwards); ``history_hours`` of
+    simulated history are prepared first (default :data:`HISTORY_SECONDS`)."""
     console = Console()
     if console.width < 150:
         console = Console(width=150)  # the table needs about 150 columns; a narrow terminal wraps it
@@ -179,15 +188,18 @@ async def run_demo(seconds: float = 60.0, speed: float = 120.0, port: int = 9464
     inbox = SlackInbox()
     await inbox.start()
     os.environ[DEMO_SLACK_ENV] = inbox.url
-    with tempfile.TemporaryDirectory(prefix="infercost-demo-") as tmp:
+    keep = contextlib.nullcontext(str(state_dir)) if state_dir is not None else None
+    with keep or tempfile.TemporaryDirectory(prefix="infercost-demo-") as tmp:
         state = Path(tmp)
+        state.mkdir(parents=True, exist_ok=True)
+        history_s = HISTORY_SECONDS if history_hours is None else history_hours * 3600.0
         sim = SimNode(clock, state / "podinfo")
         await sim.start()
         DEMO_STORY.schedule(sim, clock.now())
         cfg = demo_config(state, port, speed, slack=True)
         book = load_price_book(None)
-        console.print(f"preparing {HISTORY_SECONDS / 3600:.0f} h of simulated history for the baselines…")
-        agent = await build_demo_agent(cfg, clock, book, sim)
+        console.print(f"preparing {history_s / 3600:.0f} h of simulated history for the baselines…")
+        agent = await build_demo_agent(cfg, clock, book, sim, history_s)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         with contextlib.suppress(NotImplementedError):
@@ -222,6 +234,15 @@ async def run_demo(seconds: float = 60.0, speed: float = 120.0, port: int = 9464
             await task
             await sim.stop()
             await inbox.stop()
+            if state_dir is not None:
+                end = dt.datetime.fromtimestamp(clock.now(), tz=dt.UTC).strftime("%Y-%m-%dT%H:%MZ")
+                console.print(f"history kept in {state_dir}; the week's report:")
+                console.print(
+                    f"  infercost report --state-dir {state_dir} --end {end} --format html "
+                    "--output report.html",
+                    soft_wrap=True,
+                    highlight=False,
+                )
     return 0
 
 
@@ -240,7 +261,13 @@ DEMO_RULES = frozenset(
 HISTORY_SECONDS = 27 * 3600.0  # simulated history before the demo starts (since 10:00 yesterday): baselines
 
 
-async def build_demo_agent(cfg: Config, clock: AcceleratedClock, book: PriceBook, sim: SimNode) -> Agent:
+async def build_demo_agent(
+    cfg: Config,
+    clock: AcceleratedClock,
+    book: PriceBook,
+    sim: SimNode,
+    history_seconds: float = HISTORY_SECONDS,
+) -> Agent:
     """The real daemon (:func:`agent.app.build_agent`) over the simulated node, its store filled with
     :data:`HISTORY_SECONDS` of simulated history and the pipeline running the cost rules."""
     from agent.detect.rules import RuleSet, load_default_rules
@@ -253,5 +280,5 @@ async def build_demo_agent(cfg: Config, clock: AcceleratedClock, book: PriceBook
     )
     if agent.hooks.store is not None:
         now = clock.now()
-        await asyncio.to_thread(backfill, agent.hooks.store, cfg.node, book, now - HISTORY_SECONDS, now)
+        await asyncio.to_thread(backfill, agent.hooks.store, cfg.node, book, now - history_seconds, now)
     return agent

@@ -186,3 +186,23 @@ def test_html_screenshot_of_the_canary_week(store_path: Path, tmp_path: Path) ->
     if keep:
         Path(keep).mkdir(parents=True, exist_ok=True)
         shutil.copy(png, Path(keep) / png.name)
+
+
+def test_a_gap_to_another_deployment_is_a_saving_not_a_regression() -> None:
+    """Without last week's production data, production (bf16 on 4 GPUs) is compared at like load
+    only with the model's other deployment (the fp8 canary on 2 GPUs, half the $/token): about twice as
+    dear (1.79× against both canary builds), but nobody changed it. It is a $672 saving (hand:
+    $1,344 at 2024-09's half price), not a regression."""
+    ws = [w for w in scenario() if not (w.usage.engine == "llama-70b" and w.usage.start < START)]
+    rep = build_from_windows(ws, end=T)
+    prod = by_version(rep)["2024-07"]
+    # the model's other versions over both weeks, per band: 2024-09 ($4/h, t tok) and 2024-10
+    # ($4/h, t/1.75); busy: 124 h of 09 and 44 h of 10, quiet: 128 h and 40 h; prod is $8/h at t
+    busy = 4 * 168 / (124 + 44 / 1.75)  # $ per busy-hour token unit
+    quiet = 4 * 168 / (128 + 40 / 1.75)
+    assert prod.like_baseline == "model"
+    assert prod.like_change_ratio == pytest.approx(1344 / (84 * busy + 84 * quiet))
+    assert prod.regression_ratio is None
+    assert [m.model_version for m in rep.regressions] == ["2024-10"]
+    (saving,) = [s for s in rep.savings if s.subject == f"{MODEL} 2024-07"]
+    assert saving.kind == "cheaper_version" and saving.usd_per_week == pytest.approx(672.0)

@@ -163,6 +163,16 @@ class ModelWeek:
         return self.like_change_ratio if self.like_change_ratio is not None else self.change_ratio
 
     @property
+    def regression_ratio(self) -> float | None:
+        """The change that can make this version a regression: at like load against itself last
+        week or the build it replaced; the plain change where no like-load comparison exists. A
+        like-load gap to the model's *other* deployments (another engine, GPU count or precision)
+        is a savings opportunity, not a regression: nobody changed anything."""
+        if self.like_change_ratio is not None:
+            return self.like_change_ratio if self.like_baseline in ("version", "replaced") else None
+        return self.change_ratio
+
+    @property
     def cost_floor_usd_per_1m(self) -> float | None:
         """$/1M output at the bandwidth ceiling (this week's $/1M × decode efficiency); None unknown."""
         p, r = self.usd_per_1m_output, self.roofline_ratio
@@ -231,15 +241,15 @@ class WeeklyReport:
     @property
     def regressions(self) -> tuple[ModelWeek, ...]:
         """Versions whose $/1M output rose ≥ REGRESSION_RATIO × their baseline (at like load where
-        comparable), biggest excess in dollars first."""
+        comparable, see :attr:`ModelWeek.regression_ratio`), biggest excess in dollars first."""
         hits = [
             m
             for m in self.models
-            if (r := m.effective_change_ratio) is not None
+            if (r := m.regression_ratio) is not None
             and r >= REGRESSION_RATIO
             and m.output_tokens >= MIN_OUTPUT_TOKENS
         ]
-        hits.sort(key=lambda m: (-(m.excess_usd or 0.0), -(m.effective_change_ratio or 0.0)))
+        hits.sort(key=lambda m: (-(m.excess_usd or 0.0), -(m.regression_ratio or 0.0)))
         return tuple(hits[:TOP_REGRESSIONS])
 
 

@@ -55,6 +55,7 @@ FULL: dict[str, Any] = {
     },
     "prometheusRule": {"enabled": True},
     "networkPolicy": {"enabled": True},
+    "webConfig": {"existingSecret": "infercost-web", "key": "web-config.yml"},
     "podLabels": {"team": "llm-platform"},
     "podAnnotations": {"example.com/owner": "llm-platform"},
 }
@@ -201,11 +202,21 @@ def test_daemonset_binds_the_pod_ip_and_mounts_no_podinfo(rendered: tuple[str, A
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     assert env["INFERCOST__EXPORTERS__PROMETHEUS__HOST"]["value"] == "$(POD_IP)"
     assert c["ports"] == [{"name": "metrics", "containerPort": 9464, "protocol": "TCP"}]
-    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    if name == "everything-on":  # TLS/auth from a web-config Secret: the probes check the port only
+        assert c["livenessProbe"]["tcpSocket"] == {"port": "metrics"} and "httpGet" not in c["readinessProbe"]
+        assert (
+            env["INFERCOST__EXPORTERS__PROMETHEUS__WEB_CONFIG_FILE"]["value"]
+            == "/etc/infercost-web/web-config.yml"
+        )
+    else:
+        assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     vols = {v["name"]: v for v in pod["volumes"]}
     assert "podinfo" not in vols and "downwardAPI" not in json.dumps(vols)
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     assert set(mounts) <= set(vols) and mounts["state"] == "/var/lib/infercost"
+    if name == "everything-on":
+        assert vols["web-config"]["secret"] == {"secretName": "infercost-web", "defaultMode": 0o400}
+        assert mounts["web-config"] == "/etc/infercost-web"
     if name == "non-root":
         assert vols["state"] == {"name": "state", "emptyDir": {}}
     else:

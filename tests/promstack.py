@@ -15,13 +15,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -272,61 +270,3 @@ class Alertmanager(_Process):
             "--cluster.listen-address=",
         ]
         super().__init__(argv, workdir / "alertmanager.log", f"{self.url}/-/ready")
-
-
-# ---------------------------------------------------------------------------------------------
-# A local HTTP receiver standing in for Slack / PagerDuty / webhook endpoints
-# ---------------------------------------------------------------------------------------------
-
-
-class Receiver:
-    """Records every POST (path, headers, JSON body) and answers like the vendors do
-    (Slack: 200 "ok"; PagerDuty: 202 {"status": "success"})."""
-
-    def __init__(self) -> None:
-        self.received: list[tuple[str, dict[str, str], Any]] = []
-        self._lock = threading.Lock()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                with outer._lock:
-                    outer.received.append((self.path, dict(self.headers), json.loads(body or b"null")))
-                if self.path.startswith("/pagerduty"):
-                    reply, code = b'{"status":"success","message":"Event processed"}', 202
-                else:
-                    reply, code = b"ok", 200
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = int(self._server.server_address[1])
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-
-    def bodies(self, path: str) -> list[Any]:
-        """JSON bodies received on ``path``."""
-        with self._lock:
-            return [b for p, _, b in self.received if p == path]
-
-    def wait(self, path: str, pred: Any, timeout: float = 20.0) -> list[Any]:
-        """Poll until a body on ``path`` satisfies ``pred``; the matching bodies."""
-        deadline = time.monotonic() + timeout
-        while True:
-            hits = [b for b in self.bodies(path) if pred(b)]
-            if hits or time.monotonic() > deadline:
-                return hits
-            time.sleep(0.1)
-
-    def close(self) -> None:
-        """Stop serving."""
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)

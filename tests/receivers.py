@@ -1,5 +1,6 @@
 """Local stand-ins for Slack's incoming webhooks, PagerDuty's Events API v2, an Alertmanager-style
-webhook receiver and Alertmanager's ``POST /api/v2/alerts`` (aiohttp on 127.0.0.1, a free port).
+webhook receiver and Alertmanager's ``POST /api/v2/alerts`` (aiohttp on 127.0.0.1, a free port),
+and :class:`ThreadedReceiver`, the same vendors in a thread for synchronous tests.
 
 Each receiver checks every body against the vendor's documented shape and answers like the vendor
 (Slack: 200 "ok"; PagerDuty: 202 with a JSON status, 400 for an invalid event). A test can take it
@@ -13,8 +14,11 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
 from aiohttp import web
@@ -246,3 +250,64 @@ class Receiver:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+
+class ThreadedReceiver:
+    """For synchronous tests (Alertmanager posting to "Slack" and "PagerDuty"): one server, the vendor
+    chosen by path (``/slack…``, ``/pagerduty…``, anything else a webhook). It records every POST
+    (path, headers, JSON body), answers like the vendor and notes in ``errors`` each body that does
+    not have the vendor's documented shape (the validators above)."""
+
+    def __init__(self) -> None:
+        self.received: list[tuple[str, dict[str, str], Any]] = []
+        self.errors: list[str] = []  # "path: problem" for bodies not in the vendor's shape
+        self._lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                data = json.loads(body or b"null")
+                kind: Kind = "pagerduty" if self.path.startswith("/pagerduty") else "slack"
+                if not self.path.startswith(("/pagerduty", "/slack")):
+                    kind = "webhook"
+                with outer._lock:
+                    outer.received.append((self.path, dict(self.headers), data))
+                    outer.errors.extend(f"{self.path}: {e}" for e in VALIDATORS[kind](data))
+                if kind == "pagerduty":
+                    reply, code = b'{"status":"success","message":"Event processed"}', 202
+                else:
+                    reply, code = b"ok", 200
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = int(self._server.server_address[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def bodies(self, path: str) -> list[Any]:
+        """JSON bodies received on ``path``."""
+        with self._lock:
+            return [b for p, _, b in self.received if p == path]
+
+    def wait(self, path: str, pred: Any, timeout: float = 20.0) -> list[Any]:
+        """Poll until a body on ``path`` satisfies ``pred``; the matching bodies."""
+        deadline = time.monotonic() + timeout
+        while True:
+            hits = [b for b in self.bodies(path) if pred(b)]
+            if hits or time.monotonic() > deadline:
+                return hits
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        """Stop serving."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)

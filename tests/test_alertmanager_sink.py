@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 from promstack import Alertmanager
-from promstack import Receiver as VendorReceiver
 from receivers import Receiver
+from receivers import ThreadedReceiver as VendorReceiver
 
 from agent.clock import ManualClock, SystemClock
 from agent.config import AlertmanagerConfig, parse_config

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 import yaml
-from promstack import Alertmanager, Receiver, binary
+from promstack import Alertmanager, binary
+from receivers import ThreadedReceiver as Receiver
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
@@ -138,6 +139,7 @@ def test_real_alertmanager_routes_page_and_warning(tmp_path: Path) -> None:
         # Both groups were flushed together; give a stray warning page one more flush to show up.
         time.sleep(1.5)
         assert all("InfercostEngineDown" not in json.dumps(b) for b in receiver.bodies("/pagerduty"))
+        assert receiver.errors == [], "what Alertmanager posted has the vendors' documented shape"
     finally:
         if am:
             am.close()

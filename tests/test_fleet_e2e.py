@@ -9,7 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from promstack import Alertmanager, CatalogueExporter, Prometheus, Receiver, test_copy_of_rules
+from promstack import Alertmanager, CatalogueExporter, Prometheus, test_copy_of_rules
+from receivers import ThreadedReceiver as Receiver
 from test_fleet_alertmanager import _local_copy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,6 +54,7 @@ def test_engine_and_nvml_down_reach_slack_and_inhibit_gpu_lost(tmp_path: Path) -
         assert receiver.bodies("/pagerduty") == [], "warnings do not page"
         firing = prom.query('ALERTS{alertstate="firing", alertname="InfercostGpuLost"}')
         assert len(firing) == 4, "GpuLost fires in Prometheus; only Alertmanager holds it back"
+        assert receiver.errors == [], "what Alertmanager posted has the vendors' documented shape"
     finally:
         for p in (prom, am):
             if p:

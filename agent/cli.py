@@ -326,7 +326,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="when the week ends: a date (2026-11-30), an ISO time (2026-11-30T12:00Z) or epoch "
         "seconds (default: now)",
     )
-    rep.add_argument("--output", type=Path, default=None, help="write to this file (default: stdout)")
+    rep.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help="write to this file (default: stdout); strftime fields take the week's end "
+        "(fleet-%%Y-%%m-%%d.html)",
+    )
+    rep.add_argument(
+        "--slack-webhook-env",
+        default=None,
+        help="also post the summary to the Slack webhook URL in this variable",
+    )
     rep.set_defaults(func=cmd_report)
     return p
 

@@ -614,3 +614,34 @@ def test_prometheus_auth_errors_name_the_file(tmp_path: Path) -> None:
     with pytest.raises(ReportError, match="expected 'Name: value'"):
         parse_header("X-Evil: a\r\nInjected: b")
     assert parse_header(" X-Scope-OrgID :  team-a ") == ("X-Scope-OrgID", "team-a")
+
+
+async def test_cli_posts_the_summary_to_slack_and_dates_the_file(
+    prometheus: Prometheus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the chart's CronJob runs: the report to a dated file, the summary to a Slack webhook."""
+    import asyncio
+    import datetime as dt
+
+    from receivers import Receiver
+
+    slack = Receiver("slack", path="/services/T0/B0/secret")
+    await slack.start()
+    try:
+        monkeypatch.setenv("TEST_REPORT_SLACK", slack.url)
+        args = _args(
+            prometheus=prometheus.url,
+            format="html",
+            output=tmp_path / "fleet-%Y-%m-%d.html",
+            slack_webhook_env="TEST_REPORT_SLACK",
+        )
+        assert await asyncio.to_thread(run_report, args) == 0
+        day = dt.datetime.fromtimestamp(T, dt.UTC).strftime("%Y-%m-%d")
+        assert (tmp_path / f"fleet-{day}.html").read_text().startswith("<!DOCTYPE html>")
+        (msg,) = slack.received
+        assert msg["text"].startswith("*infercost weekly cost report*")
+        assert "Total $840.00 (last week $504.00, +66.7 %)" in msg["text"]
+        monkeypatch.setenv("TEST_REPORT_SLACK", "")
+        assert await asyncio.to_thread(run_report, args) == 1  # no webhook: an error, not a silent skip
+    finally:
+        await slack.stop()

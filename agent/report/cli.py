@@ -5,13 +5,25 @@ never exits or configures logging."""
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import json
 import logging
+import os
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from agent.clock import Clock, SystemClock
 from agent.report.data import ReportError, WeeklyReport, build_from_store
 from agent.report.prom import PromAuth, build_from_prometheus, parse_header
-from agent.report.render import render_csv, render_html, render_json, render_markdown, render_slack
+from agent.report.render import (
+    render_csv,
+    render_html,
+    render_json,
+    render_markdown,
+    render_slack,
+    slack_message,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +35,7 @@ RENDERERS = {
     "slack": lambda r: render_slack(r) + "\n",
 }
 STORE_FILE = "history.sqlite"  # the store's file name inside the state directory
+SLACK_TIMEOUT_S = 10.0  # seconds; Slack answers a webhook in well under a second
 
 
 def report_from_store(state_dir: Path, end: float) -> WeeklyReport:
@@ -56,8 +69,36 @@ def run_report(args: argparse.Namespace, clock: Clock | None = None) -> int:
         return 1
     text = RENDERERS[args.format](report)
     if args.output:
-        Path(args.output).write_text(text)
-        logger.info("report written to %s", args.output)
+        # strftime fields take the week's end: /reports/fleet-%Y-%m-%d.html keeps one file a week
+        out = Path(dt.datetime.fromtimestamp(end, dt.UTC).strftime(str(args.output)))
+        out.write_text(text)
+        logger.info("report written to %s", out)
     else:
         print(text, end="")
+    slack_env = getattr(args, "slack_webhook_env", None)
+    if slack_env:
+        try:
+            post_to_slack(report, slack_env)
+        except ReportError as err:
+            logger.error("report: %s", err)
+            return 1
+        logger.info("report summary posted to Slack (webhook from $%s)", slack_env)
     return 0
+
+
+def post_to_slack(report: WeeklyReport, env: str) -> None:
+    """Post the Slack summary to the incoming webhook whose URL is in the environment variable
+    ``env`` (one try: a CronJob retries the job). The URL is a secret: never logged."""
+    url = os.environ.get(env)
+    if not url:
+        raise ReportError(f"${env} is not set; fix: put the Slack webhook URL in it (from a Secret)")
+    body = json.dumps(slack_message(report), ensure_ascii=True).encode()
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=SLACK_TIMEOUT_S) as resp:
+            resp.read()
+    except urllib.error.HTTPError as err:
+        raise ReportError(f"Slack answered HTTP {err.code} to the webhook in ${env}") from None
+    except (urllib.error.URLError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        raise ReportError(f"cannot reach the Slack webhook in ${env}: {type(reason).__name__}") from None

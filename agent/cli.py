@@ -188,6 +188,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from agent.bench.detection import run as run_detection
 
         run_detection(seed=args.seed, weeks=args.weeks)
+    elif args.what == "soak":
+        from agent.bench.soak import run as run_soak
+
+        return run_soak(hours=args.hours, speed=args.speed, seed=args.seed)
     elif args.what == "exposition":
         from agent.bench.exposition import run as run_exposition
 
@@ -293,7 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = add("bench", "benchmarks (print figures)")
     b.add_argument(
-        "what", choices=["overhead", "parse", "detection", "exposition", "report"], help="which benchmark"
+        "what",
+        choices=["overhead", "parse", "detection", "exposition", "report", "soak"],
+        help="which benchmark",
     )
     b.add_argument("--seconds", type=float, default=60.0, help="overhead: wall seconds measured")
     b.add_argument("--seed", type=int, default=7, help="detection: random seed")
@@ -301,6 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--series", type=int, default=24, help="report: model-version series in the store")
     b.add_argument("--days", type=float, default=35.0, help="report: days of history in the store")
     b.add_argument("--store", type=Path, default=None, help="report: reuse (or create) this store file")
+    b.add_argument("--hours", type=float, default=6.0, help="soak: simulated hours to run")
+    b.add_argument("--speed", type=float, default=240.0, help="soak: simulated seconds per real second")
     b.set_defaults(func=cmd_bench)
 
     rep = add("report", "weekly cost report")

@@ -210,7 +210,9 @@ async def build_agent(
     drives a fake backend). ``engines``: overrides ``cfg.engines``; with neither and ``discover``,
     engines are looked for on the default local ports. ``history``: open the store in
     ``cfg.state_dir`` (locked); ``detection``: the rules/alerts pipeline over it (``rules`` and
-    ``sinks`` override the configured ones); ``scorer``: the isolation-forest worker.
+    ``sinks`` override the configured ones); ``scorer``: the isolation-forest worker. With
+    ``cfg.kubernetes.enabled`` (and ``discover``) engines also come from the Kubernetes API
+    (:class:`agent.sources.kube.source.KubeEngines`).
 
     Raises :class:`StartupError`, ``ConfigError``, ``RuleError``, ``StoreError`` or
     ``NvmlUnavailable`` for what the operator must fix (``cli.py`` exits 2 on each)."""
@@ -228,13 +230,18 @@ async def build_agent(
         engines = list(cfg.engines)
         if not engines and discover and not cfg.kubernetes.enabled:
             engines = await _find_engines(cfg, nvml, steady)
+    kube = None
+    if cfg.kubernetes.enabled and discover:
+        from agent.sources.kube.source import KubeEngines
+
+        kube = KubeEngines(cfg)  # before the state dir is locked: no API credentials = exit 2 now
     hooks = Hooks(on_tick=list(on_tick), nvml_expected=nvml_expected)
     if history:
         await _wire_history(cfg, steady, hooks, detection=detection, rules=rules, sinks=sinks, scorer=scorer)
-    if cfg.kubernetes.enabled and discover:
-        from agent.sources.kube.source import kube_engines
-
-        hooks.engine_source = kube_engines(cfg, hooks.store, steady.now)
+    if kube is not None:
+        if hooks.store is not None:
+            kube.record_builds_in(hooks.store, steady.now)
+        hooks.engine_source = kube
     return Agent(cfg, steady, book, nvml, engines, hooks)
 
 

@@ -10,13 +10,16 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+import yaml
 from aiohttp import web
 
+from agent.cli import main
 from agent.clock import SystemClock
 from agent.config import Config, ConfigError, EngineConfig, KubernetesConfig, parse_config
 from agent.sources.engines.scraper import EngineScraper
 from agent.sources.kube.pods import PodRefused, engine_names, engine_pod, image_tag, is_selected
 from agent.sources.kube.source import KubeEngines
+from agent.sources.kube.watch import make_client
 from tests.kubeapi import FakeKubeApi, gone_event, pod, write_kubeconfig
 
 K = KubernetesConfig(enabled=True, pod_resources_socket=None)
@@ -332,3 +335,35 @@ async def test_a_watch_cut_by_an_api_server_restart_reconnects(
         stop.set()
         await asyncio.wait_for(task, 5)
         await again.stop()
+
+
+def test_no_api_credentials_is_a_config_error_that_names_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"kubernetes.kubeconfig .*missing.* fix: run the agent in a pod"):
+        make_client(KubernetesConfig(enabled=True, kubeconfig=tmp_path / "missing"))
+    no_user = tmp_path / "kubeconfig"
+    write_kubeconfig(no_user, "https://127.0.0.1:6443")
+    doc = yaml.safe_load(no_user.read_text())
+    doc["contexts"][0]["context"].pop("user")
+    no_user.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match="no usable API credentials"):
+        make_client(KubernetesConfig(enabled=True, kubeconfig=no_user))
+
+
+def test_infercost_run_exits_2_without_api_credentials(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    node_yaml = tmp_path / "node.yaml"
+    node_yaml.write_text(
+        yaml.safe_dump(
+            {
+                "node": "gpu-node-1",
+                "state_dir": str(tmp_path / "state"),
+                "nvml": {"backend": "none"},
+                "exporters": {"prometheus": {"port": 0}},
+                "kubernetes": {"enabled": True, "kubeconfig": str(tmp_path / "missing")},
+            }
+        )
+    )
+    assert main(["run", "--config", str(node_yaml)]) == 2
+    err = capsys.readouterr().err
+    assert "kubernetes.enabled is true but no usable API credentials" in err and "fix:" in err

@@ -174,6 +174,18 @@ class KubeEngines:
             self.generation += 1
         self._note_versions()
 
+    def record_builds_in(self, store: EngineVersionStore, now: Callable[[], float]) -> None:
+        """Send each discovered engine's build to ``store`` from now on (a change is an engine deploy)."""
+
+        def record(engine: str, build: str) -> None:
+            event = store.note_engine_version(self.cfg.node, engine, build, now())
+            if event is not None:
+                logger.info("engine %s now runs %s (was %s)", engine, event.to_version, event.from_version)
+
+        self._on_engine_version = record
+        self._noted.clear()
+        self._note_versions()
+
     def _note_versions(self) -> None:
         if self._on_engine_version is None:
             return
@@ -219,13 +231,10 @@ class KubeEngines:
 
 
 def kube_engines(cfg: Config, store: EngineVersionStore | None, now: Callable[[], float]) -> KubeEngines:
-    """The Kubernetes engine source for the daemon; engine builds go to ``store`` (engine deploys)."""
-    if store is None:
-        return KubeEngines(cfg)
+    """The Kubernetes engine source for the daemon; engine builds go to ``store`` (engine deploys).
 
-    def record(engine: str, build: str) -> None:
-        event = store.note_engine_version(cfg.node, engine, build, now())
-        if event is not None:
-            logger.info("engine %s now runs %s (was %s)", engine, event.to_version, event.from_version)
-
-    return KubeEngines(cfg, on_engine_version=record)
+    Raises :class:`~agent.config.ConfigError` without API credentials (see ``make_client``)."""
+    src = KubeEngines(cfg)
+    if store is not None:
+        src.record_builds_in(store, now)
+    return src

@@ -18,9 +18,10 @@ from typing import Any
 
 from lightkube import AsyncClient, KubeConfig
 from lightkube.core.exceptions import ApiError
+from lightkube.core.exceptions import ConfigError as LightkubeConfigError
 from lightkube.resources.core_v1 import Pod
 
-from agent.config import KubernetesConfig
+from agent.config import ConfigError, KubernetesConfig
 
 logger = logging.getLogger(__name__)
 
@@ -30,9 +31,28 @@ PodKey = tuple[str, str]  # (namespace, name)
 
 def make_client(cfg: KubernetesConfig) -> AsyncClient:
     """A lightkube client: the configured kubeconfig file, else in-cluster (service-account token
-    and CA), else $KUBECONFIG or ~/.kube/config."""
-    config = KubeConfig.from_file(cfg.kubeconfig) if cfg.kubeconfig is not None else KubeConfig.from_env()
-    return AsyncClient(config, trust_env=False)
+    and CA), else $KUBECONFIG or ~/.kube/config.
+
+    Raises :class:`~agent.config.ConfigError` (exit 2) when there is neither: the message says
+    where it looked and how to fix it."""
+    try:
+        config = KubeConfig.from_file(cfg.kubeconfig) if cfg.kubeconfig is not None else KubeConfig.from_env()
+        return AsyncClient(config, trust_env=False)
+    # lightkube raises its ConfigError for a missing file, and asserts on an incomplete kubeconfig
+    except (LightkubeConfigError, OSError, ValueError, KeyError, TypeError, AssertionError) as err:
+        where = (
+            f"kubernetes.kubeconfig {cfg.kubeconfig}"
+            if cfg.kubeconfig
+            else (
+                "the in-cluster service account (/var/run/secrets/kubernetes.io/serviceaccount) and "
+                "$KUBECONFIG / ~/.kube/config"
+            )
+        )
+        raise ConfigError(
+            f"kubernetes.enabled is true but no usable API credentials in {where}: {err}; fix: run the agent "
+            "in a pod with its service-account token mounted, set kubernetes.kubeconfig, or set "
+            "kubernetes.enabled: false"
+        ) from None
 
 
 def _key(pod: Any) -> PodKey:

@@ -477,7 +477,9 @@ def line_chart(
             f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{PAD_T}" y2="{PAD_T + ph}" stroke="{DEPLOY}" '
             f'stroke-dasharray="4 3" stroke-width="1.5"><title>{escape(label)}</title></line>'
         )
-        p.append(f'<text x="{x + 3:.1f}" y="{PAD_T + 10}" fill="{DEPLOY}">deploy</text>')
+        # near the right edge the label goes left of the line, so it is not cut off
+        tx, anchor = (x - 3, "end") if x > PAD_L + pw - 40 else (x + 3, "start")
+        p.append(f'<text x="{tx:.1f}" y="{PAD_T + 10}" fill="{DEPLOY}" text-anchor="{anchor}">deploy</text>')
     for values, colour, label in lines:
         paths, dots = _path([xy(i, v) if v is not None else None for i, v in enumerate(values)])
         for seg in paths:

@@ -1,12 +1,17 @@
-"""Generate the infercost Grafana dashboards (``infercost-fleet.json``, ``infercost-node.json``).
+"""Generate the infercost Grafana dashboards (``infercost-fleet.json``, ``infercost-node.json``,
+``infercost-compare.json``) and their type-check file ``schema-check/dashboards.gen.ts``.
 
 One table of panels per dashboard, one helper per panel kind, so every panel gets the same
-datasource variable, filters and units. Run ``python dashboards/build.py`` after a change and
-commit the JSON; ``--check`` exits 1 when the committed JSON is stale (the tests call it too).
+datasource variable, filters, unit and thresholds. Run ``python dashboards/build.py`` after a change
+and commit the output; ``--check`` exits 1 when the committed files are stale (the tests call it).
+The generated TypeScript assigns each dashboard to ``@grafana/schema``'s ``Dashboard`` type, and
+``tsc`` checks it (``.ci/run``; ``tests/test_dashboards.py``), so a misspelt or misplaced field fails.
 
-PromQL conventions: every selector filters on the template variables with ``=~"$var"`` (the
-"All" value is ``.*``); fleet panels read the recording rules of ``rules/prometheus/``; $ per
-token is always a ratio of sums.
+PromQL conventions: every selector filters on the template variables with ``=~"$var"`` (the "All"
+value is ``.*``), ``$node`` included — fleet panels read the raw counters (or ``node:`` recording
+rules, which keep the node label), so picking nodes narrows every panel; $ per token is always a
+ratio of sums. Thresholds: each panel has a unit and a thresholds scale chosen for what it shows
+(``Scale``), with the reason next to the scale; $ panels are neutral (no red at Grafana's default 80).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +31,92 @@ GRID_WIDTH = 24  # Grafana's grid is 24 columns wide
 
 # Label filters used by the panels (the variables are defined in _templating).
 F_NODE = 'node=~"$node"'
-F_MODEL = 'node=~"$node", model=~"$model", model_version=~"$model_version"'
-F_FLEET_MODEL = 'model=~"$model", model_version=~"$model_version"'
-USD = "currencyUSD"  # Grafana unit id
-Q_MODELS = 'label_values(infercost_generation_tokens_total{node=~"$node"}, model)'
-Q_VERSIONS = 'label_values(infercost_generation_tokens_total{node=~"$node", model=~"$model"}, model_version)'
+F_ENGINE = 'node=~"$node", engine=~"$engine"'
+F_MODEL = 'node=~"$node", engine=~"$engine", model=~"$model", model_version=~"$model_version"'
+Q_ENGINES = 'label_values(infercost_engine_up{node=~"$node"}, engine)'
+Q_MODELS = 'label_values(infercost_generation_tokens_total{node=~"$node", engine=~"$engine"}, model)'
+Q_VERSIONS = (
+    'label_values(infercost_generation_tokens_total{node=~"$node", engine=~"$engine", model=~"$model"}, '
+    "model_version)"
+)
 
 Panel = dict[str, Any]
+
+# Colours (Grafana named colours).
+GREEN, ORANGE, RED, BLUE, TEXT = "green", "orange", "red", "blue", "text"
+
+
+@dataclass(frozen=True, slots=True)
+class Scale:
+    """A unit and a thresholds scale: ``steps`` are (from value, colour), the first from -∞."""
+
+    unit: str
+    steps: tuple[tuple[float | None, str], ...] = ((None, TEXT),)
+    mappings: tuple[dict[str, Any], ...] = ()
+    min: float | None = None
+    max: float | None = None
+    show_thresholds: bool = False  # draw the threshold lines on time series
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def field_defaults(self) -> dict[str, Any]:
+        """``fieldConfig.defaults`` for this scale."""
+        out: dict[str, Any] = {
+            "unit": self.unit,
+            "thresholds": {
+                "mode": "absolute",
+                "steps": [{"value": v, "color": c} for v, c in self.steps],
+            },
+        }
+        if self.mappings:
+            out["mappings"] = list(self.mappings)
+        if self.min is not None:
+            out["min"] = self.min
+        if self.max is not None:
+            out["max"] = self.max
+        out.update(self.extra)
+        return out
+
+
+def _up_mapping() -> tuple[dict[str, Any], ...]:
+    return (
+        {
+            "type": "value",
+            "options": {
+                "0": {"text": "down", "color": RED, "index": 0},
+                "1": {"text": "up", "color": GREEN, "index": 1},
+            },
+        },
+    )
+
+
+# $: neutral — a bill is not good or bad by size (Grafana's default would colour $80/h red).
+USD = Scale("currencyUSD")
+# $ per 1M tokens: neutral too; regressions are relative and the alert rules judge them.
+USD_PER_1M = Scale("currencyUSD")
+# 1 = up (green), 0 = down (red): a source not answering is the one thing that must stand out.
+UP = Scale("none", ((None, RED), (1, GREEN)), _up_mapping(), min=0, max=1)
+# Engines up is a count: red at 0 (nothing scraped), green from 1.
+COUNT_UP = Scale("none", ((None, RED), (1, GREEN)), min=0)
+# Alerts firing: 0 green, any firing red.
+ALERTS = Scale("none", ((None, GREEN), (1, RED)), min=0)
+# GPU utilisation: continuous batching keeps busy GPUs at 85–95 %; under 60 % at steady traffic is a
+# cost finding (DESIGN.md), so orange below 0.6.
+UTIL = Scale("percentunit", ((None, ORANGE), (0.6, GREEN)), min=0, max=1, show_thresholds=True)
+# Plain fractions without a good or bad level (bandwidth share, SM activity, memory in use).
+RATIO = Scale("percentunit", min=0, max=1)
+# Idle share of cost: InfercostGpuIdleCostBurn fires above 50 %.
+IDLE_SHARE = Scale("percentunit", ((None, GREEN), (0.5, ORANGE)), min=0, max=1, show_thresholds=True)
+# KV cache: the agent's kv_cache_pressure rule fires above 95 % (with preemptions).
+KV = Scale("percentunit", ((None, GREEN), (0.95, RED)), min=0, max=1, show_thresholds=True)
+# Roofline efficiency: judged against the model's own 7-day p75 by the agent, so no fixed level.
+ROOFLINE = Scale("percentunit", min=0)
+# Anomaly score: normalised so that above 1 is anomalous.
+ANOMALY = Scale("none", ((None, GREEN), (1, RED)), min=0, show_thresholds=True)
+TOKENS_PER_S = Scale("suffix: tok/s", min=0)  # throughput: more is neither good nor bad by itself
+REQUESTS = Scale("suffix: req", min=0)
+SECONDS = Scale("s", min=0)  # latency levels are SLOs of their own; the rules compare with baselines
+WATTS = Scale("watt", min=0)
+PENDING = Scale("none", min=0)  # transient backlogs are normal; InfercostOutbox rules judge a stuck one
 
 
 def _target(expr: str, legend: str, ref: str, instant: bool = False) -> dict[str, Any]:
@@ -50,22 +135,24 @@ def _targets(queries: Sequence[tuple[str, str]], instant: bool = False) -> list[
 
 
 def timeseries(
-    title: str, queries: Sequence[tuple[str, str]], unit: str, w: int = 12, h: int = 8, desc: str = ""
+    title: str, queries: Sequence[tuple[str, str]], scale: Scale, w: int = 12, h: int = 8, desc: str = ""
 ) -> Panel:
     """A time-series panel."""
+    defaults = scale.field_defaults()
+    defaults["custom"] = {
+        "drawStyle": "line",
+        "lineWidth": 1,
+        "fillOpacity": 10,
+        "spanNulls": False,
+        "thresholdsStyle": {"mode": "dashed" if scale.show_thresholds else "off"},
+    }
     return {
         "type": "timeseries",
         "title": title,
         "description": desc,
         "datasource": DS,
         "targets": _targets(queries),
-        "fieldConfig": {
-            "defaults": {
-                "unit": unit,
-                "custom": {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 10, "spanNulls": False},
-            },
-            "overrides": [],
-        },
+        "fieldConfig": {"defaults": defaults, "overrides": []},
         "options": {
             "legend": {"displayMode": "table", "placement": "bottom", "calcs": ["mean", "lastNotNull"]},
             "tooltip": {"mode": "multi", "sort": "desc"},
@@ -74,29 +161,38 @@ def timeseries(
     }
 
 
-def stat(title: str, expr: str, unit: str, w: int = 6, h: int = 4, desc: str = "") -> Panel:
-    """A single-value panel."""
+def stat(title: str, expr: str, scale: Scale, w: int = 6, h: int = 4, desc: str = "") -> Panel:
+    """A single-value panel, coloured by its thresholds (neutral ones show plain text)."""
+    defaults = scale.field_defaults()
+    defaults["decimals"] = 2 if scale.unit == "currencyUSD" else 0 if scale.unit == "none" else 3
     return {
         "type": "stat",
         "title": title,
         "description": desc,
         "datasource": DS,
         "targets": _targets([(expr, "")]),
-        "fieldConfig": {"defaults": {"unit": unit, "decimals": 2}, "overrides": []},
-        "options": {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}},
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": {
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "colorMode": "value" if len(scale.steps) > 1 else "none",
+            "graphMode": "none",
+        },
         "_size": (w, h),
     }
 
 
-def table(title: str, expr: str, w: int = 12, h: int = 8, desc: str = "") -> Panel:
-    """An instant-query table."""
+def table(title: str, expr: str, scale: Scale, w: int = 12, h: int = 8, desc: str = "") -> Panel:
+    """An instant-query table (the value column coloured by the scale)."""
+    defaults = scale.field_defaults()
+    if len(scale.steps) > 1:
+        defaults["custom"] = {"cellOptions": {"type": "color-text"}}
     return {
         "type": "table",
         "title": title,
         "description": desc,
         "datasource": DS,
         "targets": _targets([(expr, "")], instant=True),
-        "fieldConfig": {"defaults": {}, "overrides": []},
+        "fieldConfig": {"defaults": defaults, "overrides": []},
         "options": {"showHeader": True},
         "transformations": [{"id": "organize", "options": {"excludeByName": {"Time": True}}}],
         "_size": (w, h),
@@ -133,39 +229,114 @@ def _query_var(name: str, label: str, query: str, multi: bool = True) -> dict[st
         "label": label,
         "type": "query",
         "datasource": DS,
-        "definition": query,
         "query": {"qryType": 1, "query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
         "refresh": 2,  # on time-range change: new nodes and versions appear without a reload
-        "includeAll": True,
+        "includeAll": multi,
         "allValue": ".*",
         "multi": multi,
-        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
         "sort": 1,
         "hide": 0,
+    } | ({"current": {"selected": True, "text": ["All"], "value": ["$__all"]}} if multi else {})
+
+
+def _textbox(name: str, label: str, default: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "label": label,
+        "type": "textbox",
+        "query": default,
+        "current": {"selected": False, "text": default, "value": default},
+        "hide": 0,
+    }
+
+
+def _datasource_var() -> dict[str, Any]:
+    return {
+        "name": "datasource",
+        "label": "Data source",
+        "type": "datasource",
+        "query": "prometheus",
+        "hide": 0,
+        "refresh": 1,
+        "regex": "",
     }
 
 
 def _templating() -> dict[str, Any]:
     return {
         "list": [
-            {
-                "name": "datasource",
-                "label": "Data source",
-                "type": "datasource",
-                "query": "prometheus",
-                "current": {},
-                "hide": 0,
-                "refresh": 1,
-                "regex": "",
-            },
+            _datasource_var(),
             _query_var("node", "Node", "label_values(infercost_gpu_info, node)"),
+            _query_var("engine", "Engine", Q_ENGINES),
             _query_var("model", "Model", Q_MODELS),
             _query_var("model_version", "Model version", Q_VERSIONS),
         ]
     }
 
 
-def dashboard(uid: str, title: str, description: str, panels: Sequence[Panel]) -> dict[str, Any]:
+def _annotation(
+    name: str, color: str, expr: str, title: str, text: str, tags: str, value_time: bool
+) -> Panel:
+    """A Prometheus annotation query (Grafana's current shape: the query under ``target``)."""
+    return {
+        "name": name,
+        "datasource": DS,
+        "enable": True,
+        "iconColor": color,
+        "target": {
+            "refId": "Anno",
+            "expr": expr,
+            "step": "60s",
+            "titleFormat": title,
+            "textFormat": text,
+            "tagKeys": tags,
+            "useValueForTime": value_time,
+        },
+    }
+
+
+# Deploys: the agent exports when it saw a model version replace another (epoch seconds); Grafana
+# places each annotation at that value (×1000: milliseconds).
+A_DEPLOYS = _annotation(
+    "Deploys",
+    BLUE,
+    'max by (node, engine, model, model_version) (infercost_deploy_timestamp_seconds{node=~"$node", '
+    'engine=~"$engine", model=~"$model"}) * 1000',
+    "deploy {{model}} {{model_version}}",
+    "{{engine}} on {{node}}",
+    "engine,model,model_version",
+    True,
+)
+# Fleet alerts (Prometheus' own ALERTS series) and the agents' alerts, as regions while firing.
+A_FLEET_ALERTS = _annotation(
+    "Fleet alerts",
+    RED,
+    'ALERTS{alertstate="firing", alertname=~"Infercost.*"}',
+    "{{alertname}}",
+    "{{severity}} {{model}} {{model_version}} {{node}}",
+    "alertname,severity",
+    False,
+)
+A_AGENT_ALERTS = _annotation(
+    "Agent alerts",
+    ORANGE,
+    'sum by (node, rule, severity) (infercost_alerts_firing{node=~"$node"}) > 0',
+    "{{rule}}",
+    "{{severity}} on {{node}}",
+    "rule,severity",
+    False,
+)
+ANNOTATIONS = (A_DEPLOYS, A_FLEET_ALERTS, A_AGENT_ALERTS)
+
+
+def dashboard(
+    uid: str,
+    title: str,
+    description: str,
+    panels: Sequence[Panel],
+    templating: dict[str, Any] | None = None,
+    time_from: str = "now-24h",
+) -> dict[str, Any]:
     """The dashboard envelope."""
     return {
         "uid": uid,
@@ -178,9 +349,9 @@ def dashboard(uid: str, title: str, description: str, panels: Sequence[Panel]) -
         "schemaVersion": SCHEMA_VERSION,
         "version": 1,
         "refresh": "1m",
-        "time": {"from": "now-24h", "to": "now"},
-        "templating": _templating(),
-        "annotations": {"list": []},
+        "time": {"from": time_from, "to": "now"},
+        "templating": templating or _templating(),
+        "annotations": {"list": list(ANNOTATIONS)},
         "links": [
             {
                 "title": "infercost dashboards",
@@ -189,79 +360,82 @@ def dashboard(uid: str, title: str, description: str, panels: Sequence[Panel]) -
                 "asDropdown": True,
                 "includeVars": True,
                 "keepTime": True,
+                "icon": "external link",
+                "targetBlank": False,
+                "tooltip": "",
             }
         ],
         "panels": _layout(panels),
     }
 
 
-def _ratio(num: str, den: str, by: str, window: str, scale: str = "1e6") -> str:
-    """Ratio of sums of two counters' rates, absent where the denominator is 0."""
-    return f"sum by ({by}) (rate({num}[{window}]))\n  / (sum by ({by}) (rate({den}[{window}])) > 0) * {scale}"
+def _sum_rate(metric: str, filters: str, by: str, window: str = "$__rate_interval") -> str:
+    grouping = f"sum by ({by}) " if by else "sum "
+    return f"{grouping}(rate({metric}{{{filters}}}[{window}]))"
+
+
+def _per_1m(cost: str, tokens: str, filters: str, by: str, window: str) -> str:
+    """$ per 1M tokens as a ratio of sums; absent where no tokens were made."""
+    return f"{_sum_rate(cost, filters, by, window)}\n  / ({_sum_rate(tokens, filters, by, window)} > 0) * 1e6"
 
 
 def fleet() -> dict[str, Any]:
     """The fleet dashboard: $ per token by model and version, idle cost, GPU use, alerts."""
-    cost = f"infercost_cost_usd_total{{{F_MODEL}}}"
-    gen = f"infercost_generation_tokens_total{{{F_MODEL}}}"
-    prompt = f"infercost_prompt_tokens_total{{{F_MODEL}}}"
+    m = F_MODEL
+    mv = "model, model_version"
+    by_mv = "{{model}} {{model_version}}"
+    gpu_model_join = (
+        "* on (node, gpu) group_left (gpu_model)"
+        f" max by (node, gpu, gpu_model) (infercost_gpu_info{{{F_NODE}}})"
+    )
     panels: list[Panel] = [
         row("Cost"),
         stat(
             "Fleet $ per 1M output tokens (1h)",
-            f"sum(rate({cost}[1h])) / (sum(rate({gen}[1h])) > 0) * 1e6",
-            USD,
+            _per_1m("infercost_cost_usd_total", "infercost_generation_tokens_total", m, "", "1h"),
+            USD_PER_1M,
             desc="Ratio of sums over the selection: Σ cost / Σ output tokens.",
         ),
-        stat("Fleet cost per hour", f"sum(rate({cost}[$__rate_interval])) * 3600", USD),
+        stat("Fleet cost per hour", f"{_sum_rate('infercost_gpu_cost_usd_total', F_NODE, '')} * 3600", USD),
         stat(
             "Idle GPU cost per hour",
             f"sum(node:infercost_gpu_idle_cost_usd_per_hour:rate1h{{{F_NODE}}})",
             USD,
             desc="GPU time not used by any engine, or used with no tokens.",
         ),
-        stat("Alerts firing", f"sum(infercost_alerts_firing{{{F_NODE}}})", "none"),
+        stat(
+            "Alerts firing",
+            f'sum(infercost_alerts_firing{{{F_NODE}}}) + (sum(ALERTS{{alertstate="firing", '
+            f'alertname=~"Infercost.*", node=~"$node"}}) or vector(0))',
+            ALERTS,
+            desc="The agents' alerts plus the fleet rules' alerts; 0 when nothing fires.",
+        ),
         timeseries(
             "$ per 1M output tokens by model and version (5m)",
-            [
-                (
-                    f"model_version:infercost_usd_per_1m_output_tokens:ratio_rate5m{{{F_FLEET_MODEL}}}",
-                    "{{model}} {{model_version}}",
-                )
-            ],
-            USD,
-            desc="Fleet-wide ratio of sums (recording rule). A gap means the version produced no tokens.",
+            [(_per_1m("infercost_cost_usd_total", "infercost_generation_tokens_total", m, mv, "5m"), by_mv)],
+            USD_PER_1M,
+            desc="Ratio of sums over the selected nodes. A gap means the version produced no tokens.",
         ),
         timeseries(
             "$ per 1M output tokens by model and version (1h)",
-            [
-                (
-                    f"model_version:infercost_usd_per_1m_output_tokens:ratio_rate1h{{{F_FLEET_MODEL}}}",
-                    "{{model}} {{model_version}}",
-                )
-            ],
-            USD,
+            [(_per_1m("infercost_cost_usd_total", "infercost_generation_tokens_total", m, mv, "1h"), by_mv)],
+            USD_PER_1M,
         ),
         timeseries(
             "$ per 1M tokens (prompt + output) by model and version",
             [
                 (
-                    f"sum by (model, model_version) (rate({cost}[$__rate_interval]))\n"
-                    f"  / (sum by (model, model_version) (rate({gen}[$__rate_interval]))\n"
-                    f"     + sum by (model, model_version) (rate({prompt}[$__rate_interval])) > 0) * 1e6",
-                    "{{model}} {{model_version}}",
+                    f"{_sum_rate('infercost_cost_usd_total', m, mv)}\n"
+                    f"  / ({_sum_rate('infercost_generation_tokens_total', m, mv)}\n"
+                    f"     + {_sum_rate('infercost_prompt_tokens_total', m, mv)} > 0) * 1e6",
+                    by_mv,
                 )
             ],
-            USD,
+            USD_PER_1M,
         ),
         timeseries(
             "Cost per hour by model and version",
-            [
-                (
-                    f"sum by (model, model_version) (rate({cost}[$__rate_interval])) * 3600",
-                    "{{model}} {{model_version}}",
-                )
-            ],
+            [(f"{_sum_rate('infercost_cost_usd_total', m, mv)} * 3600", by_mv)],
             USD,
         ),
         timeseries(
@@ -278,71 +452,77 @@ def fleet() -> dict[str, Any]:
                     "{{node}}",
                 )
             ],
-            "percentunit",
+            IDLE_SHARE,
         ),
         row("Throughput"),
         timeseries(
             "Output tokens per second by model",
-            [('model:infercost_generation_tokens:rate5m{model=~"$model"}', "{{model}}")],
-            "short",
+            [(_sum_rate("infercost_generation_tokens_total", m, "model"), "{{model}}")],
+            TOKENS_PER_S,
         ),
         timeseries(
             "Prompt tokens per second by model",
-            [('model:infercost_prompt_tokens:rate5m{model=~"$model"}', "{{model}}")],
-            "short",
+            [(_sum_rate("infercost_prompt_tokens_total", m, "model"), "{{model}}")],
+            TOKENS_PER_S,
         ),
         row("GPUs"),
         timeseries(
             "GPU utilisation by GPU model",
-            [("gpu_model:infercost_gpu_utilization_ratio:avg5m", "{{gpu_model}}")],
-            "percentunit",
+            [
+                (
+                    "avg by (gpu_model) (\n"
+                    f"  avg_over_time(infercost_gpu_utilization_ratio{{{F_NODE}}}[5m])\n"
+                    f"    {gpu_model_join}\n)",
+                    "{{gpu_model}}",
+                )
+            ],
+            UTIL,
             w=8,
         ),
         timeseries(
             "DRAM bandwidth by GPU model (GPM)",
-            [("gpu_model:infercost_gpu_dram_bandwidth_ratio:avg5m", "{{gpu_model}}")],
-            "percentunit",
+            [
+                (
+                    "avg by (gpu_model) (\n"
+                    f"  avg_over_time(infercost_gpu_dram_bandwidth_ratio{{{F_NODE}}}[5m])\n"
+                    f"    {gpu_model_join}\n)",
+                    "{{gpu_model}}",
+                )
+            ],
+            RATIO,
             w=8,
             desc="Real DRAM bandwidth from NVML GPM (Hopper and newer); absent on older GPUs.",
         ),
         timeseries(
             "GPU power by node",
             [(f"sum by (node) (infercost_gpu_power_watts{{{F_NODE}}})", "{{node}}")],
-            "watt",
+            WATTS,
             w=8,
         ),
         timeseries(
             "Roofline efficiency by model and version",
-            [
-                (
-                    f"avg by (model, model_version) (infercost_roofline_efficiency_ratio{{{F_MODEL}}})",
-                    "{{model}} {{model_version}}",
-                )
-            ],
-            "percentunit",
+            [(f"avg by ({mv}) (infercost_roofline_efficiency_ratio{{{m}}})", by_mv)],
+            ROOFLINE,
             desc="Observed decode tokens/s ÷ the memory-bandwidth ceiling.",
         ),
         timeseries(
             "Model GPU utilisation and memory bandwidth",
             [
-                (
-                    f"avg by (model, model_version) (infercost_model_gpu_utilization_ratio{{{F_MODEL}}})",
-                    "util {{model}} {{model_version}}",
-                ),
-                (
-                    f"avg by (model, model_version) (infercost_model_memory_bandwidth_ratio{{{F_MODEL}}})",
-                    "bandwidth {{model}} {{model_version}}",
-                ),
+                (f"avg by ({mv}) (infercost_model_gpu_utilization_ratio{{{m}}})", "util " + by_mv),
+                (f"avg by ({mv}) (infercost_model_memory_bandwidth_ratio{{{m}}})", "bandwidth " + by_mv),
             ],
-            "percentunit",
+            UTIL,
         ),
         row("Alerts and delivery"),
         table(
             "Agent alerts firing",
             f"sum by (node, rule, severity) (infercost_alerts_firing{{{F_NODE}}})",
+            ALERTS,
         ),
         table(
-            "Notifications pending delivery", f"sum by (node, sink) (infercost_outbox_pending{{{F_NODE}}})"
+            "Notifications pending delivery",
+            f"sum by (node, sink) (infercost_outbox_pending{{{F_NODE}}})",
+            PENDING,
         ),
     ]
     return dashboard(
@@ -356,21 +536,24 @@ def fleet() -> dict[str, Any]:
 def node() -> dict[str, Any]:
     """The node dashboard: one node's GPUs, engines and models."""
     g = f"{{{F_NODE}}}"
+    e = f"{{{F_ENGINE}}}"
     m = f"{{{F_MODEL}}}"
     by_model = "{{engine}} {{model}} {{model_version}}"
     by_gpu = "{{node}} gpu {{gpu}}"
     panels: list[Panel] = [
         row("Cost"),
-        stat("NVML up", f"min(infercost_nvml_up{g})", "none"),
-        stat("Engines up", f"sum(infercost_engine_up{g})", "none"),
+        stat("NVML up", f"min(infercost_nvml_up{g})", UP),
+        stat("Engines up", f"sum(infercost_engine_up{e})", COUNT_UP),
         stat(
             "Cost per hour",
             f"sum(rate(infercost_gpu_cost_usd_total{g}[$__rate_interval])) * 3600",
             USD,
         ),
-        stat("Alerts firing", f"sum(infercost_alerts_firing{g})", "none"),
-        timeseries("$ per 1M output tokens", [(f"infercost_usd_per_1m_output_tokens{m}", by_model)], USD),
-        timeseries("$ per 1M tokens", [(f"infercost_usd_per_1m_tokens{m}", by_model)], USD),
+        stat("Alerts firing", f"sum(infercost_alerts_firing{g})", ALERTS),
+        timeseries(
+            "$ per 1M output tokens", [(f"infercost_usd_per_1m_output_tokens{m}", by_model)], USD_PER_1M
+        ),
+        timeseries("$ per 1M tokens", [(f"infercost_usd_per_1m_tokens{m}", by_model)], USD_PER_1M),
         timeseries(
             "Cost and idle cost per hour by model",
             [
@@ -391,7 +574,7 @@ def node() -> dict[str, Any]:
                 (f"infercost_generation_tokens_per_second{m}", "output " + by_model),
                 (f"infercost_prompt_tokens_per_second{m}", "prompt " + by_model),
             ],
-            "short",
+            TOKENS_PER_S,
         ),
         timeseries(
             "Latency p99",
@@ -399,50 +582,42 @@ def node() -> dict[str, Any]:
                 (f"infercost_ttft_p99_seconds{m}", "TTFT " + by_model),
                 (f"infercost_itl_p99_seconds{m}", "ITL " + by_model),
             ],
-            "s",
+            SECONDS,
         ),
-        timeseries(
-            "Requests running",
-            [(f"infercost_requests_running{m}", by_model)],
-            "short",
-            w=8,
-        ),
-        timeseries("KV cache usage", [(f"infercost_kv_cache_usage_ratio{m}", by_model)], "percentunit", w=8),
-        timeseries("Anomaly score", [(f"infercost_anomaly_score{m}", by_model)], "short", w=8),
+        timeseries("Requests running", [(f"infercost_requests_running{m}", by_model)], REQUESTS, w=8),
+        timeseries("KV cache usage", [(f"infercost_kv_cache_usage_ratio{m}", by_model)], KV, w=8),
+        timeseries("Anomaly score", [(f"infercost_anomaly_score{m}", by_model)], ANOMALY, w=8),
         row("GPUs"),
-        timeseries("GPU utilisation", [(f"infercost_gpu_utilization_ratio{g}", by_gpu)], "percentunit", w=8),
+        timeseries("GPU utilisation", [(f"infercost_gpu_utilization_ratio{g}", by_gpu)], UTIL, w=8),
         timeseries(
             "DRAM bandwidth (GPM) and memory busy",
             [
                 (f"infercost_gpu_dram_bandwidth_ratio{g}", "bandwidth " + by_gpu),
                 (f"infercost_gpu_memory_busy_ratio{g}", "busy " + by_gpu),
             ],
-            "percentunit",
+            RATIO,
             w=8,
         ),
-        timeseries("SM active (GPM)", [(f"infercost_gpu_sm_active_ratio{g}", by_gpu)], "percentunit", w=8),
+        timeseries("SM active (GPM)", [(f"infercost_gpu_sm_active_ratio{g}", by_gpu)], RATIO, w=8),
         timeseries(
             "Power",
             [
                 (f"infercost_gpu_power_watts{g}", by_gpu),
                 (f"rate(infercost_gpu_energy_joules_total{g}[$__rate_interval])", "from energy " + by_gpu),
             ],
-            "watt",
+            WATTS,
             w=8,
         ),
         timeseries(
             "Memory used of total",
             [(f"infercost_gpu_memory_used_bytes{g} / infercost_gpu_memory_total_bytes{g}", by_gpu)],
-            "percentunit",
+            RATIO,
             w=8,
         ),
         timeseries("Price per GPU-hour", [(f"infercost_gpu_price_usd_per_hour{g}", by_gpu)], USD, w=8),
         row("Models on the GPUs"),
         timeseries(
-            "Roofline efficiency",
-            [(f"infercost_roofline_efficiency_ratio{m}", by_model)],
-            "percentunit",
-            w=8,
+            "Roofline efficiency", [(f"infercost_roofline_efficiency_ratio{m}", by_model)], ROOFLINE, w=8
         ),
         timeseries(
             "Model GPU utilisation and bandwidth",
@@ -450,24 +625,20 @@ def node() -> dict[str, Any]:
                 (f"infercost_model_gpu_utilization_ratio{m}", "util " + by_model),
                 (f"infercost_model_memory_bandwidth_ratio{m}", "bandwidth " + by_model),
             ],
-            "percentunit",
+            UTIL,
             w=8,
         ),
-        timeseries("Model power", [(f"infercost_model_power_watts{m}", by_model)], "watt", w=8),
+        timeseries("Model power", [(f"infercost_model_power_watts{m}", by_model)], WATTS, w=8),
         row("Engines and delivery"),
-        table(
-            "Engines",
-            f"max by (node, engine, kind) (infercost_engine_up{g})",
-            w=8,
-        ),
+        table("Engines", f"max by (node, engine, kind) (infercost_engine_up{e})", UP, w=8),
         timeseries(
             "Scrape duration",
-            [(f"infercost_engine_scrape_duration_seconds{g}", "{{node}} {{engine}}")],
-            "s",
+            [(f"infercost_engine_scrape_duration_seconds{e}", "{{node}} {{engine}}")],
+            SECONDS,
             w=8,
         ),
-        table("Alerts firing", f"sum by (node, rule, severity) (infercost_alerts_firing{g})", w=4),
-        table("Outbox", f"sum by (node, sink) (infercost_outbox_pending{g})", w=4),
+        table("Alerts firing", f"sum by (node, rule, severity) (infercost_alerts_firing{g})", ALERTS, w=4),
+        table("Outbox", f"sum by (node, sink) (infercost_outbox_pending{g})", PENDING, w=4),
     ]
     return dashboard(
         "infercost-node",
@@ -477,7 +648,155 @@ def node() -> dict[str, Any]:
     )
 
 
-DASHBOARDS = {"infercost-fleet.json": fleet, "infercost-node.json": node}
+def _sel(version: str) -> str:
+    """The comparison dashboard's selector for version variable ``version``."""
+    return f'node=~"$node", model=~"$model", model_version=~"${version}"'
+
+
+def _like_load(metric: str, version: str) -> str:
+    """Per-series rate of a counter, kept only where the series' engine ran at like load: its
+    mean requests in flight over the window inside [$load_min, $load_max)."""
+    sel = f'node=~"$node", model=~"$model", model_version=~"${version}"'
+    return (
+        f"(rate({metric}{{{sel}}}[5m])\n"
+        f"   and on (node, engine, model, model_version)\n"
+        f"   (avg_over_time(infercost_requests_running{{{sel}}}[5m]) >= $load_min < $load_max))"
+    )
+
+
+def _ratio_at_like_load(num: str, den: str, version: str, scale: str, over_range: bool) -> str:
+    n, d = _like_load(num, version), _like_load(den, version)
+    if over_range:  # Σ over the dashboard's range (at the panel's interval), then the ratio
+        return (
+            f"sum(sum_over_time((sum({n}))[$__range:$__interval]))\n"
+            f"  / (sum(sum_over_time((sum({d}))[$__range:$__interval])) > 0) * {scale}"
+        )
+    return f"sum({n})\n  / (sum({d}) > 0) * {scale}"
+
+
+def compare() -> dict[str, Any]:
+    """Model-version comparison: the version before a deploy (A) and after it (B), side by side,
+    each counted only while its engines ran at a like load (requests in flight in a chosen band),
+    so a quiet night on one side cannot pass for a cheaper build."""
+    cost, gen = "infercost_cost_usd_total", "infercost_generation_tokens_total"
+    secs = "infercost_gpu_seconds_total"
+    joules = "infercost_energy_joules_total"
+    panels: list[Panel] = [row("Cost at like load (requests in flight within [$load_min, $load_max))")]
+    for v, label in (("version_a", "A (before)"), ("version_b", "B (after)")):
+        panels.append(
+            stat(
+                f"$ per 1M output tokens, {label} ${v}",
+                _ratio_at_like_load(cost, gen, v, "1e6", over_range=True),
+                USD_PER_1M,
+                w=8,
+                desc="Σ cost / Σ output tokens over the dashboard's time range, like-load windows only.",
+            )
+        )
+    panels.append(
+        stat(
+            "B vs A",
+            f"({_ratio_at_like_load(cost, gen, 'version_b', '1e6', True)})\n"
+            f"/ ({_ratio_at_like_load(cost, gen, 'version_a', '1e6', True)}) - 1",
+            # 1.5× is the fleet regression threshold; +20 % already deserves a look
+            Scale("percentunit", ((None, GREEN), (0.2, ORANGE), (0.5, RED))),
+            w=8,
+            desc="Change of B's $ per 1M output tokens against A's at like load "
+            "(+50 % = the regression alert).",
+        )
+    )
+    pairs = (
+        ("$ per 1M output tokens", cost, gen, "1e6", USD_PER_1M),
+        ("Output tokens per GPU-second", gen, secs, "1", Scale("suffix: tok/GPU·s", min=0)),
+        ("Energy per 1k output tokens", joules, gen, "1e3", Scale("joule", min=0)),
+    )
+    for title, num, den, scale, sc in pairs:
+        panels.append(
+            timeseries(
+                f"{title} at like load: A vs B",
+                [
+                    (_ratio_at_like_load(num, den, "version_a", scale, False), "A $version_a"),
+                    (_ratio_at_like_load(num, den, "version_b", scale, False), "B $version_b"),
+                ],
+                sc,
+                w=12 if title.startswith("$") else 6,
+            )
+        )
+    gauges = (
+        ("Roofline efficiency", "infercost_roofline_efficiency_ratio", ROOFLINE),
+        ("TTFT p99", "infercost_ttft_p99_seconds", SECONDS),
+        ("GPU utilisation", "infercost_model_gpu_utilization_ratio", UTIL),
+    )
+    panels.append(row("Efficiency and latency"))
+    for title, metric, sc in gauges:
+        panels.append(
+            timeseries(
+                f"{title}: A vs B",
+                [
+                    (f'avg({metric}{{node=~"$node", model=~"$model", model_version=~"$version_a"}})', "A"),
+                    (f'avg({metric}{{node=~"$node", model=~"$model", model_version=~"$version_b"}})', "B"),
+                ],
+                sc,
+                w=8,
+            )
+        )
+    panels.append(row("Load (the band above selects like-load windows)"))
+    panels.append(
+        timeseries(
+            "Requests in flight: A vs B",
+            [
+                (f"sum(infercost_requests_running{{{_sel(v)}}})", n)
+                for v, n in (("version_a", "A"), ("version_b", "B"))
+            ],
+            REQUESTS,
+        )
+    )
+    panels.append(
+        timeseries(
+            "Output tokens per second: A vs B",
+            [
+                (
+                    f'sum(rate(infercost_generation_tokens_total{{node=~"$node", model=~"$model", '
+                    f'model_version=~"${v}"}}[$__rate_interval]))',
+                    n,
+                )
+                for v, n in (("version_a", "A"), ("version_b", "B"))
+            ],
+            TOKENS_PER_S,
+        )
+    )
+    versions = (
+        'label_values(infercost_generation_tokens_total{node=~"$node", model=~"$model"}, model_version)'
+    )
+    templating = {
+        "list": [
+            _datasource_var(),
+            _query_var("node", "Node", "label_values(infercost_gpu_info, node)"),
+            _query_var(
+                "model",
+                "Model",
+                'label_values(infercost_generation_tokens_total{node=~"$node"}, model)',
+                False,
+            ),
+            _query_var("version_a", "Version A (before)", versions, False),
+            _query_var("version_b", "Version B (after)", versions, False),
+            # why 1–64: from a lightly loaded engine to a busy batch; narrow it to compare like with like
+            _textbox("load_min", "Requests in flight from", "1"),
+            _textbox("load_max", "to (exclusive)", "64"),
+        ]
+    }
+    return dashboard(
+        "infercost-compare",
+        "infercost / Model version comparison",
+        "Two versions of one model side by side (before and after a deploy), each at a like load: "
+        "$ per 1M tokens, tokens per GPU-second, energy, roofline efficiency, latency.",
+        panels,
+        templating,
+        time_from="now-7d",
+    )
+
+
+DASHBOARDS = {"infercost-fleet.json": fleet, "infercost-node.json": node, "infercost-compare.json": compare}
+TS_FILE = HERE / "schema-check" / "dashboards.gen.ts"
 
 
 def render(build: Any) -> str:
@@ -485,18 +804,38 @@ def render(build: Any) -> str:
     return json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
 
 
+def render_ts() -> str:
+    """The type-check file: every dashboard assigned to @grafana/schema's Dashboard (enum-valued
+    fields may be written as their string values, as in the JSON Grafana stores)."""
+    lines = [
+        "// Generated by dashboards/build.py: do not edit. Checked by `tsc -p dashboards/schema-check`.",
+        'import type { Dashboard, AnnotationQuery } from "@grafana/schema";',
+        'import type { PromAnnotationQuery, Loose } from "./types";',
+        "",
+        'type Checked = Loose<Omit<Dashboard, "annotations">> & {',
+        "  annotations: { list: Array<Loose<AnnotationQuery<PromAnnotationQuery>>> };",
+        "};",
+        "",
+    ]
+    for name, build in DASHBOARDS.items():
+        ident = name.removesuffix(".json").replace("-", "_")
+        lines.append(f"export const {ident}: Checked = {json.dumps(build(), indent=2, ensure_ascii=False)};")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Write the dashboards (or, with --check, report stale ones)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="exit 1 if a committed dashboard is stale")
     args = ap.parse_args(argv)
+    outputs = {HERE / name: render(build) for name, build in DASHBOARDS.items()}
+    outputs[TS_FILE] = render_ts()
     stale = []
-    for name, build in DASHBOARDS.items():
-        path = HERE / name
-        text = render(build)
+    for path, text in outputs.items():
         if args.check:
             if not path.exists() or path.read_text() != text:
-                stale.append(name)
+                stale.append(path.name)
         else:
             path.write_text(text)
     if stale:

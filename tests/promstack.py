@@ -65,6 +65,8 @@ def label_sets(spec: MetricSpec) -> Iterator[dict[str, str]]:
     for node, gpu_model in NODES.items():
         if spec.source == "node":
             yield {"node": node}
+        elif spec.source == "build":
+            yield {"node": node, "version": "0.1.0", "python_version": "3.11.7"}
         elif spec.source == "gpu":
             for gpu in GPUS:
                 base = {"node": node, "gpu": gpu}
@@ -74,7 +76,7 @@ def label_sets(spec: MetricSpec) -> Iterator[dict[str, str]]:
         elif spec.source == "engine":
             for engine, kind, _, _ in MODELS:
                 yield {k: {"node": node, "engine": engine, "kind": kind}[k] for k in spec.labels}
-        elif spec.source == "model":
+        elif spec.source in ("model", "deploy"):
             for engine, _, model, version in MODELS:
                 yield {"node": node, "engine": engine, "model": model, "model_version": version}
         elif spec.source == "alert":

@@ -1,13 +1,17 @@
-"""The Grafana dashboards: generated JSON is current, structurally sound, every PromQL expression
-parses (promtool), and — against a real Prometheus scraping a real exporter of the catalogue's
-series, with the fleet recording rules loaded — every panel query returns at least one series."""
+"""The Grafana dashboards: generated JSON is current, type-checks against @grafana/schema (tsc),
+is structurally sound, has a unit and thresholds on every panel, honours $node everywhere, carries
+deploy and alert annotations; every PromQL expression parses (promtool), and — against a real
+Prometheus scraping a real exporter of the catalogue's series, with the fleet rules loaded — every
+panel, variable and annotation query returns at least one series."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import re
+import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,12 +29,20 @@ RULES = ROOT / "rules" / "prometheus" / "infercost.rules.yml"
 # their "All" value (the dashboards use them only as `label=~"$var"`).
 SUBSTITUTIONS = {
     "$__rate_interval": "1m",
-    "$__interval": "15s",
+    "$__interval": "1s",
     "$__range": "1h",
     "$node": ".*",
+    "$engine": ".*",
     "$model": ".*",
     "$model_version": ".*",
+    # the comparison dashboard: two versions the catalogue exporter serves, and a load band that
+    # holds its synthetic requests-in-flight values
+    "$version_a": "v1",
+    "$version_b": "v2",
+    "$load_min": "0",
+    "$load_max": "1e9",
 }
+SCHEMA_CHECK = DASH_DIR / "schema-check"
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -64,7 +76,7 @@ def variable_queries(dash: dict[str, Any]) -> list[str]:
 
 
 def all_queries() -> list[tuple[str, str]]:
-    """(dashboard / panel / refId, substituted PromQL) for every target and variable."""
+    """(dashboard / panel / refId, substituted PromQL) for every target, variable and annotation."""
     out = []
     for path in DASHBOARDS:
         dash = load(path)
@@ -73,6 +85,8 @@ def all_queries() -> list[tuple[str, str]]:
                 out.append((f"{path.stem} / {p['title']} / {t['refId']}", substitute(t["expr"])))
         for q in variable_queries(dash):
             out.append((f"{path.stem} / variable", substitute(q)))
+        for a in dash["annotations"]["list"]:
+            out.append((f"{path.stem} / annotation {a['name']}", substitute(a["target"]["expr"])))
     return out
 
 
@@ -80,9 +94,14 @@ def test_generated_json_is_current() -> None:
     spec = importlib.util.spec_from_file_location("dash_build", DASH_DIR / "build.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
     assert mod.main(["--check"]) == 0, "run: python dashboards/build.py"
-    assert [p.name for p in DASHBOARDS] == ["infercost-fleet.json", "infercost-node.json"]
+    assert [p.name for p in DASHBOARDS] == [
+        "infercost-compare.json",
+        "infercost-fleet.json",
+        "infercost-node.json",
+    ]
 
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
@@ -93,11 +112,18 @@ def test_structure(path: Path) -> None:
     variables = {v["name"]: v for v in dash["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
-    assert {"node", "model", "model_version"} <= set(variables)
+    if path.stem == "infercost-compare":
+        assert {"node", "model", "version_a", "version_b", "load_min", "load_max"} <= set(variables)
+    else:
+        assert {"node", "engine", "model", "model_version"} <= set(variables)
     ids: set[int] = set()
     cells: set[tuple[int, int]] = set()
     panels = list(walk_panels(dash["panels"]))
     assert len(panels) >= 10
+    names = [a["name"] for a in dash["annotations"]["list"]]
+    assert names == ["Deploys", "Fleet alerts", "Agent alerts"]
+    deploys = dash["annotations"]["list"][0]["target"]
+    assert "infercost_deploy_timestamp_seconds" in deploys["expr"] and deploys["useValueForTime"]
     for p in panels:
         assert isinstance(p["id"], int) and p["id"] not in ids, p["title"]
         ids.add(p["id"])
@@ -121,10 +147,10 @@ def test_structure(path: Path) -> None:
 
 
 def test_required_views_present() -> None:
-    text = {p.stem: p.read_text() for p in DASHBOARDS}
+    text = {p.stem: p.read_text() for p in DASHBOARDS if p.stem != "infercost-compare"}
     fleet, node = text["infercost-fleet"], text["infercost-node"]
+    assert "$ per 1M output tokens" in fleet and "usd_per_1m_output_tokens" in node
     for needle in (
-        "usd_per_1m_output_tokens",
         "idle_cost",
         "gpu_utilization_ratio",
         "dram_bandwidth_ratio",
@@ -147,19 +173,119 @@ def test_every_expression_parses(tmp_path: Path) -> None:
     assert f"SUCCESS: {len(queries)} rules found" in out.stdout
 
 
+def _value_panels() -> Iterator[tuple[str, dict[str, Any]]]:
+    for path in DASHBOARDS:
+        for p in walk_panels(load(path)["panels"]):
+            if p["type"] != "row":
+                yield f"{path.stem} / {p['title']}", p
+
+
+def test_every_panel_has_a_unit_and_thresholds() -> None:
+    for name, p in _value_panels():
+        d = p["fieldConfig"]["defaults"]
+        assert d.get("unit"), name
+        th = d["thresholds"]
+        assert th["mode"] == "absolute" and th["steps"][0]["value"] is None, name
+        values = [s["value"] for s in th["steps"][1:]]
+        assert values == sorted(values), name
+
+
+def test_money_is_never_red_and_up_zero_is() -> None:
+    for name, p in _value_panels():
+        d = p["fieldConfig"]["defaults"]
+        colours = [s["color"] for s in d["thresholds"]["steps"]]
+        if d["unit"] == "currencyUSD":  # Grafana's default would colour $80/h red
+            assert colours == ["text"], name
+    panels = dict(_value_panels())
+    for name in ("infercost-node / NVML up", "infercost-node / Engines up"):
+        steps = panels[name]["fieldConfig"]["defaults"]["thresholds"]["steps"]
+        assert steps == [{"value": None, "color": "red"}, {"value": 1, "color": "green"}], name
+    for name in ("infercost-node / Alerts firing", "infercost-fleet / Alerts firing"):
+        steps = panels[name]["fieldConfig"]["defaults"]["thresholds"]["steps"]
+        assert steps == [{"value": None, "color": "green"}, {"value": 1, "color": "red"}], name
+
+
+def test_token_rates_are_in_tokens_per_second() -> None:
+    for name, p in _value_panels():
+        exprs = " ".join(t["expr"] for t in p["targets"])
+        if re.search(r"tokens_per_second|rate\(infercost_(generation|prompt)_tokens_total", exprs) and (
+            "usd" not in exprs and "/" not in exprs
+        ):
+            assert p["fieldConfig"]["defaults"]["unit"] == "suffix: tok/s", name
+
+
+def test_every_selector_honours_the_node_variable() -> None:
+    """Every series a panel, variable or annotation reads is filtered by $node — recording rules
+    only where they keep the node label (``node:`` level) — except Prometheus' own ALERTS regions
+    and the variable that lists the nodes."""
+    for name, q in all_queries_raw():
+        for metric, labels in re.findall(r"\b([a-z_:]*infercost_[a-z0-9_:]+)\s*(\{[^}]*\})?", q):
+            if name.endswith("variable node"):
+                continue
+            assert labels and 'node=~"$node"' in labels, f"{name}: {metric} ignores $node"
+            assert ":" not in metric or metric.startswith("node:"), f"{name}: {metric} has no node label"
+
+
+def all_queries_raw() -> list[tuple[str, str]]:
+    """(where, unsubstituted PromQL) of every target, variable and annotation."""
+    out = []
+    for path in DASHBOARDS:
+        dash = load(path)
+        for p in walk_panels(dash["panels"]):
+            out += [(f"{path.stem} / {p['title']}", t["expr"]) for t in p.get("targets", [])]
+        for v in dash["templating"]["list"]:
+            if v["type"] == "query":
+                out.append((f"{path.stem} / variable {v['name']}", v["query"]["query"]))
+        out += [(f"{path.stem} / annotation", a["target"]["expr"]) for a in dash["annotations"]["list"]]
+    return out
+
+
+def _tsc() -> str:
+    tsc = SCHEMA_CHECK / "node_modules" / ".bin" / "tsc"
+    assert tsc.exists() and shutil.which("node"), (
+        "run: (cd dashboards/schema-check && npm install --no-package-lock); .ci/run does"
+    )
+    return str(tsc)
+
+
+def test_dashboards_type_check_against_grafana_schema() -> None:
+    out = subprocess.run([_tsc(), "-p", str(SCHEMA_CHECK)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_type_check_catches_a_misspelt_field(tmp_path: Path) -> None:
+    gen = (SCHEMA_CHECK / "dashboards.gen.ts").read_text()
+    bad = SCHEMA_CHECK / "bad.gen.ts"
+    config = SCHEMA_CHECK / "tsconfig.bad.json"
+    bad.write_text(
+        gen.replace('"fieldConfig"', '"fieldConfg"', 1).replace('"mode": "absolute"', '"mode": "absolut"')
+    )
+    config.write_text(json.dumps({"extends": "./tsconfig.json", "files": ["types.ts", "bad.gen.ts"]}))
+    try:
+        out = subprocess.run([_tsc(), "-p", str(config)], capture_output=True, text=True, timeout=300)
+    finally:
+        bad.unlink()
+        config.unlink()
+    assert out.returncode != 0
+    assert "fieldConfg" in out.stdout and "absolut" in out.stdout
+
+
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
     work = tmp_path_factory.mktemp("dash_prom")
-    exporter = CatalogueExporter()
+    # every GPU reads as lost, so a fleet alert (InfercostGpuLost, `for` 0 s here) fires and the
+    # "Fleet alerts" annotation query has an ALERTS series to return
+    exporter = CatalogueExporter({"infercost_gpu_up": 0.0})
     prom = None
     try:
-        rules = test_copy_of_rules(RULES, work / "rules.yml")
+        rules = test_copy_of_rules(RULES, work / "rules.yml", alert_for="0s")
         prom = Prometheus(work, targets=[exporter.target], rule_files=[rules])
         # Recording rules need two scrapes (rate) and one evaluation after them.
         for expr in (
             "model_version:infercost_usd_per_1m_output_tokens:ratio_rate5m",
             "gpu_model:infercost_gpu_dram_bandwidth_ratio:avg5m",
             "node:infercost_gpu_idle_cost_usd_per_hour:rate1h",
+            'ALERTS{alertstate="firing"}',
         ):
             assert prom.wait_for(expr, timeout=30), f"{expr} never appeared; log: {prom.log}"
         yield prom

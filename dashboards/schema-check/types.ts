@@ -1,0 +1,25 @@
+// Hand-written helpers for the generated dashboards.gen.ts (see dashboards/build.py).
+import type { DataQuery } from "@grafana/schema";
+
+/** A Prometheus annotation query as Grafana stores it under `target`. */
+export interface PromAnnotationQuery extends DataQuery {
+  expr: string;
+  step?: string;
+  titleFormat?: string;
+  textFormat?: string;
+  tagKeys?: string;
+  useValueForTime?: boolean;
+}
+
+/**
+ * The schema type with each string enum also accepting its values ("absolute" for
+ * ThresholdsMode.Absolute): dashboard JSON holds the values, not the TypeScript enum members.
+ * Every other check (field names, nesting, required fields, value types) is the schema's own.
+ */
+export type Loose<T> = T extends string
+  ? T | `${T}`
+  : T extends Array<infer U>
+    ? Array<Loose<U>>
+    : T extends object
+      ? { [K in keyof T]: Loose<T[K]> }
+      : T;

@@ -461,6 +461,16 @@ class Store:
         )
         return {str(n): float(v or 0.0) for n, v in rows}
 
+    def gpu_unallocated_by_node(self, start: float, end: float) -> dict[tuple[str, str], float]:
+        """Dollars of GPUs no engine used, per (node, GPU model), over minutes in [start, end)
+        (read-only; the weekly report's "unused GPUs" saving)."""
+        rows = self._db.execute(
+            "SELECT node, COALESCE(gpu_model, ''), SUM(unallocated_usd) FROM gpu_minutes "
+            "WHERE minute >= ? AND minute < ? GROUP BY node, gpu_model",
+            (start, end),
+        )
+        return {(str(n), str(g)): float(v or 0.0) for n, g, v in rows}
+
     def write_engine_scrapes(self, node: str, scrapes: Sequence[EngineScrape]) -> None:
         """Roll engine scrapes (up, duration) into each engine's minute."""
         with self._txn():

@@ -206,3 +206,17 @@ def test_a_gap_to_another_deployment_is_a_saving_not_a_regression() -> None:
     assert [m.model_version for m in rep.regressions] == ["2024-10"]
     (saving,) = [s for s in rep.savings if s.subject == f"{MODEL} 2024-07"]
     assert saving.kind == "cheaper_version" and saving.usd_per_week == pytest.approx(672.0)
+
+
+def test_unused_gpus_are_a_saving(tmp_path: Path) -> None:
+    """Two of a node's three H100s ($3.60/h) serve nothing for a day: $172.80 of GPUs no engine
+    uses, from the store's per-GPU dollars (the model rows never see them)."""
+    from test_cost_history import IDLE_PER_DAY, T0, _day
+
+    st, _ = _day(tmp_path)
+    st.close()
+    rep = build_from_store(tmp_path / "h.sqlite", T0 + 7 * DAY)
+    (unused,) = [s for s in rep.savings if s.kind == "unused_gpus"]
+    assert (unused.subject, unused.usd_per_week) == ("n1", pytest.approx(IDLE_PER_DAY))
+    assert "NVIDIA H100 80GB HBM3 GPUs no engine used" in unused.detail
+    assert "| GPUs no engine uses | n1 | $172.80 |" in render_markdown(rep)

@@ -387,11 +387,13 @@ def assemble(
     idle_by_node: Mapping[str, float] | None = None,
     utilization: Sequence[UtilRow] | None = None,
     utilization_by: str = "engine",
+    unused_gpus: Mapping[tuple[str, str], float] | None = None,
 ) -> WeeklyReport:
     """Build the report from the hourly rows of the two weeks before ``end`` (pure).
 
     ``idle_usd``/``idle_by_node``/``utilization`` override what the model rows give (Prometheus
-    has per-GPU idle cost, which includes GPUs no engine uses)."""
+    has per-GPU idle cost, which includes GPUs no engine uses). ``unused_gpus``: dollars this week
+    of GPUs no engine used, per (node, GPU model), where the store keeps them."""
     start, last_start = end - WEEK_SECONDS, end - 2 * WEEK_SECONDS
     this_rows: dict[Key, list[HourRow]] = defaultdict(list)
     last_rows: dict[Key, list[HourRow]] = defaultdict(list)
@@ -501,14 +503,24 @@ def assemble(
         utilization_by=utilization_by,
         daily_usd=tuple(daily),
         daily_idle_usd=tuple(daily_idle),
-        savings=tuple(find_savings(all_this, models)),
+        savings=tuple(find_savings(all_this, models, unused_gpus or {})),
         deploys=tuple(d for d in deploys if start <= d.at < end),
     )
 
 
-def find_savings(this_week: Sequence[HourRow], models: Sequence[ModelWeek]) -> list[Saving]:
+def find_savings(
+    this_week: Sequence[HourRow],
+    models: Sequence[ModelWeek],
+    unused_gpus: Mapping[tuple[str, str], float] | None = None,
+) -> list[Saving]:
     """Savings opportunities in dollars a week, biggest first (only those the data supports)."""
     out: list[Saving] = []
+    for (node, gpu_model), usd in sorted((unused_gpus or {}).items()):
+        if usd >= MIN_SAVING_USD:
+            what = f"{gpu_model} GPUs" if gpu_model else "GPUs"
+            out.append(
+                Saving("unused_gpus", node, usd, f"{what} no engine used: release or schedule work on them")
+            )
     by_series: dict[SeriesKey, list[HourRow]] = defaultdict(list)
     for r in this_week:
         by_series[r.series].append(r)
@@ -677,6 +689,7 @@ def build_from_store(path: Path, end: float) -> WeeklyReport:
         # per-GPU idle (GPUs no engine uses included), as the Prometheus path reads it; an older
         # store without GPU dollars falls back to the model rows
         idle_by_node = store.gpu_idle_by_node(end - WEEK_SECONDS, end)
+        unused = store.gpu_unallocated_by_node(end - WEEK_SECONDS, end)
         last_idle = store.gpu_idle_by_node(end - 2 * WEEK_SECONDS, end - WEEK_SECONDS)
     except sqlite3.Error as err:
         raise ReportError(f"{path}: cannot read the store: {err}") from None
@@ -690,4 +703,5 @@ def build_from_store(path: Path, end: float) -> WeeklyReport:
         idle_usd=sum(idle_by_node.values()) if idle_by_node else None,
         last_idle_usd=sum(last_idle.values()) if last_idle else None,
         idle_by_node=idle_by_node or None,
+        unused_gpus=unused,
     )

@@ -127,6 +127,7 @@ SAVING_KINDS = {
     "idle": "idle GPUs",
     "low_utilization": "low utilisation at steady load",
     "cheaper_version": "a cheaper version of the same model",
+    "unused_gpus": "GPUs no engine uses",
 }
 
 

@@ -86,6 +86,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     if problems:
         raise ConfigError("\n".join(problems))
     print(f"alerts: ok — {', '.join(configured(cfg.alerts)) or 'no destination (log and /metrics only)'}")
+    if cfg.kubernetes.enabled:
+        from agent.sources.kube.source import describe as describe_kubernetes
+
+        print(describe_kubernetes(cfg))
     _check_state_dir(cfg)
     if cfg.exporters.prometheus.enabled:
         wc = cfg.exporters.prometheus.web_config_file

@@ -367,3 +367,32 @@ def test_infercost_run_exits_2_without_api_credentials(
     assert main(["run", "--config", str(node_yaml)]) == 2
     err = capsys.readouterr().err
     assert "kubernetes.enabled is true but no usable API credentials" in err and "fix:" in err
+
+
+def test_check_describes_discovery_without_calling_the_api(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    node_yaml = tmp_path / "node.yaml"
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", "https://127.0.0.1:1")  # nothing listens there
+    node_yaml.write_text(
+        yaml.safe_dump(
+            {
+                "node": "gpu-node-1",
+                "state_dir": str(tmp_path / "state"),
+                "exporters": {"prometheus": {"port": 0}},
+                "kubernetes": {
+                    "enabled": True,
+                    "kubeconfig": str(kubeconfig),
+                    "label_selector": {"app": "llm"},
+                    "pod_resources_socket": str(tmp_path / "kubelet.sock"),
+                },
+            }
+        )
+    )
+    assert main(["check", "--config", str(node_yaml)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"kubernetes: ok — pods of node gpu-node-1 via kubeconfig {kubeconfig}; engines by annotation "
+        f'infercost.io/scrape: "true" or labels app=llm; pod-resources {tmp_path / "kubelet.sock"} absent '
+        "(GPUs from engines: until it appears)"
+    ) in out

@@ -20,12 +20,13 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from agent.config import Config, EngineConfig
 from agent.records import DeployEvent
 from agent.sources.kube.podresources import GpuMap
-from agent.sources.kube.pods import EnginePod, PodRefused, engine_names, engine_pod, is_selected
+from agent.sources.kube.pods import ANN, EnginePod, PodRefused, engine_names, engine_pod, is_selected
 from agent.sources.kube.watch import PodWatcher, make_client
 
 logger = logging.getLogger(__name__)
@@ -238,3 +239,35 @@ def kube_engines(cfg: Config, store: EngineVersionStore | None, now: Callable[[]
     if store is not None:
         src.record_builds_in(store, now)
     return src
+
+
+SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+
+
+def describe(cfg: Config) -> str:
+    """One line for ``infercost check``: where API credentials come from (no API call is made), the
+    node whose pods are watched, how engines are chosen and the pod-resources socket's state.
+
+    Raises :class:`~agent.config.ConfigError` when there are no credentials."""
+    k = cfg.kubernetes
+    make_client(k)
+    if k.kubeconfig is not None:
+        creds = f"kubeconfig {k.kubeconfig}"
+    elif SERVICE_ACCOUNT_TOKEN.exists():
+        creds = "the in-cluster service account"
+    else:
+        creds = "$KUBECONFIG / ~/.kube/config"
+    chosen = [f'annotation {ANN}scrape: "true"'] if k.annotations else []
+    if k.label_selector:
+        chosen.append("labels " + ",".join(f"{a}={b}" for a, b in sorted(k.label_selector.items())))
+    sock = k.pod_resources_socket
+    if sock is None:
+        gpus = "off (GPUs from engines:)"
+    elif sock.exists():
+        gpus = f"{sock} present"
+    else:
+        gpus = f"{sock} absent (GPUs from engines: until it appears)"
+    return (
+        f"kubernetes: ok — pods of node {k.node_name or cfg.node} via {creds}; engines by "
+        f"{' or '.join(chosen) or 'nothing (set annotations or label_selector)'}; pod-resources {gpus}"
+    )

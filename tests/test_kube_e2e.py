@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from agent.app import build_agent
 from agent.clock import AcceleratedClock, ManualClock
 from agent.config import (
     Config,
@@ -31,12 +32,10 @@ from agent.detect.rules import Finding, load_rules
 from agent.samples import CostWindow, UsageWindow
 from agent.sim.engine import LLAMA_70B, MISTRAL_7B
 from agent.sim.node import EngineSpec, SimNode
-from agent.sources.kube.source import kube_engines
 from agent.sources.nvml.backend import NvmlBackend
 from agent.sources.nvml.fake import FakeNvml
 from agent.sources.prices import parse_price_book
 from agent.store import Store
-from agent.supervisor import Agent, Hooks
 from tests.kubeapi import FakeKubeApi, pod, write_kubeconfig
 from tests.test_daemon import _scrape
 from tests.test_podresources import Kubelet
@@ -130,9 +129,12 @@ async def test_discovered_engines_are_priced_by_their_kubelet_gpus_and_an_image_
                 ),
             )
             book = parse_price_book({"gpus": [{"match": "H100", "usd_per_hour": PRICE}]}, "test-book")
-            store = Store(tmp_path / "history.sqlite", 35, clock)
-            hooks = Hooks(store=store, engine_source=kube_engines(cfg, store, clock.now))
-            agent = Agent(cfg, clock, book, NvmlBackend(fake), [], hooks)
+            # the daemon as `infercost run` builds it (history on; detection tested below on its own)
+            agent = await build_agent(
+                cfg, clock=clock, book=book, backend=NvmlBackend(fake), detection=False, scorer=False
+            )
+            store = agent.hooks.store
+            assert store is not None
             stop = asyncio.Event()
             task = asyncio.create_task(agent.run(stop))
             try:

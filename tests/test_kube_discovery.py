@@ -50,6 +50,11 @@ def test_an_annotated_deployment_pod_becomes_an_engine_at_its_own_ip() -> None:
     assert ep.engine_version == "docker.io/vllm/vllm-openai:v0.8.4@sha256:" + "a" * 64
 
 
+def test_an_ipv6_pod_is_scraped_at_its_bracketed_address() -> None:
+    ep = engine_pod(pod("v6", ip="fd00:10:244::17", annotations=SCRAPE), K)
+    assert ep is not None and ep.url == "http://[fd00:10:244::17]:8000/metrics"
+
+
 def test_version_falls_back_to_the_image_tag_then_to_the_next_configured_label() -> None:
     p = pod("e-0", annotations=SCRAPE, image="ghcr.io/acme/llm:2024-10.3")
     ep = engine_pod(p, K)

@@ -5,7 +5,9 @@ The kubelet serves ``v1.PodResourcesLister/List`` on a unix socket
 container, the device-plugin devices it was given: for NVIDIA's plugin the resource
 ``nvidia.com/gpu`` with GPU UUIDs (``GPU-…``), or ``nvidia.com/mig-…`` with MIG device UUIDs
 (``MIG-…``). Time-sliced replicas are reported as ``GPU-…::N``; the suffix is dropped, so the
-replicas of one GPU share it by the cost model's share policy.
+replicas of one GPU share it by the cost model's share policy. Devices allocated through Dynamic
+Resource Allocation (``dynamic_resources``) name a driver's device (``gpu-0``), not a UUID, and are
+not mapped yet: such an engine's GPUs come from the config.
 
 The messages are our own wire-compatible declaration of the kubelet's proto (``podresources.proto``,
 compiled by grpcio-tools into ``podresources_pb2.py``). ``grpc`` is imported only when the socket is

@@ -196,6 +196,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from agent.bench.soak import run as run_soak
 
         return run_soak(hours=args.hours, speed=args.speed, seed=args.seed)
+    elif args.what == "startup":
+        from agent.bench.startup import run as run_startup
+
+        run_startup(days=args.days, store=args.store)
     elif args.what == "exposition":
         from agent.bench.exposition import run as run_exposition
 
@@ -302,15 +306,17 @@ def build_parser() -> argparse.ArgumentParser:
     b = add("bench", "benchmarks (print figures)")
     b.add_argument(
         "what",
-        choices=["overhead", "parse", "detection", "exposition", "report", "soak"],
+        choices=["overhead", "parse", "detection", "exposition", "report", "soak", "startup"],
         help="which benchmark",
     )
     b.add_argument("--seconds", type=float, default=60.0, help="overhead: wall seconds measured")
     b.add_argument("--seed", type=int, default=7, help="detection: random seed")
     b.add_argument("--weeks", type=int, default=4, help="detection: weeks of simulated history")
     b.add_argument("--series", type=int, default=24, help="report: model-version series in the store")
-    b.add_argument("--days", type=float, default=35.0, help="report: days of history in the store")
-    b.add_argument("--store", type=Path, default=None, help="report: reuse (or create) this store file")
+    b.add_argument("--days", type=float, default=35.0, help="report, startup: days of history in the store")
+    b.add_argument(
+        "--store", type=Path, default=None, help="report, startup: reuse (or create) this store file"
+    )
     b.add_argument("--hours", type=float, default=6.0, help="soak: simulated hours to run")
     b.add_argument("--speed", type=float, default=240.0, help="soak: simulated seconds per real second")
     b.set_defaults(func=cmd_bench)

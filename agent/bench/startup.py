@@ -1,0 +1,184 @@
+"""``infercost bench startup``: restarting the daemon on a 35-day store.
+
+Fills a state directory with ``days`` of 1-minute history for ``series`` model versions (the report
+benchmark's generator), starts the real daemon on it (``infercost run``), and from the moment its
+port answers probes ``/metrics`` every 50 ms until the detection pipeline logs that it warmed up
+(the replay of up to a week of history), then for ``steady`` more seconds. It prints the slowest
+and the 99th-percentile ``/metrics`` answer during start-up, the daemon's peak RSS (VmHWM) and its
+steady RSS (median VmRSS over the last part), and their ratio.
+
+Targets (issue 11): ``/metrics`` answers within 200 ms throughout start-up; start-up peak RSS ≤ 1.5 ×
+steady. It prints figures; nothing asserts on them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+PROBE_SECONDS = 0.05  # seconds between /metrics probes
+TARGET_MS = 200.0
+TARGET_PEAK_RATIO = 1.5
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _status_kb(pid: int, key: str) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return float(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def run(
+    days: float = 35.0,
+    series: int = 24,
+    steady: float = 30.0,
+    store: Path | None = None,
+    print_fn: Callable[[str], Any] = print,
+) -> dict[str, float]:
+    """Run the benchmark; print and return the figures."""
+    from agent.bench.report import fill_store
+
+    console = Console(stderr=True)
+    with tempfile.TemporaryDirectory(prefix="infercost-startup-") as tmp:
+        d = Path(tmp)
+        state = d / "state"
+        state.mkdir()
+        hist = state / "history.sqlite"
+        end = time.time() // 60 * 60
+        with Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as bar:
+            bar.add_task(f"filling {days:g} days × {series} series of history", total=None)
+            if store is not None and store.exists():
+                hist.symlink_to(store.resolve())
+            else:
+                fill_store(hist, series, days, end)
+                if store is not None:
+                    os.link(hist, store)
+        size_mb = hist.stat().st_size / 1e6
+        port = _free_port()
+        cfg = {
+            "node": "bench-node",
+            "state_dir": str(state),
+            "intervals": {"nvml_seconds": 1, "scrape_seconds": 5, "window_seconds": 60},
+            "nvml": {"backend": "fake", "fake_count": 8},
+            "engines": [
+                {"name": "engine-0", "kind": "vllm", "url": f"http://127.0.0.1:{_free_port()}/metrics"}
+            ],
+            "store": {"retention_days": days + 1},
+            "exporters": {"prometheus": {"host": "127.0.0.1", "port": port}},
+        }
+        (d / "node.yaml").write_text(yaml.safe_dump(cfg))
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "agent.cli", "run", "--config", str(d / "node.yaml")],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        warmed = threading.Event()
+        log: list[str] = []
+
+        def drain() -> None:
+            assert daemon.stderr is not None
+            for line in daemon.stderr:
+                log.append(line)
+                if "detection warmed up" in line:
+                    warmed.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        latencies: list[float] = []  # ms, during start-up
+        rss: list[float] = []  # MB, after warm-up
+        t_start = time.monotonic()
+        t_first = t_warm = None
+        try:
+            with Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                TimeElapsedColumn(),
+                console=console,
+                transient=True,
+            ) as bar:
+                task = bar.add_task("daemon starting", total=None)
+                while True:
+                    t0 = time.monotonic()
+                    try:
+                        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                            r.read()
+                        ok = True
+                    except OSError:
+                        ok = False
+                    ms = (time.monotonic() - t0) * 1000
+                    if ok and t_first is None:
+                        t_first = time.monotonic()
+                        bar.update(task, description="replaying history; probing /metrics every 50 ms")
+                    if ok and t_warm is None:
+                        latencies.append(ms)
+                    if warmed.is_set() and t_warm is None:
+                        t_warm = time.monotonic()
+                        bar.update(task, description="warmed up; measuring steady RSS")
+                    if t_warm is not None:
+                        v = _status_kb(daemon.pid, "VmRSS")
+                        if v is not None:
+                            rss.append(v / 1024)
+                        if time.monotonic() - t_warm > steady:
+                            break
+                    if daemon.poll() is not None:
+                        raise RuntimeError("the daemon exited:\n" + "".join(log[-20:]))
+                    if time.monotonic() - t_start > 600:
+                        raise RuntimeError("no warm-up within 10 minutes:\n" + "".join(log[-20:]))
+                    time.sleep(PROBE_SECONDS)
+            peak = (_status_kb(daemon.pid, "VmHWM") or float("nan")) / 1024
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+            try:
+                daemon.wait(30)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+    assert t_first is not None and t_warm is not None
+    tail = sorted(rss[len(rss) // 2 :])
+    steady_mb = tail[len(tail) // 2] if tail else float("nan")
+    lat = sorted(latencies)
+    p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan")
+    worst = lat[-1] if lat else float("nan")
+    warm_line = next((line.strip() for line in log if "detection warmed up" in line), "")
+    print_fn(f"daemon restarted on a {days:g}-day store ({series} model series, {size_mb:.0f} MB)")
+    print_fn(f"  {warm_line.split(': ', 1)[-1]}")
+    print_fn(
+        f"  /metrics during start-up ({len(lat)} probes over {t_warm - t_first:.1f} s): "
+        f"slowest {worst:.0f} ms, p99 {p99:.0f} ms (target <= {TARGET_MS:.0f} ms)"
+    )
+    print_fn(
+        f"  RSS: peak {peak:.1f} MB, steady {steady_mb:.1f} MB, ratio {peak / steady_mb:.2f} "
+        f"(target <= {TARGET_PEAK_RATIO})"
+    )
+    return {"worst_ms": worst, "p99_ms": p99, "peak_mb": peak, "steady_mb": steady_mb}
+
+
+if __name__ == "__main__":
+    run(float(sys.argv[1]) if len(sys.argv) > 1 else 35.0)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import itertools
 import logging
 import math
 import re
@@ -54,6 +53,7 @@ MAX_VALUE = 1e15
 # and would bloat /metrics and the store (issue 11).
 MAX_LABEL_CHARS = 128
 MAX_REPORTED = 20  # refused series described per scrape (the rest only counted out of the signal)
+_LE: dict[str, float] = {}  # le label text → bound (parsed once)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 _SCALAR_FIELDS = frozenset(
@@ -254,12 +254,13 @@ class _Mapping:
         total: dict[str, float] = {}
         count: dict[str, int] = {}
         seen: dict[str, list[tuple[str, Mapping[str, str], float]]] = {}
+        ml, model_of, fallback = self.a.model_label, self.model_of, self.fallback
         for name in s.names:
             for sample in self.page.get(name, ()):
                 labels = sample.labels
                 if where and any(labels.get(k) != v for k, v in where.items()):
                     continue
-                model = self._model(labels)
+                model = fallback if ml is None else model_of.get(labels.get(ml))  # type: ignore[arg-type]
                 if model is None:
                     continue
                 v = sample.value
@@ -269,7 +270,8 @@ class _Mapping:
                     kind = "counter" if counter else "gauge"
                     self._refuse(model, signal, name, labels, f"{kind} value {v!r} outside [0, {high:g}]")
                     continue
-                v *= scale
+                if scale != 1.0:
+                    v *= scale
                 total[model] = total.get(model, 0.0) + v
                 count[model] = count.get(model, 0) + 1
                 if parts is not None:
@@ -294,25 +296,33 @@ class _Mapping:
         base = s.names[0]
         where = s.where
         buckets: dict[str, dict[float, float]] = {}
+        ml, model_of, fallback = self.a.model_label, self.model_of, self.fallback
         for sample in self.page.get(base + "_bucket", ()):
             labels = sample.labels
             if where and any(labels.get(k) != v for k, v in where.items()):
                 continue
-            model = self._model(labels)
+            model = fallback if ml is None else model_of.get(labels.get(ml))  # type: ignore[arg-type]
             le_text = labels.get("le")
             if model is None or le_text is None:
                 continue
-            try:
-                le = float(le_text)
-            except ValueError:
-                self._refuse(model, signal, base + "_bucket", labels, "le is not a number")
-                continue
+            le = _LE.get(le_text)
+            if le is None:
+                try:
+                    le = float(le_text)
+                except ValueError:
+                    self._refuse(model, signal, base + "_bucket", labels, "le is not a number")
+                    continue
+                if len(_LE) < 4096:  # bucket bounds are few; a hostile page cannot grow this
+                    _LE[le_text] = le
             v = sample.value
             if not 0.0 <= v <= MAX_VALUE or le != le:
                 self._refuse(model, signal, base + "_bucket", labels, f"bucket count {v!r}")
                 continue
-            le = le * s.scale if math.isfinite(le) else le
-            per = buckets.setdefault(model, {})
+            if s.scale != 1.0 and le != math.inf:
+                le *= s.scale
+            per = buckets.get(model)
+            if per is None:
+                buckets[model] = per = {}
             per[le] = per.get(le, 0.0) + v
         sums: dict[str, float] = {}
         counts: dict[str, float] = {}
@@ -321,7 +331,7 @@ class _Mapping:
                 labels = sample.labels
                 if where and any(labels.get(k) != v for k, v in where.items()):
                     continue
-                model = self._model(labels)
+                model = fallback if ml is None else model_of.get(labels.get(ml))  # type: ignore[arg-type]
                 if model is None:
                     continue
                 if not low <= sample.value <= MAX_VALUE:
@@ -333,7 +343,8 @@ class _Mapping:
             ordered = tuple(sorted(per.items()))
             if not ordered or not math.isinf(ordered[-1][0]):
                 continue  # no +Inf bucket: not a usable histogram
-            if any(later < earlier for (_, earlier), (_, later) in itertools.pairwise(ordered)):
+            cumulative = [c for _, c in ordered]
+            if cumulative != sorted(cumulative):
                 self._refuse(model, signal, base + "_bucket", {"model": model}, "bucket counts decrease")
                 continue
             count = counts.get(model, ordered[-1][1])

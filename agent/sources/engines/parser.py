@@ -48,6 +48,9 @@ logger = logging.getLogger(__name__)
 # name counters by their wire name (``vllm:prompt_tokens_total``, TGI's ``tgi_request_count``).
 FAMILY_SUFFIXES: tuple[str, ...] = ("", "_bucket", "_sum", "_count")
 QUOTE_LIMIT = 200  # characters of a bad line quoted in a ParseError (a hostile line may be 1 MB)
+# Label blocks remembered per parser (why 10,000: a dense vLLM page of 32 models has ~8,000 label
+# sets; a page whose labels change every scrape just refills it, so memory stays bounded)
+BLOCK_CACHE = 10_000
 
 # Possessive quantifiers (*+) everywhere a hostile 1 MB line could make sre backtrack: every
 # pattern here runs in time linear in the line.
@@ -70,7 +73,9 @@ class ParseError(ValueError):
 
 
 class Sample(NamedTuple):
-    """One sample line: name (canonical spelling), labels, value and the optional timestamp."""
+    """One sample line: name (canonical spelling), labels, value and the optional timestamp.
+
+    ``labels`` may be shared with other samples and later scrapes: never mutate it."""
 
     name: str
     labels: dict[str, str]
@@ -138,6 +143,26 @@ def _cut_at_eof(text: str) -> str:
     return text
 
 
+def _value_and_timestamp(
+    tail: str, name: str, rest: str, openmetrics: bool
+) -> tuple[float, float | None] | None:
+    """Value and timestamp (seconds) of a sample's text after its labels; None for a native
+    histogram. prometheus_client reads the first token as the value and the last, if more
+    than one, as the timestamp: tokens in between are tolerated."""
+    tokens = tail.split()
+    if not tokens:
+        raise ParseError(f"no value in line {quote(name + rest)}")
+    if tokens[0][:1] == "{":
+        return None
+    value = _number(tokens[0], "value", name, rest)
+    if len(tokens) == 1:
+        return value, None
+    ts = _number(tokens[-1], "timestamp", name, rest) / (1.0 if openmetrics else 1000.0)
+    if not math.isfinite(ts):
+        raise ParseError(f"timestamp not finite in line {quote(name + rest)}")
+    return value, ts
+
+
 def _slow_labels(block: str, name: str, rest: str) -> dict[str, str]:
     """Labels of a block with escapes, blanks, quoted names or empty terms (validated)."""
     if _HEAD_RE.fullmatch("{" + block + "}") is None:
@@ -174,17 +199,20 @@ class FamilyParser:
         self._family_of = {n: f for f in families for n in expand_families([f])}
         all_names = sorted(self.names | frozenset(self._canonical))
         # A trie of the names: sre rejects a line after its first differing character instead of
-        # trying every name in turn, and the literal "\n<common prefix>" lets it jump between
-        # candidate lines in C. Group 2 is the rest of the line ("" when nothing follows the name).
+        # trying every name in turn. The rest of the line is "" when nothing follows the name.
         name = f"({_trie_pattern(all_names)})" if all_names else "((?!))"
-        tail = r"((?:[ \t{\r][^\n]*)?)(?=\n)"
-        self._fast_re = re.compile(rf"\n{name}{tail}")
-        self._indented_re = re.compile(rf"\n[ \t]*{name}{tail}")
-        # A quoted name opens the label block: {"vllm:x", a="b"} 1 or {"vllm:x"} 1; the name is
+        # A quoted name opens the label block instead: {"vllm:x", a="b"} 1 or {"vllm:x"} 1; it is
         # written with escapes (only names outside the legacy charset can need them).
         self._unquoted = {_escape(n): n for n in all_names}
         quoted = f"({_trie_pattern(sorted(self._unquoted))})" if all_names else "((?!))"
-        self._quoted_re = re.compile(rf'\n[ \t]*\{{[ \t]*"{quoted}"[ \t]*([,}}][^\n]*)(?=\n)')
+        # One pass finds both kinds of wanted line, indented or not, in page order: groups
+        # (name, rest) or (quoted name, rest after it).
+        self._line_re = re.compile(
+            rf"\n[ \t]*(?:{name}((?:[ \t{{\r][^\n]*)?)(?=\n)"
+            rf'|\{{[ \t]*"{quoted}"[ \t]*([,}}][^\n]*)(?=\n))'
+        )
+        # Label blocks read before (the same series come back every scrape), bounded.
+        self._blocks: dict[str, dict[str, str]] = {}
 
     def parse(self, text: str, openmetrics: bool = False) -> Page:
         """Samples of the wanted families, by canonical name.
@@ -195,76 +223,82 @@ class FamilyParser:
         text = f"\n{text}\n"
         if openmetrics:
             text = _cut_at_eof(text)
-        line_re = self._indented_re if ("\n " in text or "\n\t" in text) else self._fast_re
-        lines: list[tuple[str, str]]
-        if '{"' in text:  # quoted names: merge both kinds of line in page order
-            merged = [(m.start(), m.group(1), m.group(2)) for m in line_re.finditer(text)]
-            for m in self._quoted_re.finditer(text):
-                rest = m.group(2)
-                name = self._unquoted[m.group(1)]
-                merged.append((m.start(), name, rest[1:] if rest[0] == "}" else "{" + rest[1:]))
-            lines = [(n, r) for _, n, r in sorted(merged)]
-        else:
-            lines = line_re.findall(text)
+        lines = self._line_re.findall(text)
         out: Page = {}
-        ts_unit = 1.0 if openmetrics else 1000.0  # per second: OpenMetrics seconds, text format ms
-        simple_pairs = _SIMPLE_PAIR_RE.findall
-        for name, rest in lines:
-            labels: dict[str, str]
-            if rest[:1] in (" ", "\t") and rest.lstrip(" \t")[:1] == "{":  # blanks before the labels
-                rest = rest.lstrip(" \t")
+        known = self._blocks
+        new_sample = tuple.__new__  # Sample(...) without its Python-level __new__
+        for name, rest, qname, qrest in lines:
+            if not name:  # {"name", labels} value: read as name{labels} value
+                name = self._unquoted[qname]
+                rest = qrest[1:] if qrest[0] == "}" else "{" + qrest[1:]
+            labels: dict[str, str] | None
             if rest[:1] == "{":
-                # Escapes, exemplars, braces in values, quoted label names, native histograms:
-                # the validating regex finds where the label block ends.
-                if "\\" in rest or "#" in rest or rest.find("{", 1) >= 0:
-                    head = _HEAD_RE.match(rest)
-                    if head is None:
-                        raise ParseError(f"malformed labels in line {quote(name + rest)}")
-                    labels = _slow_labels(head.group(1), name, rest)
-                    tail = rest[head.end() :]
+                end = rest.rfind("}")
+                labels = known.get(rest[1:end]) if end > 0 else None
+                if labels is not None:  # a block this parser has read before: valid and simple
+                    tail = rest[end + 1 :]
                     if "#" in tail:  # an exemplar (or a comment) after the value
                         tail = tail[: tail.index("#")]
                 else:
-                    end = rest.rfind("}")
-                    if end < 0:
-                        raise ParseError(f"unterminated labels in line {quote(name + rest)}")
-                    block = rest[1:end]
-                    tail = rest[end + 1 :]
-                    found = simple_pairs(block)
-                    # Exactly k="v" pairs joined by commas, one trailing comma allowed? (Values
-                    # hold no quote here, so '",' only occurs where a pair ends.)
-                    extra = len(block) - sum([len(k) + len(v) for k, v in found]) - 4 * len(found)
-                    if (extra == -1 or (extra == 0 and found)) and block.count('",') == len(found) + extra:
-                        labels = dict(found)
-                        if len(labels) != len(found):
-                            raise ParseError(f"duplicate label name in line {quote(name + rest)}")
-                    else:  # blanks, empty terms, nothing, or garbage: validate
-                        labels = _slow_labels(block, name, rest)
+                    labels, tail = self._labels(name, rest)
                 if openmetrics and tail[:1] not in (" ", "\t"):  # the text format lets it pass
                     raise ParseError(f"no blank before the value in line {quote(name + rest)}")
+            elif "{" in rest and rest.lstrip(" \t")[:1] == "{":  # blanks before the labels
+                rest = rest.lstrip(" \t")
+                labels, tail = self._labels(name, rest)
             else:
                 labels = {}
                 tail = rest
                 if "#" in tail:
                     tail = tail[: tail.index("#")]
-            tokens = tail.split()
-            if not tokens:
-                raise ParseError(f"no value in line {quote(name + rest)}")
-            if tokens[0][:1] == "{":  # a native histogram: {count:24,sum:100,schema:0,...}
-                continue
-            value = _number(tokens[0], "value", name, rest)
-            ts = None
-            if len(tokens) > 1:  # prometheus_client reads the last token as the timestamp
-                ts = _number(tokens[-1], "timestamp", name, rest) / ts_unit
-                if not math.isfinite(ts):
-                    raise ParseError(f"timestamp not finite in line {quote(name + rest)}")
+            try:  # the common case: the value alone (float() ignores the blanks around it)
+                value = float(tail)
+                ts: float | None = None
+            except ValueError:
+                read = _value_and_timestamp(tail, name, rest, openmetrics)
+                if read is None:  # a native histogram: {count:24,sum:100,schema:0,...}
+                    continue
+                value, ts = read
+            if "_" in tail:  # float() takes "1_000"; the exposition format does not
+                raise ParseError(f"invalid number in line {quote(name + rest)}")
             bucket = out.get(name)
             if bucket is None:
                 out[name] = bucket = []
-            bucket.append(Sample(name, labels, value, ts))
+            bucket.append(new_sample(Sample, (name, labels, value, ts)))
         if self._canonical and not self._canonical.keys().isdisjoint(out):
             self._canonicalise(out)
         return out
+
+    def _labels(self, name: str, rest: str) -> tuple[dict[str, str], str]:
+        """The labels of a line starting with ``{`` and the text after them (validated). A simple
+        block (no escapes, exemplar, braces or blanks) is remembered for the next scrapes."""
+        if "\\" in rest or "#" in rest or rest.find("{", 1) >= 0:
+            # Escapes, exemplars, braces in values, quoted label names, native histograms: the
+            # validating regex finds where the label block ends.
+            head = _HEAD_RE.match(rest)
+            if head is None:
+                raise ParseError(f"malformed labels in line {quote(name + rest)}")
+            tail = rest[head.end() :]
+            if "#" in tail:  # an exemplar (or a comment) after the value
+                tail = tail[: tail.index("#")]
+            return _slow_labels(head.group(1), name, rest), tail
+        end = rest.rfind("}")
+        if end < 0:
+            raise ParseError(f"unterminated labels in line {quote(name + rest)}")
+        block = rest[1:end]
+        found = _SIMPLE_PAIR_RE.findall(block)
+        # Exactly k="v" pairs joined by commas, one trailing comma allowed? (Values hold no quote
+        # here, so '",' only occurs where a pair ends.)
+        extra = len(block) - sum([len(k) + len(v) for k, v in found]) - 4 * len(found)
+        if not ((extra == -1 or (extra == 0 and found)) and block.count('",') == len(found) + extra):
+            return _slow_labels(block, name, rest), rest[end + 1 :]  # blanks, empty terms, garbage
+        labels = dict(found)
+        if len(labels) != len(found):
+            raise ParseError(f"duplicate label name in line {quote(name + rest)}")
+        if len(self._blocks) >= BLOCK_CACHE:
+            self._blocks.clear()
+        self._blocks[block] = labels
+        return labels, rest[end + 1 :]
 
     def _canonicalise(self, out: Page) -> None:
         """Escaped spellings (``vllm_x``) → canonical (``vllm:x``); a family written both ways

@@ -144,6 +144,8 @@ def openmetrics() -> str:
                 {w: (float(tps[w]) if running[w] else None) for w in (0, 1)},
             )
         add("infercost_idle_cost_usd_total", lbl, {w: (0.0 if running[w] else None) for w in (0, 1)})
+        util = {w: (r.util if running[w] else None) for w in (0, 1)}
+        add("infercost_model_gpu_utilization_ratio", lbl, util, kind="gauge")
     for node, (gpu_model, util) in GPUS.items():
         lbl = f'node="{node}",gpu="0"'
         idle = GPU_IDLE_USD_PER_HOUR[node]
@@ -321,6 +323,12 @@ def test_both_paths_agree(prometheus: Prometheus) -> None:
     for x, y in zip(a.models, b.models, strict=True):
         assert x.usd_per_1m_output == pytest.approx(y.usd_per_1m_output)
         assert x.change_ratio == pytest.approx(y.change_ratio)
+        assert (
+            x.like_change_ratio == pytest.approx(y.like_change_ratio) and x.like_baseline == y.like_baseline
+        )
+        assert x.trend is not None and y.trend is not None
+        assert x.trend.daily_usd == pytest.approx(y.trend.daily_usd)
+    assert a.savings == b.savings
 
 
 def test_unreachable_prometheus_raises_report_error() -> None:

@@ -220,3 +220,14 @@ def test_unused_gpus_are_a_saving(tmp_path: Path) -> None:
     assert (unused.subject, unused.usd_per_week) == ("n1", pytest.approx(IDLE_PER_DAY))
     assert "NVIDIA H100 80GB HBM3 GPUs no engine used" in unused.detail
     assert "| GPUs no engine uses | n1 | $172.80 |" in render_markdown(rep)
+
+
+def test_deploys_seen_hour_to_hour_where_no_deploy_log_exists() -> None:
+    """Prometheus keeps no deploy log: a new version on the same engine is a deploy at its first hour."""
+    from agent.report.data import rows_from_windows
+    from agent.report.prom import deploys_from_rows
+
+    (d,) = deploys_from_rows(rows_from_windows(scenario(), T))
+    assert (d.node, d.engine, d.model, d.from_version, d.to_version, d.at) == (
+        "n1", "llama-70b-canary", MODEL, "2024-09", "2024-10", DEPLOY_AT,
+    )  # fmt: skip

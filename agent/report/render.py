@@ -600,8 +600,16 @@ def render_html(r: WeeklyReport) -> str:
         "compares hours in the same load band (requests running, else output tokens/s). Gaps in a line "
         "are hours or days without data.</p>",
         '<div class="cards">',
-        _card("Total cost", usd(r.total_usd), f"last week {usd(last)} ({change(total_change)})"),
-        _card("Idle GPU cost", usd(r.idle_usd), f"last week {usd(r.last_idle_usd)}"),
+        _card(
+            "Total cost",
+            usd(r.total_usd),
+            f"last week {usd(last)} ({change(total_change)})" if last is not None else "no data last week",
+        ),
+        _card(
+            "Idle GPU cost",
+            usd(r.idle_usd),
+            f"last week {usd(r.last_idle_usd)}" if r.last_idle_usd is not None else "no data last week",
+        ),
         _card("$ per 1M output tokens", usd(r.usd_per_1m_output, 4), "all models"),
         _card("Output tokens", tokens(r.output_tokens), ""),
         _card(

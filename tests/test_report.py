@@ -37,7 +37,7 @@ from agent.report.data import (
     build_from_windows,
 )
 from agent.report.prom import PromAuth, build_from_prometheus, parse_header
-from agent.report.render import render_csv, render_html, render_markdown
+from agent.report.render import render_csv, render_html, render_json, render_markdown
 from agent.samples import CostWindow, UsageWindow
 from agent.store import Store
 
@@ -653,3 +653,16 @@ async def test_cli_posts_the_summary_to_slack_and_dates_the_file(
         assert await asyncio.to_thread(run_report, args) == 1  # no webhook: an error, not a silent skip
     finally:
         await slack.stop()
+
+
+def test_an_empty_week_renders_everywhere() -> None:
+    """A store with nothing in the two weeks: every format renders, absent stays absent."""
+    rep = build_from_windows([], end=T)
+    assert rep.daily_usd == (None,) * 7 and rep.models == () and rep.savings == ()
+    assert json.loads(render_json(rep))["daily_usd"] == [None] * 7
+    assert (
+        "| 20" in render_markdown(rep) and "$0.00 |" not in render_markdown(rep).split("## Cost per day")[1]
+    )
+    assert render_html(rep).startswith("<!DOCTYPE html>")
+    (total,) = csv.DictReader(io.StringIO(render_csv(rep)))
+    assert total["model"] == "(all)"

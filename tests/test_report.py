@@ -666,3 +666,15 @@ def test_an_empty_week_renders_everywhere() -> None:
     assert render_html(rep).startswith("<!DOCTYPE html>")
     (total,) = csv.DictReader(io.StringIO(render_csv(rep)))
     assert total["model"] == "(all)"
+
+
+def test_an_outlier_hour_does_not_flatten_the_chart() -> None:
+    """One near-idle hour at $1,000 per 1M among $1 hours: the axis stops at 2 × the 95th
+    percentile ($2) and the hour is marked at the top edge; without outliers nothing is marked."""
+    from agent.report.render import axis_max, line_chart
+
+    hours: list[float | None] = [1.0] * 167 + [1000.0]
+    assert axis_max([v for v in hours if v is not None]) == 2.0
+    svg = line_chart("t", [(hours, "#000", "l")], 168, T)
+    assert ">$2.00</text>" in svg and "above the axis" in svg
+    assert "above the axis" not in line_chart("t", [([1.0] * 168, "#000", "l")], 168, T)

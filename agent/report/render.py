@@ -377,7 +377,21 @@ BAND = "#afb8c1"
 IDLE = "#bc4c00"
 DEPLOY = "#8250df"
 NOWRAP_CHARS = 40  # names up to this many characters are kept on one line in tables
+CLIP = "#cf222e"
+# Why 2×: a chart whose axis a single near-idle hour sets is flat everywhere else; values above
+# twice the 95th percentile are drawn at the top edge with a marker instead.
+OUTLIER_FACTOR = 2.0
 BAND_MIN_PX = 4.0  # pixels: the thinnest baseline band drawn
+
+
+def axis_max(values: Sequence[float]) -> float:
+    """The y-axis maximum: the largest value, unless a few outliers (an hour with a handful of
+    tokens has an enormous $/1M) exceed :data:`OUTLIER_FACTOR` × the 95th percentile; then that."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+    return min(ordered[-1], OUTLIER_FACTOR * p95) if p95 > 0 else ordered[-1]
 
 
 def _nice_top(v: float) -> float:
@@ -425,11 +439,15 @@ def line_chart(
     vals = [v for vs, _, _ in lines for v in vs if v is not None]
     if band is not None:
         vals += [v for v in band[1] if v is not None]
-    top = _nice_top(max(vals, default=0.0))
+    top = _nice_top(axis_max(vals))
     pw, ph = CHART_W - PAD_L - PAD_R, CHART_H - PAD_T - PAD_B
+    clipped: list[tuple[float, float]] = []
 
     def xy(i: int, v: float) -> tuple[float, float]:
         x = PAD_L + (i + 0.5) / x_slots * pw
+        if v > top:  # an outlier hour: drawn at the top edge and marked, not scaling the chart
+            clipped.append((x, PAD_T))
+            v = top
         return x, PAD_T + ph - v / top * ph
 
     p = [
@@ -490,6 +508,11 @@ def line_chart(
             )
         for x, y in dots:
             p.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{colour}"/>')
+    for x, y in clipped:
+        p.append(
+            f'<path d="M{x - 4:.1f},{y + 6:.1f} L{x:.1f},{y:.1f} L{x + 4:.1f},{y + 6:.1f}" fill="{CLIP}">'
+            "<title>above the axis (an hour with very few tokens)</title></path>"
+        )
     p.append("</svg>")
     return "".join(p)
 

@@ -276,3 +276,19 @@ def test_grpc_protocol_from_env(
     resource, _, got = decode(msg)
     assert resource[host.HOST_NAME] == "node-a"
     assert [p.value for p in got[hw_metrics.HW_POWER].points] == [600.0]
+
+
+def test_resource_names_the_pod_and_node_on_kubernetes() -> None:
+    from agent.sinks.otlp import resource
+
+    pod = {
+        "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+        "INFERCOST_NODE": "gpu-node-3",
+        "HOSTNAME": "infercost-x7k2p",
+    }
+    attrs = dict(resource("gpu-node-3", pod).attributes)
+    assert attrs[k8s.K8S_NODE_NAME] == "gpu-node-3" and attrs[k8s.K8S_POD_NAME] == "infercost-x7k2p"
+    assert attrs[host.HOST_NAME] == "gpu-node-3"
+    # outside a pod, HOSTNAME is just the machine's name: no k8s attributes are made up
+    bare = dict(resource("box", {"HOSTNAME": "box", "INFERCOST_NODE": "box"}).attributes)
+    assert k8s.K8S_NODE_NAME not in bare and k8s.K8S_POD_NAME not in bare

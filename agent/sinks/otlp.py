@@ -300,18 +300,25 @@ OTEL: tuple[OtelMetric, ...] = _table()
 
 
 def resource(node: str, environ: Mapping[str, str]) -> Resource:
-    """service.*, host.name and, when the pod's environment says, k8s.node.name / k8s.pod.name
-    (the chart sets ``K8S_NODE_NAME`` and ``K8S_POD_NAME`` from the downward API);
-    ``OTEL_RESOURCE_ATTRIBUTES`` / ``OTEL_SERVICE_NAME`` are merged by the SDK."""
+    """service.*, host.name and, on Kubernetes, k8s.node.name / k8s.pod.name;
+    ``OTEL_RESOURCE_ATTRIBUTES`` / ``OTEL_SERVICE_NAME`` are merged by the SDK.
+
+    In a pod (``KUBERNETES_SERVICE_HOST`` set) the node name is ``K8S_NODE_NAME``, else the
+    chart's ``INFERCOST_NODE`` (the downward API's ``spec.nodeName``), and the pod name is
+    ``K8S_POD_NAME``, else ``HOSTNAME`` (a pod's hostname is its name; the chart does not use
+    host networking). Outside Kubernetes only explicit ``K8S_*`` variables count."""
     attrs: dict[str, str] = {
         service.SERVICE_NAME: "infercost",
         service.SERVICE_VERSION: __version__,
         host.HOST_NAME: node,
     }
-    if environ.get("K8S_NODE_NAME"):
-        attrs[k8s.K8S_NODE_NAME] = environ["K8S_NODE_NAME"]
-    if environ.get("K8S_POD_NAME"):
-        attrs[k8s.K8S_POD_NAME] = environ["K8S_POD_NAME"]
+    in_pod = bool(environ.get("KUBERNETES_SERVICE_HOST"))
+    node_name = environ.get("K8S_NODE_NAME") or (environ.get("INFERCOST_NODE") if in_pod else None)
+    pod_name = environ.get("K8S_POD_NAME") or (environ.get("HOSTNAME") if in_pod else None)
+    if node_name:
+        attrs[k8s.K8S_NODE_NAME] = node_name
+    if pod_name:
+        attrs[k8s.K8S_POD_NAME] = pod_name
     return Resource.create(attrs, schema_url=SCHEMA_URL)
 
 

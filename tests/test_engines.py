@@ -213,7 +213,9 @@ def test_parse_benchmark_reports_its_figures() -> None:
     assert {p.name for p in PAGES} <= set(names)  # every fixture page is timed
     dense = next(r for r in results if f"{DENSE_MODELS} models" in r.page)
     assert 800_000 < dense.page_bytes < 1_600_000  # the ~1 MB page of issue 8
-    assert len(lines) == len(results) + 2 and lines[-1].startswith("minimum ")
+    assert len(lines) == len(results) + 3 and lines[-2].startswith("minimum ")
+    assert lines[-1].startswith("first scrape")
+    assert all(r.cold_ms > 0 for r in results)
 
 
 def test_underscore_escaped_names_from_newer_prometheus_client_map_the_same() -> None:

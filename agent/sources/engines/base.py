@@ -15,7 +15,7 @@ parsed page into one :class:`ModelSignals` per served model:
 The adapter boundary (issue 11): nothing hostile passes on to the cost path.
 
 - one value per series: a series written twice on a page counts once, the last value (as
-  Prometheus keeps it);
+  Prometheus keeps it; the parser keeps one sample per series);
 - counters must be finite, ≥ 0 and ≤ :data:`MAX_VALUE`; gauges too (ratios ≤ 1; a NaN gauge is
   simply no reading); histogram buckets finite, ≥ 0 and non-decreasing in ``le``. A series that
   fails makes its signal absent for that model in this scrape (never a made-up value or quantile)
@@ -34,12 +34,12 @@ import hashlib
 import logging
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from agent.samples import Histogram, ModelSignals
-from agent.sources.engines.parser import FamilyParser, Page, Sample
+from agent.sources.engines.parser import FamilyParser, Page
 
 logger = logging.getLogger(__name__)
 
@@ -91,11 +91,10 @@ class Series:
     metric: str | tuple[str, ...]
     where: Mapping[str, str] = field(default_factory=dict)
     scale: float = 1.0
+    names: tuple[str, ...] = field(init=False, default=(), compare=False)  # the wire names it reads
 
-    @property
-    def names(self) -> tuple[str, ...]:
-        """The wire names this series reads."""
-        return (self.metric,) if isinstance(self.metric, str) else self.metric
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "names", (self.metric,) if isinstance(self.metric, str) else self.metric)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,19 +189,12 @@ def _describe(name: str, labels: Mapping[str, str], why: str) -> str:
     return f"{name}{{{inner}}}"[:200] + f" ({why})"
 
 
-def _latest(samples: list[Sample]) -> Iterable[Sample]:
-    """One sample per series (equal labels): the last on the page, as Prometheus keeps it."""
-    if len(samples) < 2:
-        return samples
-    return {frozenset(s.labels.items()): s for s in samples}.values()
-
-
 class _Mapping:
     """One run of :meth:`Adapter.map` (state shared by its steps)."""
 
     def __init__(self, adapter: Adapter, page: Page, default_model: str | None, max_models: int) -> None:
         self.a = adapter
-        self.page = {name: _latest(samples) for name, samples in page.items()}
+        self.page = page
         self.fallback = clean_label(default_model) if default_model else DEFAULT_MODEL
         self.invalid: list[str] = []
         self.bad: set[tuple[str, str]] = set()  # (model, signal) refused this scrape
@@ -273,7 +265,8 @@ class _Mapping:
                 if scale != 1.0:
                     v *= scale
                 total[model] = total.get(model, 0.0) + v
-                count[model] = count.get(model, 0) + 1
+                if mean:
+                    count[model] = count.get(model, 0) + 1
                 if parts is not None:
                     seen.setdefault(model, []).append((name, labels, v))
         if parts is not None:

@@ -26,8 +26,8 @@ them; ``tests/test_conformance.py`` holds both public conformance suites against
 - ``_created`` series: never wanted, so never read. NUL and other control characters inside label
   values are kept as written: the adapter cleans label values (``base.clean_label``).
 
-Every line of a wanted family is returned, in page order; one value per series (duplicates) is
-the adapter's business. Both spellings of a name with a colon are read (``vllm:x`` and the
+One sample per series, in page order: a series written twice keeps its last value (as Prometheus
+keeps it), so it is never counted twice. Both spellings of a name with a colon are read (``vllm:x`` and the
 ``vllm_x`` that newer prometheus_client releases write when asked for OpenMetrics); a page carrying
 both keeps the canonical one only (:attr:`Page` keys are always canonical).
 """
@@ -51,6 +51,7 @@ QUOTE_LIMIT = 200  # characters of a bad line quoted in a ParseError (a hostile 
 # Label blocks remembered per parser (why 10,000: a dense vLLM page of 32 models has ~8,000 label
 # sets; a page whose labels change every scrape just refills it, so memory stays bounded)
 BLOCK_CACHE = 10_000
+_NO_LABELS: frozenset[tuple[str, str]] = frozenset()
 
 # Possessive quantifiers (*+) everywhere a hostile 1 MB line could make sre backtrack: every
 # pattern here runs in time linear in the line.
@@ -212,7 +213,7 @@ class FamilyParser:
             rf'|\{{[ \t]*"{quoted}"[ \t]*([,}}][^\n]*)(?=\n))'
         )
         # Label blocks read before (the same series come back every scrape), bounded.
-        self._blocks: dict[str, dict[str, str]] = {}
+        self._blocks: dict[str, tuple[dict[str, str], frozenset[tuple[str, str]]]] = {}
 
     def parse(self, text: str, openmetrics: bool = False) -> Page:
         """Samples of the wanted families, by canonical name.
@@ -224,30 +225,30 @@ class FamilyParser:
         if openmetrics:
             text = _cut_at_eof(text)
         lines = self._line_re.findall(text)
-        out: Page = {}
+        series: dict[str, dict[frozenset[tuple[str, str]], Sample]] = {}  # name → labels → last
         known = self._blocks
         new_sample = tuple.__new__  # Sample(...) without its Python-level __new__
         for name, rest, qname, qrest in lines:
             if not name:  # {"name", labels} value: read as name{labels} value
                 name = self._unquoted[qname]
                 rest = qrest[1:] if qrest[0] == "}" else "{" + qrest[1:]
-            labels: dict[str, str] | None
             if rest[:1] == "{":
                 end = rest.rfind("}")
-                labels = known.get(rest[1:end]) if end > 0 else None
-                if labels is not None:  # a block this parser has read before: valid and simple
+                hit = known.get(rest[1:end]) if end > 0 else None
+                if hit is not None:  # a block this parser has read before: valid and simple
+                    labels, key = hit
                     tail = rest[end + 1 :]
                     if "#" in tail:  # an exemplar (or a comment) after the value
                         tail = tail[: tail.index("#")]
                 else:
-                    labels, tail = self._labels(name, rest)
+                    labels, key, tail = self._labels(name, rest)
                 if openmetrics and tail[:1] not in (" ", "\t"):  # the text format lets it pass
                     raise ParseError(f"no blank before the value in line {quote(name + rest)}")
             elif "{" in rest and rest.lstrip(" \t")[:1] == "{":  # blanks before the labels
                 rest = rest.lstrip(" \t")
-                labels, tail = self._labels(name, rest)
+                labels, key, tail = self._labels(name, rest)
             else:
-                labels = {}
+                labels, key = {}, _NO_LABELS
                 tail = rest
                 if "#" in tail:
                     tail = tail[: tail.index("#")]
@@ -261,17 +262,22 @@ class FamilyParser:
                 value, ts = read
             if "_" in tail:  # float() takes "1_000"; the exposition format does not
                 raise ParseError(f"invalid number in line {quote(name + rest)}")
-            bucket = out.get(name)
-            if bucket is None:
-                out[name] = bucket = []
-            bucket.append(new_sample(Sample, (name, labels, value, ts)))
+            per = series.get(name)
+            if per is None:
+                series[name] = per = {}
+            per[key] = new_sample(Sample, (name, labels, value, ts))  # a repeated series: the last
+        out: Page = {name: list(per.values()) for name, per in series.items()}
         if self._canonical and not self._canonical.keys().isdisjoint(out):
             self._canonicalise(out)
         return out
 
-    def _labels(self, name: str, rest: str) -> tuple[dict[str, str], str]:
-        """The labels of a line starting with ``{`` and the text after them (validated). A simple
-        block (no escapes, exemplar, braces or blanks) is remembered for the next scrapes."""
+    def forget(self) -> None:
+        """Drop the label blocks remembered from earlier pages (benchmarks: a first scrape)."""
+        self._blocks.clear()
+
+    def _labels(self, name: str, rest: str) -> tuple[dict[str, str], frozenset[tuple[str, str]], str]:
+        """The labels of a line starting with ``{``, their series key and the text after them
+        (validated). A simple block (no escapes, exemplar, braces or blanks) is remembered."""
         if "\\" in rest or "#" in rest or rest.find("{", 1) >= 0:
             # Escapes, exemplars, braces in values, quoted label names, native histograms: the
             # validating regex finds where the label block ends.
@@ -281,7 +287,8 @@ class FamilyParser:
             tail = rest[head.end() :]
             if "#" in tail:  # an exemplar (or a comment) after the value
                 tail = tail[: tail.index("#")]
-            return _slow_labels(head.group(1), name, rest), tail
+            labels = _slow_labels(head.group(1), name, rest)
+            return labels, frozenset(labels.items()), tail
         end = rest.rfind("}")
         if end < 0:
             raise ParseError(f"unterminated labels in line {quote(name + rest)}")
@@ -291,14 +298,16 @@ class FamilyParser:
         # here, so '",' only occurs where a pair ends.)
         extra = len(block) - sum([len(k) + len(v) for k, v in found]) - 4 * len(found)
         if not ((extra == -1 or (extra == 0 and found)) and block.count('",') == len(found) + extra):
-            return _slow_labels(block, name, rest), rest[end + 1 :]  # blanks, empty terms, garbage
+            labels = _slow_labels(block, name, rest)  # blanks, empty terms, garbage
+            return labels, frozenset(labels.items()), rest[end + 1 :]
         labels = dict(found)
         if len(labels) != len(found):
             raise ParseError(f"duplicate label name in line {quote(name + rest)}")
         if len(self._blocks) >= BLOCK_CACHE:
             self._blocks.clear()
-        self._blocks[block] = labels
-        return labels, rest[end + 1 :]
+        key = frozenset(labels.items())  # the series key (label order aside); its hash is cached
+        self._blocks[block] = (labels, key)
+        return labels, key, rest[end + 1 :]
 
     def _canonicalise(self, out: Page) -> None:
         """Escaped spellings (``vllm_x``) → canonical (``vllm:x``); a family written both ways

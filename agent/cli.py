@@ -86,6 +86,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     if problems:
         raise ConfigError("\n".join(problems))
     print(f"alerts: ok — {', '.join(configured(cfg.alerts)) or 'no destination (log and /metrics only)'}")
+    if cfg.report.enabled:
+        r = cfg.report
+        where = (
+            "to Slack (alerts.slack)" if cfg.alerts.slack else "to state_dir/reports only (no alerts.slack)"
+        )
+        print(f"weekly report: ok — {r.weekday}s {r.hour:02d}:00 {r.timezone}, {where}")
     if cfg.kubernetes.enabled:
         from agent.sources.kube.source import describe as describe_kubernetes
 

@@ -175,3 +175,23 @@ async def test_the_daemon_runs_the_reporter(tmp_path: Path) -> None:
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
+
+
+def test_check_says_when_and_where_the_report_goes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agent.cli import main
+
+    cfg = tmp_path / "node.yaml"
+    cfg.write_text(
+        f"state_dir: {tmp_path / 'state'}\nexporters: {{prometheus: {{port: 0}}}}\n"
+        "report: {enabled: true, weekday: friday, hour: 17, timezone: Europe/Berlin}\n"
+    )
+    assert main(["check", "--config", str(cfg)]) == 0
+    assert (
+        "weekly report: ok — fridays 17:00 Europe/Berlin, to state_dir/reports only"
+        in capsys.readouterr().out
+    )
+    cfg.write_text(cfg.read_text().replace("Europe/Berlin", "Europe/Atlantis"))
+    assert main(["check", "--config", str(cfg)]) == 2  # a user error, named
+    assert "Europe/Atlantis" in capsys.readouterr().err

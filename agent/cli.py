@@ -197,7 +197,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     elif args.what == "detection":
         from agent.bench.detection import run as run_detection
 
-        run_detection(seed=args.seed, weeks=args.weeks)
+        seeds = 1 if args.quick else args.seeds
+        run_detection(seeds=seeds, first_seed=args.seed, weeks=args.weeks, workers=args.workers)
     elif args.what == "soak":
         from agent.bench.soak import run as run_soak
 
@@ -316,8 +317,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="which benchmark",
     )
     b.add_argument("--seconds", type=float, default=60.0, help="overhead: wall seconds measured")
-    b.add_argument("--seed", type=int, default=7, help="detection: random seed")
+    b.add_argument("--seed", type=int, default=7, help="detection: first random seed; soak: random seed")
     b.add_argument("--weeks", type=int, default=4, help="detection: weeks of simulated history")
+    b.add_argument("--seeds", type=int, default=5, help="detection: seeds per traffic model")
+    b.add_argument("--quick", action="store_true", help="detection: one seed per traffic model (CI)")
+    b.add_argument("--workers", type=int, default=2, help="detection: worker processes")
     b.add_argument("--series", type=int, default=24, help="report: model-version series in the store")
     b.add_argument("--days", type=float, default=35.0, help="report, startup: days of history in the store")
     b.add_argument(

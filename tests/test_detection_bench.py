@@ -1,39 +1,50 @@
-"""The detection benchmark end to end on a small simulated history (1 node, 2 weeks)."""
+"""The detection benchmark through the real agent path on a small simulated node (2 weeks)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from agent.bench.detection import DETECTORS, run
+from agent.bench.detection import (
+    DETECTORS,
+    SCORED_RULES,
+    NodeRun,
+    detector_events,
+    format_worst_table,
+    run_node,
+    score_detector,
+)
+
+pytestmark = pytest.mark.slow  # two simulated weeks through the join, the store, the forest and the rules
 
 
 @pytest.fixture(scope="module")
-def result() -> tuple[dict, list[str]]:
-    lines: list[str] = []
-    return run(seed=7, weeks=2, nodes=1, print_fn=lines.append), lines
+def node_run() -> NodeRun:
+    return run_node(("core", 3, 0, 2.0))
 
 
-def test_prints_every_detector_side_by_side(result: tuple[dict, list[str]]) -> None:
-    out, lines = result
-    assert out["incidents"] > 0 and out["node_weeks"] == pytest.approx(1.0)
-    header = next(i for i, line in enumerate(lines) if line.startswith("detector"))
-    assert [line.split()[0] for line in lines[header + 1 : header + 1 + len(DETECTORS)]] == list(DETECTORS)
-    for d in DETECTORS:
-        fig = out["detectors"][d]
-        assert set(fig) >= {
-            "recall",
-            "median_delay_minutes",
-            "p90_delay_minutes",
-            "false_alarms_per_node_week",
-        }
-        assert fig["usd_before_detection"] >= 0.0
+def test_every_rule_is_evaluated_by_the_real_pipeline(node_run: NodeRun) -> None:
+    assert set(SCORED_RULES) <= set(node_run.intervals)
+    assert "literal_1_5x_7d_mean" in node_run.intervals
+    # the literal "1.5 × 7-day mean" rule pages on the week's troughs: it fires, the others are judged
+    assert node_run.intervals["literal_1_5x_7d_mean"]
+    assert node_run.incidents and any(i.regression for i in node_run.incidents)
 
 
-def test_like_for_like_detectors_beat_the_literal_rule(result: tuple[dict, list[str]]) -> None:
-    det = result[0]["detectors"]
-    # The literal "1.5 × 7-day mean" pages on troughs and mix changes; the shipped rules do not.
-    assert det["literal"]["false_alarms_per_node_week"] > 3 * det["defaults"]["false_alarms_per_node_week"]
-    assert det["defaults"]["recall"] >= det["literal"]["recall"]
-    # Combining can only add detections (events are merged, never removed).
-    assert det["combined"]["recall"] >= max(det["defaults"]["recall"], det["forest"]["recall"])
-    assert det["combined"]["usd_before_detection"] <= det["defaults"]["usd_before_detection"] + 1e-9
+def test_scores_and_the_worst_case_table(node_run: NodeRun) -> None:
+    warmup = 7 * 86400.0
+    scores = {
+        d: score_detector(d, [(detector_events(node_run.intervals, [d]), node_run)], warmup)
+        for d in ("cost_per_token_regression", "literal_1_5x_7d_mean")
+    }
+    regressions = [i for i in node_run.incidents if i.regression and i.start >= node_run.start + warmup]
+    assert scores["literal_1_5x_7d_mean"].regressions == len(regressions)
+    assert scores["literal_1_5x_7d_mean"].node_weeks == pytest.approx(1.0)
+    lines = format_worst_table({("core", 3): scores}, list(scores))
+    assert lines[0].startswith("detector / rule") and len(lines) == 3
+    assert all(d in DETECTORS for d in ("literal", "defaults", "forest", "combined"))
+
+
+def test_excess_dollars_are_never_negative(node_run: NodeRun) -> None:
+    assert all(i.excess_usd >= 0 for i in node_run.incidents)
+    assert np.isfinite(node_run.excess_usd_per_minute).all()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 
@@ -12,7 +14,7 @@ from agent.bench.detection import (
     merge_intervals,
     score_detector,
 )
-from agent.sim.traffic import MINUTE, WEEK, Incident, SimulatedHistory
+from agent.sim.workload import MINUTE, WEEK, Incident
 
 T0 = 1_704_067_200.0  # a Monday 00:00 UTC
 
@@ -20,7 +22,7 @@ T0 = 1_704_067_200.0  # a Monday 00:00 UTC
 def _inc(
     kind: str, start_min: int, end_min: int, factor: float = 1.5, visible_min: int | None = None
 ) -> Incident:
-    regression = kind not in ("burst", "mix_change", "scrape_gap", "benign_deploy")
+    regression = kind not in ("flash_crowd", "long_prompts", "scrape_gap", "benign_deploy")
     return Incident(
         kind=kind,
         start=T0 + start_min * MINUTE,
@@ -28,20 +30,20 @@ def _inc(
         factor=factor if regression else 1.0,
         regression=regression,
         visible=T0 + (start_min if visible_min is None else visible_min) * MINUTE,
+        realised=factor if regression else 1.0,
     )
 
 
-def _sim(incidents: tuple[Incident, ...], minutes: int, excess: np.ndarray | None = None) -> SimulatedHistory:
-    return SimulatedHistory(
-        node="n",
-        engine="e",
-        model="m",
-        start=T0,
-        minutes=minutes,
-        windows=(),
-        incidents=incidents,
-        excess_usd_per_minute=np.zeros(minutes) if excess is None else excess,
-    )
+@dataclass(frozen=True)
+class Truth:
+    start: float
+    minutes: int
+    incidents: tuple[Incident, ...]
+    excess_usd_per_minute: np.ndarray
+
+
+def _sim(incidents: tuple[Incident, ...], minutes: int, excess: np.ndarray | None = None) -> Truth:
+    return Truth(T0, minutes, incidents, np.zeros(minutes) if excess is None else excess)
 
 
 @pytest.mark.parametrize(
@@ -58,14 +60,14 @@ def test_merge_intervals(intervals: list[tuple[float, float]], merged: list[tupl
 
 
 def test_match_events_first_event_detects_and_others_are_false_alarms() -> None:
-    incs = (_inc("step", 100, 200), _inc("burst", 300, 320), _inc("drift", 1000, 2000))
+    incs = (_inc("step", 100, 200), _inc("flash_crowd", 300, 320), _inc("drift", 1000, 2000))
     events = [T0 + 50 * MINUTE, T0 + 110 * MINUTE, T0 + 150 * MINUTE, T0 + 305 * MINUTE, T0 + 2020 * MINUTE]
     out = match_events(events, incs, grace=30 * MINUTE)
     # The step is detected by its first event; the drift by one within the 30-minute grace.
     assert out.detections == {0: T0 + 110 * MINUTE, 2: T0 + 2020 * MINUTE}
     # Before any incident, and inside a benign burst: false alarms. The second event in the step is neither.
     assert out.false_alarms == (T0 + 50 * MINUTE, T0 + 305 * MINUTE)
-    assert false_alarm_cause(T0 + 305 * MINUTE, incs) == "burst"
+    assert false_alarm_cause(T0 + 305 * MINUTE, incs) == "flash_crowd"
     assert false_alarm_cause(T0 + 50 * MINUTE, incs) == "normal traffic"
 
 

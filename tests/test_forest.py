@@ -5,19 +5,38 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import joblib
 import numpy as np
 import pytest
 
 from agent.detect.forest import FEATURE_NAMES, STATE_FILE, ForestDetector, features
 from agent.samples import CostWindow
-from agent.sim.traffic import DAY, HOUR, SimulatedHistory, simulate_node
+from agent.sim.samples import ENGINE, priced_windows
+from agent.sim.workload import DAY, HOUR, simulate_node
+
+pytestmark = pytest.mark.slow  # a simulated week through the window join, fitted several times
+
+
+@dataclasses.dataclass(frozen=True)
+class SimulatedHistory:
+    """A simulated node's priced windows (through the real window join)."""
+
+    start: float
+    windows: tuple[CostWindow, ...]
+    engine: str
+    model: str
+    regressions: tuple[object, ...]
+
+
+def _simulate(seed: int) -> SimulatedHistory:
+    sim = simulate_node("core", seed=seed, weeks=1)
+    windows = tuple(priced_windows(sim))
+    return SimulatedHistory(sim.start, windows, ENGINE, sim.physics.model.name, sim.regressions)
 
 
 @pytest.fixture(scope="module")
 def week() -> SimulatedHistory:
     # One clean week (incidents only start after the warm-up, so none here).
-    sim = simulate_node(seed=11, weeks=1)
+    sim = _simulate(11)
     assert sim.regressions == ()
     return sim
 
@@ -102,7 +121,7 @@ def test_deterministic_with_a_seed(week: SimulatedHistory) -> None:
     a.fit(train)
     b.fit(train)
     assert a.score_many(probe) == b.score_many(probe)
-    again = simulate_node(seed=11, weeks=1)
+    again = _simulate(11)
     assert again.windows[:500] == week.windows[:500]
 
 
@@ -154,9 +173,10 @@ def test_save_and_load_round_trip(tmp_path: Path, week: SimulatedHistory, fitted
 def test_load_refuses_missing_foreign_or_corrupt_state(tmp_path: Path) -> None:
     det = ForestDetector(tmp_path)
     assert not det.load()  # nothing saved yet
-    joblib.dump({"format": 999, "fits": {}}, tmp_path / STATE_FILE)
+    with (tmp_path / STATE_FILE).open("wb") as f:
+        np.savez(f, format=np.array([999]))
     assert not det.load()
-    (tmp_path / STATE_FILE).write_bytes(b"not a joblib file")
+    (tmp_path / STATE_FILE).write_bytes(b"not an npz file")
     assert not det.load()
     assert ForestDetector(None).load() is False
 

@@ -24,7 +24,10 @@ data about the same path length, so a 2× regression scores barely more than a 1
 ``infercost_anomaly_score{node,engine,model,model_version}`` and use it in rules as
 "score > 1 for N minutes".
 
-Persisted with joblib under the state directory, in a versioned file.
+Fitting uses scikit-learn (imported only inside :meth:`ForestDetector.fit`, which the daemon runs
+in a short-lived process); the fitted trees are copied into numpy arrays
+(:mod:`agent.detect.trees`) and scored with numpy alone, so a process that only scores never
+imports scikit-learn. Persisted as one ``.npz`` of those arrays under the state directory.
 """
 
 from __future__ import annotations
@@ -35,17 +38,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import joblib
 import numpy as np
-import sklearn
-from sklearn.ensemble import IsolationForest
 
+from agent.detect.trees import TreeEnsemble, from_sklearn
 from agent.samples import CostWindow
 
 logger = logging.getLogger(__name__)
 
-STATE_FORMAT = 2  # bump when the persisted layout changes; other formats are ignored on load
-STATE_FILE = f"forest-v{STATE_FORMAT}.joblib"
+STATE_FORMAT = 3  # bump when the persisted layout changes; other formats are ignored on load
+STATE_FILE = f"forest-v{STATE_FORMAT}.npz"
 
 FEATURE_NAMES: tuple[str, ...] = (
     "log10_usd_per_1m_output",  # log10 of dollars per 1M output tokens
@@ -153,7 +154,7 @@ def _basis(x: np.ndarray) -> np.ndarray:
 class _Fitted:
     """One trained ensemble and its calibration."""
 
-    forests: list[IsolationForest]  # one per FEATURE_GROUPS entry
+    forests: list[TreeEnsemble]  # one per FEATURE_GROUPS entry
     group_calibration: np.ndarray  # (groups, 2): training median and quantile of each raw score
     fill: np.ndarray  # per-feature training medians, used where a feature is absent
     coef: np.ndarray  # least-squares coefficients, context basis → each outcome feature
@@ -294,16 +295,18 @@ class ForestDetector:
         centre = np.median(signed, axis=0)
         mix_range = (float(np.quantile(x[:, _MIX], 0.001)), float(np.quantile(x[:, _MIX], 0.999)))
         z = _transform(x, coef, centre)
-        forests: list[IsolationForest] = []
+        from sklearn.ensemble import IsolationForest  # only where a forest is fitted
+
+        forests: list[TreeEnsemble] = []
         calibration = np.zeros((len(FEATURE_GROUPS), 2))
         for g, cols in enumerate(FEATURE_GROUPS):
-            forest = IsolationForest(
+            fitted = IsolationForest(
                 n_estimators=self.n_estimators,
                 max_samples=self.max_samples,
                 random_state=self.seed + g,
                 n_jobs=1,
             )
-            forest.fit(z[:, cols])
+            forest = from_sklearn(fitted.fit(z[:, cols]))
             raw = -forest.score_samples(z[:, cols])
             calibration[g] = _calibrate(raw, self.quantile)
             forests.append(forest)
@@ -371,34 +374,65 @@ class ForestDetector:
     # -- persistence --------------------------------------------------------------------------
 
     def save(self) -> Path | None:
-        """Write the forests to ``state_dir`` (atomically); None when there is no state dir."""
+        """Write the fitted arrays to ``state_dir`` (atomically); None when there is no state dir."""
         if self.state_dir is None:
             return None
         self.state_dir.mkdir(parents=True, exist_ok=True)
         path = self.state_dir / STATE_FILE
-        tmp = path.with_suffix(".tmp")
-        joblib.dump({"format": STATE_FORMAT, "sklearn": sklearn.__version__, "fits": self._fits}, tmp)
+        out: dict[str, np.ndarray] = {
+            "format": np.array([STATE_FORMAT]),
+            "series": np.array([f"{e}\x00{m}" for e, m in self._fits], dtype=str),
+        }
+        for i, fit in enumerate(self._fits.values()):
+            p = f"s{i}/"
+            for g, ens in enumerate(fit.forests):
+                out.update({f"{p}g{g}/{k}": v for k, v in ens.arrays().items()})
+            out.update(
+                {
+                    p + "group_calibration": fit.group_calibration,
+                    p + "fill": fit.fill,
+                    p + "coef": fit.coef,
+                    p + "centre": fit.centre,
+                    p + "numbers": np.array(
+                        [*fit.mix_range, fit.median, fit.threshold, fit.fitted_at, float(fit.n_train)]
+                    ),
+                    p + "version": np.array([fit.version], dtype=str),
+                }
+            )
+        tmp = path.with_name(path.name + ".tmp")
+        with tmp.open("wb") as f:
+            np.savez(f, allow_pickle=False, **out)
         tmp.replace(path)
         return path
 
     def load(self) -> bool:
-        """Read the forests saved by :meth:`save`; False (and nothing loaded) when absent,
-        unreadable or written by another format or scikit-learn version (then refit)."""
+        """Read the arrays saved by :meth:`save`; False (and nothing loaded) when absent,
+        unreadable or written in another format (then refit)."""
         if self.state_dir is None:
             return False
         path = self.state_dir / STATE_FILE
         if not path.exists():
             return False
         try:
-            state = joblib.load(path)
+            with np.load(path, allow_pickle=False) as z:
+                if int(z["format"][0]) != STATE_FORMAT:
+                    logger.warning("forest state %s has another format; will refit", path)
+                    return False
+                fits: dict[SeriesKey, _Fitted] = {}
+                for i, key in enumerate(z["series"].tolist()):
+                    engine, model = str(key).split("\x00", 1)
+                    p = f"s{i}/"
+                    forests = [
+                        TreeEnsemble.from_arrays({k: z[f"{p}g{g}/{k}"] for k in TreeEnsemble.ARRAY_NAMES})
+                        for g in range(len(FEATURE_GROUPS))
+                    ]
+                    lo, hi, median, threshold, fitted_at, n_train = z[p + "numbers"].tolist()
+                    fits[(engine, model)] = _Fitted(
+                        forests, z[p + "group_calibration"], z[p + "fill"], z[p + "coef"], z[p + "centre"],
+                        (lo, hi), median, threshold, fitted_at, str(z[p + "version"][0]), int(n_train),
+                    )  # fmt: skip
         except Exception as err:  # a truncated or foreign file: refit rather than crash
             logger.warning("forest state %s unreadable (%s); will refit", path, err)
             return False
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            logger.warning("forest state %s has another format; will refit", path)
-            return False
-        if state.get("sklearn") != sklearn.__version__:
-            logger.info("forest state %s from scikit-learn %s; will refit", path, state.get("sklearn"))
-            return False
-        self._fits = dict(state["fits"])
+        self._fits = fits
         return True

@@ -1,0 +1,177 @@
+"""A second, deliberately different traffic model for the detection benchmark, driven by real data.
+
+What differs from the core (:mod:`agent.sim.workload`), on purpose, so that defaults tuned on one
+cannot pass by fitting its quirks:
+
+- **arrivals**: the minute-to-minute burstiness of the real Azure LLM inference trace (2023, one
+  hour of a coding and a conversation service, shipped gzipped in ``agent/data/azure-llm-2023``): per-minute
+  arrival counts of the real hour, normalised by their mean, resampled in blocks; no smooth AR
+  noise;
+- **request sizes**: drawn from the trace's real prompt and output lengths, with the coding
+  service's share following office hours (long prompts, short outputs in the day, conversations
+  in the evening), so the mix moves with the hour;
+- **daily and weekly shape**: two office peaks (10:30, 15:00 local) with a lunch dip, a late
+  evening shoulder, Saturday at 35 % and Sunday at 25 %, a 2-hour offset between nodes' time
+  zones;
+- **throughput law**: a saturating per-replica law, ``rate(b) = peak · b / (b + b_half)`` tokens/s
+  (per-sequence ``peak / (b + b_half)``), with its own per-node ``peak`` and ``b_half``: not the
+  core's bandwidth step law, so the efficiency the agent computes against the bandwidth ceiling is
+  exercised on a law it was not derived from.
+
+The incident schedule, economics and rendering are shared with the core, so both models are scored
+on the same cases.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import math
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from agent.sim.workload import (
+    DAY,
+    DEFAULT_START,
+    FLEET_MIN_NODES,
+    GENERATORS,
+    HOUR,
+    MINUTE,
+    PREEMPT_THRASH,
+    PREEMPTIONS_PER_REQUEST,
+    UNROUTED_QUEUE,
+    Drivers,
+    NodePhysics,
+    NodeTrace,
+    fleet_share,
+)
+
+TRACE_DIR = (
+    Path(__file__).resolve().parents[1] / "data" / "azure-llm-2023"
+)  # CC-BY 4.0, Patel et al., ISCA 2024
+BLOCK_MINUTES = 10  # minutes of the real hour's burstiness resampled as one block
+
+
+@lru_cache(maxsize=2)
+def load_trace(service: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(arrival seconds from the first request, prompt tokens, output tokens) of one service."""
+    times: list[float] = []
+    prompts: list[float] = []
+    outputs: list[float] = []
+    with gzip.open(TRACE_DIR / f"AzureLLMInferenceTrace_{service}.csv.gz", "rt", newline="") as f:
+        for row in csv.DictReader(f):
+            hh, mm, ss = row["TIMESTAMP"].split(" ")[1].split(":")
+            times.append(int(hh) * 3600 + int(mm) * 60 + float(ss))
+            prompts.append(float(row["ContextTokens"]))
+            outputs.append(float(row["GeneratedTokens"]))
+    t = np.asarray(times)
+    return t - t.min(), np.asarray(prompts), np.maximum(1.0, np.asarray(outputs))
+
+
+def minute_burstiness(service: str) -> np.ndarray:
+    """The real hour's arrivals per minute, divided by their mean (mean 1)."""
+    t, _, _ = load_trace(service)
+    full = int(t.max() // MINUTE)  # whole minutes only (the last one is cut short)
+    counts = np.bincount((t // MINUTE).astype(int))[:full].astype(float)
+    return counts / counts.mean()
+
+
+def _shape(hour: np.ndarray, weekday: np.ndarray) -> np.ndarray:
+    """Office peaks at 10:30 and 15:00 with a lunch dip, an evening shoulder, quiet nights."""
+    peak = lambda h, w, s: np.exp(-0.5 * ((hour - h) / s) ** 2) * w  # noqa: E731
+    day = 0.08 + peak(10.5, 1.0, 1.6) + peak(15.0, 0.95, 1.8) + peak(20.5, 0.45, 1.5) - peak(12.7, 0.25, 0.6)
+    weekly = np.select([weekday == 5, weekday == 6], [0.35, 0.25], 1.0)
+    return np.maximum(0.02, day) * weekly
+
+
+def azure_traffic(
+    rng: np.random.Generator, minutes: int, start: float, physics: NodePhysics
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Fleet demand (nodes at target), prompt and output lengths per minute (see the module docstring)."""
+    offset = float(rng.choice([-2.0, 0.0, 2.0]))  # hours: the node's users' time zone
+    t = start + MINUTE * np.arange(minutes) + offset * HOUR
+    hour = ((t - DEFAULT_START) % DAY) / HOUR
+    weekday = (((t - DEFAULT_START) // DAY) % 7).astype(int)
+    code_share = np.where((hour >= 8) & (hour < 18) & (weekday < 5), 0.6, 0.2)
+    bursts = {s: minute_burstiness(s) for s in ("code", "conv")}
+    blocks = minutes // BLOCK_MINUTES + 1
+    span = min(len(b) for b in bursts.values())
+    starts = rng.integers(0, span - BLOCK_MINUTES, blocks)
+    idx = (starts[:, None] + np.arange(BLOCK_MINUTES)[None, :]).ravel()[:minutes]
+    burst = code_share * bursts["code"][idx] + (1 - code_share) * bursts["conv"][idx]
+    demand = 11.0 * _shape(hour, weekday) * burst
+    # request sizes: the mean of 32 real requests per minute, from the service mix of that minute
+    _, cp, co = load_trace("code")
+    _, vp, vo = load_trace("conv")
+    draws = 32
+    is_code = rng.random((minutes, draws)) < code_share[:, None]
+    ci = rng.integers(0, len(cp), (minutes, draws))
+    vi = rng.integers(0, len(vp), (minutes, draws))
+    prompt = np.where(is_code, cp[ci], vp[vi]).mean(axis=1)
+    output = np.where(is_code, co[ci], vo[vi]).mean(axis=1)
+    return demand, prompt, output
+
+
+def azure_law(drv: Drivers, physics: NodePhysics, rng: np.random.Generator) -> NodeTrace:
+    """A saturating throughput law (see the module docstring) on the shared economics."""
+    n = len(drv.demand)
+    out = NodeTrace(*(np.zeros(n) for _ in range(15)))
+    law_rng = np.random.default_rng(int(physics.usd_per_gpu_hour * 1e6))
+    peak = float(law_rng.uniform(2500.0, 6000.0))  # tokens/s per replica at an infinite batch
+    b_half = float(law_rng.uniform(20.0, 60.0))  # sequences at which a replica reaches half its peak
+    prefill_tps = float(law_rng.uniform(15000.0, 40000.0))  # prompt tokens/s per replica
+    replicas = physics.replicas
+    b_target = physics.target_concurrency
+    cap0 = physics.deployment().kv_capacity_tokens
+    share = fleet_share(drv.demand * drv.burst, drv.autoscaler_delay, FLEET_MIN_NODES)
+    for t in range(n):
+        p_len, o_len = float(drv.prompt_tokens[t]), float(drv.output_tokens[t])
+        ctx = p_len + o_len / 2.0
+        slow = float(drv.slowdown[t]) * (1.0 + 0.5 * (float(drv.host[t]) - 1.0))
+        pk = peak / slow
+        uncached = p_len * (1.0 - physics.prefix_cache_hit_ratio)
+        prefill_s = uncached / (prefill_tps / slow)
+        # per-sequence seconds per token at batch b: (b + b_half) / pk
+        healthy_work = o_len * (b_target + b_half) / peak + b_target * uncached / prefill_tps
+        actual_work = o_len * (b_target + b_half) / pk + b_target * prefill_s
+        lam_r = share[t] * b_target / healthy_work * (healthy_work / actual_work)
+        f = min(0.9, lam_r * prefill_s)
+        cap = cap0 * float(drv.kv_factor[t])
+        b_max = min(float(physics.max_num_seqs), cap / ctx)
+        # Little: b = λ·O·(b + b_half)/(pk·(1 − f))  →  b = k·b_half / (1 − k), k = λ·O/(pk·(1 − f))
+        k = lam_r * o_len / (pk * (1.0 - f))
+        b = k * b_half / (1.0 - k) if k < 1.0 else math.inf
+        kv_bound = False
+        if b > b_max:
+            kv_bound = b_max < physics.max_num_seqs
+            b = b_max
+            rate = pk * b / (b + b_half) * (1.0 - f) * (1.0 - (PREEMPT_THRASH if kv_bound else 0.0))
+            served_r = rate / o_len
+            keep = 1.0 if drv.burst[t] > 1.0 else UNROUTED_QUEUE
+            waiting = max(0.0, lam_r - served_r) * replicas * MINUTE * keep
+        else:
+            served_r, waiting = lam_r, 0.0
+        per_token = (b + b_half) / pk / (1.0 - f)  # seconds between a sequence's tokens
+        served = served_r * replicas
+        out.generation_tokens[t] = served * o_len * MINUTE
+        out.prompt_tokens[t] = served * p_len * MINUTE
+        out.running[t] = b * replicas
+        out.waiting[t] = waiting
+        out.kv_usage[t] = min(1.0, b * ctx / cap)
+        out.kv_capacity_tokens[t] = cap
+        out.preemptions[t] = served * MINUTE * PREEMPTIONS_PER_REQUEST if kv_bound else 0.0
+        out.decode_seconds[t] = b * replicas * MINUTE
+        out.prefill_seconds[t] = served * MINUTE * prefill_s
+        out.finished[t] = served * MINUTE
+        out.ttft_median[t] = waiting / max(served, 1e-3) + 2.0 * prefill_s + per_token
+        out.itl_median[t] = per_token
+        busy = 1.0 - math.exp(-b / 2.0)
+        out.util[t] = min(0.99, f + (1.0 - f) * busy / (1.0 + 0.3 * (float(drv.host[t]) - 1.0)))
+        out.dram_bw[t] = min(0.95, (1.0 - f) * busy * (0.5 + 0.4 * b / (b + b_half)) / slow + 0.25 * f)
+        out.price[t] = drv.price[t]
+    return out
+
+
+GENERATORS["azure"] = (azure_traffic, azure_law)

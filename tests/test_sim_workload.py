@@ -1,0 +1,159 @@
+"""The benchmark's simulated nodes: the core's physics through the real window join, the fleet
+autoscaler, the incident economics and the Azure-driven second traffic model."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from agent.sim.azure import load_trace, minute_burstiness
+from agent.sim.samples import price_book_of, priced_windows
+from agent.sim.workload import (
+    DEFAULT_START,
+    Drivers,
+    NodePhysics,
+    SimulatedNode,
+    core_law,
+    fleet_share,
+    label_incidents,
+    random_physics,
+    simulate_node,
+)
+
+N = 120  # minutes
+
+
+def test_fleet_share_lags_scale_up_by_the_delay_and_scales_down_at_once() -> None:
+    demand = np.array([1.0, 1.0, 10.0, 10.0, 10.0, 10.0, 2.0])
+    share = fleet_share(demand, np.full(7, 2.0), min_nodes=4.0)
+    # 4 nodes (the floor) until the 10 asked for at minute 2 serve at minute 4; back to 4 at minute 6
+    assert share.tolist() == pytest.approx([0.25, 0.25, 2.5, 2.5, 1.0, 1.0, 0.5])
+
+
+def _physics(**kw: object) -> NodePhysics:
+    base = random_physics(np.random.default_rng(3))
+    # no host gap, no prefill work (every prompt token from the prefix cache): decode alone
+    return dataclasses.replace(base, host_gap_seconds=0.0, prefix_cache_hit_ratio=1.0, **kw)  # type: ignore[arg-type]
+
+
+def _drivers(physics: NodePhysics, demand: float = 8.0, slowdown: float = 1.0) -> Drivers:
+    ones = np.ones(N)
+    return Drivers(
+        demand=ones * demand, burst=ones.copy(), prompt_tokens=ones * 1000.0, output_tokens=ones * 200.0,
+        slowdown=ones * slowdown, host=ones.copy(), kv_factor=ones.copy(), price=ones * 3.0,
+        base_price=ones * 3.0, autoscaler_delay=ones * 5, version=["v1"] * N,
+        engine_up=np.ones(N, dtype=bool), agent_up=np.ones(N, dtype=bool),
+    )  # fmt: skip
+
+
+def test_at_full_share_each_replica_runs_the_autoscalers_target() -> None:
+    p = _physics()
+    tr = core_law(_drivers(p), p, np.random.default_rng(0))
+    assert tr.running == pytest.approx(np.full(N, p.replicas * p.target_concurrency))
+
+
+def test_a_slower_build_behind_the_router_makes_proportionally_fewer_tokens() -> None:
+    p = _physics()
+    healthy = core_law(_drivers(p), p, np.random.default_rng(0))
+    slow = core_law(_drivers(p, slowdown=1.5), p, np.random.default_rng(0))
+    # the router sends work by drain speed: the same GPUs make 1/1.5 of the tokens, at any load
+    assert slow.generation_tokens / healthy.generation_tokens == pytest.approx(np.full(N, 1 / 1.5))
+    half = core_law(_drivers(p, demand=2.0, slowdown=1.5), p, np.random.default_rng(0))
+    half_h = core_law(_drivers(p, demand=2.0), p, np.random.default_rng(0))
+    assert half.generation_tokens / half_h.generation_tokens == pytest.approx(np.full(N, 1 / 1.5))
+
+
+def _node(p: NodePhysics, drv: Drivers) -> SimulatedNode:
+    tr = core_law(drv, p, np.random.default_rng(0))
+    return SimulatedNode("n", "core", p, DEFAULT_START, N, 60.0, drv, tr, (), np.zeros(N))
+
+
+@pytest.mark.parametrize(("demand", "slowdown"), [(8.0, 1.0), (1.0, 1.0), (8.0, 1.25), (0.5, 1.25)])
+def test_the_daemons_decode_efficiency_is_the_kernels_bandwidth_efficiency_at_any_load(
+    demand: float, slowdown: float
+) -> None:
+    p = _physics()
+    windows = priced_windows(_node(p, _drivers(p, demand, slowdown)))
+    eff = [w.roofline_ratio for w in windows[1:]]
+    # memory-bound decode, no host gap, no prefill: step = (W + resident KV) / (BW × efficiency) × slowdown,
+    # so the daemon's figure (fastest step ÷ measured step, per replica) is efficiency / slowdown
+    assert eff == pytest.approx([p.bandwidth_efficiency / slowdown] * len(eff), rel=1e-6)
+
+
+def test_cost_per_token_is_the_price_over_the_tokens_through_the_window_join() -> None:
+    p = _physics()
+    drv = _drivers(p)
+    windows = priced_windows(_node(p, drv))
+    tr = core_law(drv, p, np.random.default_rng(0))
+    w = windows[10]
+    # 8 GPUs × $3/h for one minute over that minute's generated tokens
+    assert w.cost_usd == pytest.approx(p.replicas * 3.0 / 60.0)
+    assert w.usd_per_1m_output == pytest.approx(p.replicas * 3.0 / 60.0 / tr.generation_tokens[11] * 1e6)
+
+
+def test_scrape_gaps_have_no_ratio_and_the_tokens_arrive_with_the_next_scrape() -> None:
+    p = _physics()
+    drv = _drivers(p)
+    drv.engine_up[20:25] = False
+    windows = priced_windows(_node(p, drv))
+    tr = core_law(drv, p, np.random.default_rng(0))
+    by_start = {int((w.usage.start - DEFAULT_START) // 60): w for w in windows}
+    assert all(by_start[m].usd_per_1m_output is None for m in range(20, 25))
+    assert by_start[25].usage.generation_tokens == pytest.approx(tr.generation_tokens[21:27].sum())
+
+
+def test_price_book_has_one_dated_entry_per_change() -> None:
+    p = _physics()
+    drv = _drivers(p)
+    sim = _node(p, drv)
+    sim = dataclasses.replace(sim, minutes=3 * 1440)
+    price = np.full(3 * 1440, 3.0)
+    price[1440:2880] = 3.75
+    sim = dataclasses.replace(sim, drivers=dataclasses.replace(drv, price=price))
+    book = price_book_of(sim)
+    name = p.gpu.name
+    assert [book.gpu_usd_per_hour(name, "n", DEFAULT_START + d * 86400 + 60) for d in range(3)] == [
+        3.0,
+        3.75,
+        3.0,
+    ]
+
+
+def test_realised_change_and_excess_dollars_against_the_healthy_counterfactual() -> None:
+    p = _physics()
+    drv = _drivers(p)
+    drv.slowdown[60:] = 1.25
+    actual = core_law(drv, p, np.random.default_rng(0))
+    healthy = core_law(drv.copy_healthy(), p, np.random.default_rng(0))
+    (inc,), excess = label_incidents([("step", 60, N, 1.25)], DEFAULT_START, actual, healthy, p)
+    assert inc.realised == pytest.approx(1.25)
+    assert inc.visible == DEFAULT_START + 60 * 60
+    # a fifth of each regressed minute's dollars is excess: cost − tokens × healthy cost per token
+    assert inc.excess_usd == pytest.approx(60 * p.replicas * 3.0 / 60.0 * (1 - 1 / 1.25))
+    assert excess[:60] == pytest.approx(np.zeros(60))
+
+
+def test_simulation_is_deterministic_and_labels_incidents_after_the_warm_up() -> None:
+    a = simulate_node("core", seed=4, weeks=4)
+    b = simulate_node("core", seed=4, weeks=4)
+    assert a.incidents == b.incidents
+    assert np.array_equal(a.trace.generation_tokens, b.trace.generation_tokens)
+    assert a.incidents and all(i.start >= a.start + 7 * 86400 for i in a.incidents)
+    kinds = {i.kind for i in a.incidents}
+    assert {"step", "kv_shrink", "price_up", "flash_crowd", "long_prompts"} <= kinds
+
+
+def test_azure_model_uses_the_real_traces_sizes_and_burstiness() -> None:
+    t, prompts, outputs = load_trace("code")
+    assert len(t) == 8819 and float(np.median(prompts)) == 1469.0 and float(np.median(outputs)) == 13.0
+    b = minute_burstiness("code")
+    assert b.mean() == pytest.approx(1.0) and b.max() > 3.0  # the coding service arrives in bursts
+    sim = simulate_node("azure", seed=2, weeks=1)
+    # office hours carry the coding service's long prompts: the mix moves with the hour
+    hour = (np.arange(sim.minutes) // 60) % 24
+    weekday = (np.arange(sim.minutes) // 1440) % 7 < 5
+    day = sim.drivers.prompt_tokens[(hour >= 9) & (hour < 17) & weekday]
+    night = sim.drivers.prompt_tokens[(hour < 6) | (hour >= 20)]
+    assert np.median(day) > np.median(night)

@@ -8,7 +8,8 @@ from typing import Any
 import yaml
 
 from agent.detect.alerts import AlertManager
-from agent.detect.rules import Finding, Rule, RuleSet, load_rules
+from agent.detect.evaluator import Finding
+from agent.detect.rules import Rule, RuleSet, load_rules
 from agent.records import DeployInfo, dedup_key
 
 T0 = 1699833600.0

@@ -14,7 +14,8 @@ import pytest
 from agent.clock import ManualClock
 from agent.cost.inputs import EngineSpec, GpuRate, PriceTable
 from agent.cost.window import WindowJoiner
-from agent.detect.rules import RuleEvaluator, load_default_rules
+from agent.detect.evaluator import RuleEvaluator
+from agent.detect.rules import load_default_rules
 from agent.records import MINUTE
 from agent.report.data import build_from_store
 from agent.samples import EngineScrape, GpuSample, ModelSignals, NvmlRound

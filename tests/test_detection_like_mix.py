@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from agent.detect.alerts import AlertManager
-from agent.detect.rules import RuleError, RuleEvaluator, load_rules
+from agent.detect.evaluator import RuleEvaluator
+from agent.detect.rules import RuleError, load_rules
 from agent.records import MinuteRecord
 
 MONDAY = 1699833600.0  # 2023-11-13 00:00 UTC, a Monday

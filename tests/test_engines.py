@@ -18,9 +18,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.samples import Histogram, ModelSignals
+from agent.sim.pagegen import make_vllm_page
 from agent.sources.engines import ADAPTERS, detect_kind
 from agent.sources.engines.base import clean_label
-from agent.sources.engines.pagegen import make_vllm_page
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PAGES = sorted((FIXTURES / "expositions").glob("*.txt"))

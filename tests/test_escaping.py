@@ -20,7 +20,8 @@ from receivers import Receiver
 from agent.clock import ManualClock
 from agent.config import AlertmanagerConfig, PagerDutyConfig, SecretRef, SlackConfig, WebhookConfig
 from agent.detect.alerts import AlertManager
-from agent.detect.rules import Finding, load_rules
+from agent.detect.evaluator import Finding
+from agent.detect.rules import load_rules
 from agent.sinks.alertmanager import alertmanager_sink
 from agent.sinks.escape import escape_slack
 from agent.sinks.notify import Notifier

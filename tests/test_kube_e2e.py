@@ -27,8 +27,9 @@ from agent.config import (
     parse_config,
 )
 from agent.detect.deploys import DeployTracker
+from agent.detect.evaluator import Finding
 from agent.detect.pipeline import build_pipeline
-from agent.detect.rules import Finding, load_rules
+from agent.detect.rules import load_rules
 from agent.samples import CostWindow, UsageWindow
 from agent.sim.engine import LLAMA_70B, MISTRAL_7B
 from agent.sim.node import EngineSpec, SimNode

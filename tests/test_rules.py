@@ -10,14 +10,8 @@ import pytest
 import yaml
 
 from agent.detect.alerts import AlertManager
-from agent.detect.rules import (
-    RuleError,
-    RuleEvaluator,
-    load_default_rules,
-    load_rules,
-    parse_duration,
-    parse_rules,
-)
+from agent.detect.evaluator import RuleEvaluator
+from agent.detect.rules import RuleError, load_default_rules, load_rules, parse_duration, parse_rules
 from agent.records import MinuteRecord, record_from_cost_window
 from agent.samples import CostWindow, UsageWindow
 

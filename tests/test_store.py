@@ -12,7 +12,8 @@ import pytest
 
 from agent.clock import ManualClock
 from agent.detect.baselines import baseline_of
-from agent.detect.rules import RuleEvaluator, load_default_rules
+from agent.detect.evaluator import RuleEvaluator
+from agent.detect.rules import load_default_rules
 from agent.samples import CostWindow, EngineScrape, GpuSample, NvmlRound, UsageWindow
 from agent.store import MIGRATIONS, Store, StoreError, check_sqlite_file, recover_if_corrupt
 

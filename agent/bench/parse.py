@@ -23,7 +23,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.sources.engines.pagegen import make_vllm_page
+from agent.sim.pagegen import make_vllm_page
 from agent.sources.engines.registry import ADAPTERS, detect_kind
 
 BENCH_MODELS = [

@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from agent.detect.rules import Finding, Rule, RuleSet
+from agent.detect.evaluator import Finding
+from agent.detect.rules import Rule, RuleSet
 from agent.records import SIGNALS, Alert, AlertEvent, DeployInfo, dedup_key, iso
 
 logger = logging.getLogger(__name__)

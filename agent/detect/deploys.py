@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 
-from agent.detect.rules import Finding, Rule
+from agent.detect.evaluator import Finding
+from agent.detect.rules import Rule
 from agent.records import DeployEvent, DeployInfo, MinuteRecord
 
 logger = logging.getLogger(__name__)

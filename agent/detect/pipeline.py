@@ -28,7 +28,8 @@ from agent.config import Config
 from agent.detect.alerts import AlertManager
 from agent.detect.baselines import baseline_of
 from agent.detect.deploys import DeployTracker
-from agent.detect.rules import Finding, Rule, RuleEvaluator, RuleSet, load_default_rules, load_rules
+from agent.detect.evaluator import Finding, RuleEvaluator
+from agent.detect.rules import Rule, RuleSet, load_default_rules, load_rules
 from agent.records import MINUTE, SIGNALS, Alert, AlertEvent, DeployEvent, MinuteRecord
 from agent.sinks.notify import Notifier, Sink
 from agent.sinks.outbox import Outbox

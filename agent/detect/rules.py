@@ -1,10 +1,11 @@
-"""Threshold rules over 1-minute records: schema, loader and a pure, incremental evaluator.
+"""Threshold rules over 1-minute records: the schema and the loader (the evaluator is
+:mod:`agent.detect.evaluator`).
 
 API (pure: no clock, no I/O except reading rule files in :func:`load_rules`)::
 
     rules = load_rules([Path("rules/agent")])     # files or folders of *.yaml; raises RuleError
     rules = load_default_rules()                  # the bundled set (agent/data/rules/agent/)
-    ev = RuleEvaluator(rules)
+    ev = RuleEvaluator(rules)                     # agent.detect.evaluator
     for minute in minutes:                        # epoch seconds, start of each minute, ascending
         findings = ev.step(minute + 60, records_of_that_minute)   # list[Finding]
     # then the lifecycle: agent.detect.alerts.AlertManager(rules).step(findings, now)
@@ -51,8 +52,7 @@ import logging
 import operator
 import re
 import string
-from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -60,8 +60,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from agent.detect.baselines import TrailingBaseline
-from agent.records import KIND_LABELS, MINUTE, SIGNALS, Kind, Labels, MinuteRecord, hour_of_week, load_band
+from agent.records import KIND_LABELS, MINUTE, SIGNALS, Kind
 from agent.safe_regex import UnsafeRegexError, compile_safe
 
 logger = logging.getLogger(__name__)
@@ -407,232 +406,3 @@ def default_rules_dir() -> Path:
 def load_default_rules() -> RuleSet:
     """The bundled default rules."""
     return load_rules([default_rules_dir()])
-
-
-# ---------------------------------------------------------------------------------------------
-# Evaluation
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """A rule's condition holds for one series at one minute."""
-
-    rule_id: str
-    labels: Labels  # the series (the rule's group labels)
-    at: float  # epoch seconds: end of the evaluated minute
-    value: float  # the signal over the rule's window, in the signal's unit
-    threshold: float  # what it was compared with (absolute, or factor × baseline)
-    baseline: float | None = None  # the baseline itself (None for absolute rules)
-    baseline_minutes: int = 0  # minutes the baseline was computed from
-    tokens_per_second: float | None = None  # generation load of the window (model rules)
-    band_load: float | None = None  # the load the baseline band was chosen by (tokens/s or requests)
-
-
-class _Window:
-    __slots__ = ("entries", "sums")
-
-    def __init__(self, n: int) -> None:
-        self.entries: deque[tuple[float, tuple[float, ...]]] = deque()
-        self.sums = [0.0] * n
-
-
-class _CompiledRule:
-    """One rule with its input indexes, windows per series and baseline accumulator."""
-
-    def __init__(self, rule: Rule) -> None:
-        self.rule = rule
-        self.kind = rule.kind
-        self.group = rule.group_labels()
-        sig = SIGNALS[rule.signal]
-        names: list[str] = []
-
-        def idx(sig_inputs: Sequence[str]) -> tuple[int, ...]:
-            out = []
-            for n in sig_inputs:
-                if n not in names:
-                    names.append(n)
-                out.append(names.index(n))
-            return tuple(out)
-
-        self.sig_fn = sig.fn
-        self.sig_idx = idx(sig.inputs)
-        self.guards = [
-            (SIGNALS[g.signal].fn, idx(SIGNALS[g.signal].inputs), OPS[g.op], g.value) for g in rule.where
-        ]
-        self.load_idx = idx(("generation_tokens", "seconds")) if self.kind == "model" else ()
-        like = rule.baseline.like_load if rule.baseline is not None else None
-        self.band_idx = (
-            idx(("running.s", "running.w"))
-            if like is not None and like.signal == "requests_running"
-            else self.load_idx
-        )
-        mix = rule.baseline.like_mix if rule.baseline is not None else None
-        self.mix_idx = idx(("prompt_tokens", "generation_tokens")) if mix is not None else ()
-        self.names = tuple(names)
-        self.n = len(names)
-        self.cmp = OPS[rule.op]
-        self.windows: dict[Labels, _Window] = {}
-        self.match = [(lbl, compile_safe(rx)) for lbl, rx in rule.match.items()]
-        b = rule.baseline
-        self.baseline: TrailingBaseline | None = None
-        if b is not None:
-            lag = b.exclude_recent if b.exclude_recent is not None else rule.over + rule.for_
-            self.baseline = TrailingBaseline(b.window, sig.fn, len(sig.inputs), b.quantile is not None, lag)
-
-    def _load(self, v: Sequence[float]) -> float | None:
-        if not self.load_idx:
-            return None
-        g, s = v[self.load_idx[0]], v[self.load_idx[1]]
-        return g / s if s > 0 else None
-
-    def _band_load(self, v: Sequence[float]) -> float | None:
-        if not self.band_idx:
-            return None
-        num, den = v[self.band_idx[0]], v[self.band_idx[1]]
-        return num / den if den > 0 else None
-
-    def _bucket(self, v: Sequence[float], minute: float) -> tuple[Any, ...] | None:
-        b = self.rule.baseline
-        assert b is not None
-        band: int | None = None
-        if b.like_load is not None:
-            tps = self._load(v)
-            if tps is None:
-                return None
-            if b.like_load.min_tokens_per_second is not None and tps < b.like_load.min_tokens_per_second:
-                return None
-            if b.like_load.band_ratio is not None:
-                load = self._band_load(v)
-                if load is None:
-                    return None
-                band = load_band(load, b.like_load.band_ratio)
-                if band is None:
-                    return None
-        how = hour_of_week(minute) if b.same_hour_of_week else None
-        mix_band: int | None = None
-        if b.like_mix is not None:
-            prompt, generation = v[self.mix_idx[0]], v[self.mix_idx[1]]
-            if generation <= 0:
-                return None
-            # No prompt counter (TGI): every minute shares the "unknown mix" band.
-            mix_band = load_band(prompt / generation, b.like_mix.band_ratio) if prompt > 0 else None
-        return (band, how, mix_band)
-
-    def _baseline_key(self, key: Labels) -> Labels:
-        b = self.rule.baseline
-        if b is not None and b.across_versions:
-            return tuple(kv for kv in key if kv[0] != "model_version")
-        return key
-
-    def step(self, now: float, records: Sequence[MinuteRecord]) -> list[Finding]:
-        rule = self.rule
-        # 1. this minute's vectors per series (grouped when the rule says so)
-        current: dict[Labels, list[float]] = {}
-        names = self.names
-        group = self.group
-        minute = now - MINUTE
-        for rec in records:
-            if rec.kind != self.kind:
-                continue
-            if self.match and not all(rx.fullmatch(rec.label(lbl)) for lbl, rx in self.match):
-                continue
-            key = rec.labels if rule.group_by is None else tuple((g, rec.label(g)) for g in group)
-            vec = current.get(key)
-            if vec is None:
-                vec = [0.0] * self.n
-                current[key] = vec
-            s = rec.sums
-            for i, n in enumerate(names):
-                vec[i] += s.get(n, 0.0)
-        # 2. push into the windows
-        horizon = now - rule.over
-        for key, vec in current.items():
-            w = self.windows.get(key)
-            if w is None:
-                w = _Window(self.n)
-                self.windows[key] = w
-            tv = tuple(vec)
-            w.entries.append((minute, tv))
-            for i, v in enumerate(tv):
-                w.sums[i] += v
-        # 3. evaluate every series with data in its window
-        findings: list[Finding] = []
-        for key in list(self.windows):
-            w = self.windows[key]
-            while w.entries and w.entries[0][0] < horizon:
-                _, old = w.entries.popleft()
-                for i, v in enumerate(old):
-                    w.sums[i] -= v
-            if not w.entries:
-                del self.windows[key]
-                continue
-            f = self._evaluate(key, w.sums, now)
-            if f is not None:
-                findings.append(f)
-        # 4. this minute joins the baselines (after evaluation: a minute is never its own baseline)
-        if self.baseline is not None:
-            for key, vec in current.items():
-                value = self.sig_fn([vec[i] for i in self.sig_idx])
-                if value is None:
-                    continue
-                bucket = self._bucket(vec, minute)
-                if bucket is None:
-                    continue
-                inputs = tuple(vec[i] for i in self.sig_idx)
-                self.baseline.add((self._baseline_key(key), bucket), minute, inputs, value)
-        return findings
-
-    def _evaluate(self, key: Labels, sums: Sequence[float], now: float) -> Finding | None:
-        rule = self.rule
-        value = self.sig_fn([sums[i] for i in self.sig_idx])
-        if value is None:
-            return None
-        for fn, gidx, cmp, limit in self.guards:
-            gv = fn([sums[i] for i in gidx])
-            if gv is None or not cmp(gv, limit):
-                return None
-        tps = self._load(sums)
-        if rule.threshold is not None:
-            return (
-                Finding(rule.id, key, now, value, rule.threshold, tokens_per_second=tps)
-                if self.cmp(value, rule.threshold)
-                else None
-            )
-        assert self.baseline is not None and rule.baseline is not None and rule.factor is not None
-        bucket = self._bucket(sums, now - MINUTE)
-        if bucket is None:
-            return None
-        bkey = (self._baseline_key(key), bucket)
-        q = rule.baseline.quantile
-        if q is None:
-            base, n = self.baseline.mean(bkey, now)
-        else:
-            base, n = self.baseline.quantile(bkey, now, q)
-        if base is None or n < rule.baseline.min_minutes:
-            return None
-        limit = rule.factor * base
-        if not self.cmp(value, limit):
-            return None
-        return Finding(rule.id, key, now, value, limit, base, n, tps, self._band_load(sums))
-
-
-class RuleEvaluator:
-    """Steps a rule set minute by minute over 1-minute records, keeping trailing windows and
-    baselines in memory. Feed every minute in ascending order; a minute with no records is fine."""
-
-    def __init__(self, rules: RuleSet | Sequence[Rule]) -> None:
-        self.rules = tuple(rules)
-        self._compiled = [_CompiledRule(r) for r in self.rules]
-
-    def step(self, now: float, records: Iterable[MinuteRecord]) -> list[Finding]:
-        """Evaluate the minute ending at ``now`` (epoch seconds) given that minute's records."""
-        recs = list(records)
-        out: list[Finding] = []
-        for c in self._compiled:
-            out.extend(c.step(now, recs))
-        return out
-
-    def warm(self, now: float, records: Iterable[MinuteRecord]) -> None:
-        """Feed history without caring about findings (start-up: rebuild baselines from the store)."""
-        self.step(now, records)

@@ -131,10 +131,18 @@ class Adapter:
             for s in alternatives:
                 families.update(s.names)
         families.update(f.metric for f in self.finished)
+        plan = tuple(
+            (signal, s, signal in _MEAN_FIELDS, signal in COUNTER_FIELDS)
+            for signal, alternatives in self.scalars.items()
+            for s in alternatives
+        )
+        object.__setattr__(self, "scalar_plan", plan)
         object.__setattr__(self, "families", frozenset(families))
         object.__setattr__(self, "parser", FamilyParser(families))
 
     families: frozenset[str] = field(init=False, default=frozenset())  # wire families it reads
+    # (signal, series, averaged?, counter?) in preference order: the map's work list
+    scalar_plan: tuple[tuple[str, Series, bool, bool], ...] = field(init=False, repr=False, default=())
     parser: FamilyParser = field(init=False, repr=False, compare=False, default=None)  # type: ignore[assignment]
 
     def read(
@@ -206,11 +214,10 @@ class _Mapping:
         label = self.a.model_label
         if label is None:
             return
-        wire = {s.labels.get(label) for samples in self.page.values() for s in samples}
-        wire.discard(None)
+        page = self.page.values()
+        wire = {w for samples in page for s in samples if (w := s.labels.get(label)) is not None}
         names: dict[str, str] = {}
         for w in wire:
-            assert w is not None
             m = clean_label(w)
             names[w] = self.fallback if (not m or w in self.a.placeholder_models) else m
         kept = set(sorted(set(names.values()))[:max_models])
@@ -233,13 +240,14 @@ class _Mapping:
         if len(self.invalid) < MAX_REPORTED:
             self.invalid.append(f"{signal}: {_describe(name, labels, why)}")
 
-    def _scalar(self, signal: str, s: Series, parts: dict[str, dict[str, float]] | None) -> dict[str, float]:
+    def _scalar(
+        self, signal: str, s: Series, parts: dict[str, dict[str, float]] | None, mean: bool, counter: bool
+    ) -> dict[str, float] | None:
         """Per model, the series' value summed (or averaged) over every other label; with
-        ``parts``, also each summed series' own value (keyed by name and other labels)."""
+        ``parts``, also each summed series' own value (keyed by name and other labels). None when
+        the series is not on the page."""
         if not self.page.get(s.names[0]):
-            return {}
-        mean = signal in _MEAN_FIELDS
-        counter = signal in COUNTER_FIELDS
+            return None
         high = 1.0 if mean else MAX_VALUE
         where = s.where
         scale = s.scale
@@ -348,15 +356,18 @@ class _Mapping:
         a = self.a
         values: dict[str, dict[str, Any]] = {}
         counter_parts: dict[str, dict[str, dict[str, float]]] = {}  # model → signal → series → value
-        for signal, alternatives in a.scalars.items():
-            for s in alternatives:
-                parts: dict[str, dict[str, float]] | None = {} if signal in COUNTER_FIELDS else None
-                for model, v in self._scalar(signal, s, parts).items():
-                    got = values.setdefault(model, {})
-                    if signal in got:
+        for signal, s, mean, counter in a.scalar_plan:
+            parts: dict[str, dict[str, float]] | None = {} if counter else None
+            per_model = self._scalar(signal, s, parts, mean, counter)
+            if per_model:
+                for model, v in per_model.items():
+                    got = values.get(model)
+                    if got is None:
+                        values[model] = got = {}
+                    elif signal in got:
                         continue  # an earlier alternative wins
                     got[signal] = v
-                    if parts is not None and len(parts.get(model, ())) > 1:
+                    if parts and len(parts.get(model, ())) > 1:
                         counter_parts.setdefault(model, {})[signal] = parts[model]
         for signal, alternatives in a.histograms.items():
             for s in alternatives:

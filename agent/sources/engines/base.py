@@ -246,15 +246,22 @@ class _Mapping:
         """Per model, the series' value summed (or averaged) over every other label; with
         ``parts``, also each summed series' own value (keyed by name and other labels). None when
         the series is not on the page."""
-        if not self.page.get(s.names[0]):
+        first = self.page.get(s.names[0])
+        if not first:
             return None
         high = 1.0 if mean else MAX_VALUE
+        ml = self.a.model_label
+        if len(first) == 1 and len(s.names) == 1 and not s.where:  # one series: nothing to sum
+            sample = first[0]
+            model = self.fallback if ml is None else self.model_of.get(sample.labels.get(ml))  # type: ignore[arg-type]
+            if model is not None and 0.0 <= sample.value <= high:
+                return {model: sample.value * s.scale}
         where = s.where
         scale = s.scale
         total: dict[str, float] = {}
         count: dict[str, int] = {}
         seen: dict[str, list[tuple[str, Mapping[str, str], float]]] = {}
-        ml, model_of, fallback = self.a.model_label, self.model_of, self.fallback
+        model_of, fallback = self.model_of, self.fallback
         for name in s.names:
             for sample in self.page.get(name, ()):
                 labels = sample.labels
@@ -298,6 +305,7 @@ class _Mapping:
         where = s.where
         buckets: dict[str, dict[float, float]] = {}
         ml, model_of, fallback = self.a.model_label, self.model_of, self.fallback
+        scale, known_le, inf = s.scale, _LE, math.inf
         for sample in self.page.get(base + "_bucket", ()):
             labels = sample.labels
             if where and any(labels.get(k) != v for k, v in where.items()):
@@ -306,21 +314,23 @@ class _Mapping:
             le_text = labels.get("le")
             if model is None or le_text is None:
                 continue
-            le = _LE.get(le_text)
+            le = known_le.get(le_text)
             if le is None:
                 try:
                     le = float(le_text)
                 except ValueError:
+                    le = math.nan
+                if le != le:
                     self._refuse(model, signal, base + "_bucket", labels, "le is not a number")
                     continue
-                if len(_LE) < 4096:  # bucket bounds are few; a hostile page cannot grow this
-                    _LE[le_text] = le
+                if len(known_le) < 4096:  # bucket bounds are few; a hostile page cannot grow this
+                    known_le[le_text] = le
             v = sample.value
-            if not 0.0 <= v <= MAX_VALUE or le != le:
+            if not 0.0 <= v <= MAX_VALUE:
                 self._refuse(model, signal, base + "_bucket", labels, f"bucket count {v!r}")
                 continue
-            if s.scale != 1.0 and le != math.inf:
-                le *= s.scale
+            if scale != 1.0 and le != inf:
+                le *= scale
             per = buckets.get(model)
             if per is None:
                 buckets[model] = per = {}

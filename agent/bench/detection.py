@@ -289,7 +289,7 @@ class NodeRun:
     incidents: tuple[Incident, ...]
     excess_usd_per_minute: np.ndarray
     intervals: Mapping[str, list[tuple[float, float]]]  # rule id → firing (start, end), epoch seconds
-    annotations: Mapping[str, list[tuple[float, str]]]  # rule id → (fired at, description) of each alert
+    annotations: Mapping[str, list[tuple[float, str]]]  # rule id → (fired at, price change named) per alert
     seconds: float  # wall-clock seconds the run took
 
 
@@ -340,7 +340,7 @@ async def _run_through_agent(sim: SimulatedNode, workdir: Path, forest_seed: int
             key = ev.alert.dedup_key
             if ev.kind == "firing":
                 open_since[key] = (ev.alert.rule_id, ev.at)
-                notes[ev.alert.rule_id].append((ev.at, ev.alert.annotations.get("description", "")))
+                notes[ev.alert.rule_id].append((ev.at, ev.alert.annotations.get("price_change", "")))
             elif ev.kind == "resolved" and key in open_since:
                 rule_id, since = open_since.pop(key)
                 intervals[rule_id].append((since, ev.at))
@@ -453,7 +453,7 @@ def _price_named(runs: Sequence[NodeRun], warmup: float) -> tuple[int, int]:
                 for at, text in r.annotations.get(rule_id, ())
                 if inc.start <= at <= inc.end + GRACE_SECONDS
             ]
-            named += any("price" in t.lower() for t in texts)
+            named += any("price book" in t for t in texts)
     return named, n
 
 

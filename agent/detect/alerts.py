@@ -31,6 +31,8 @@ logger = logging.getLogger(__name__)
 
 # A hook the pipeline provides: (rule, finding) → the deploy the alert follows, if any.
 DeployLookup = Callable[[Rule, Finding], DeployInfo | None]
+# Another: (rule, finding) → a one-line description of a price change the alert follows, if any.
+PriceLookup = Callable[[Rule, Finding], "str | None"]
 
 
 def _fmt(v: float | None) -> str:
@@ -41,7 +43,9 @@ def _fmt(v: float | None) -> str:
 class _Annotator:
     external_url: str | None = None
 
-    def annotate(self, rule: Rule, f: Finding, since: float, deploy: DeployInfo | None) -> dict[str, str]:
+    def annotate(
+        self, rule: Rule, f: Finding, since: float, deploy: DeployInfo | None, price: str | None = None
+    ) -> dict[str, str]:
         labels = dict(f.labels)
         change = None
         if f.baseline is not None and f.baseline != 0:
@@ -55,6 +59,7 @@ class _Annotator:
             change_pct="n/a" if change is None else f"{change:+.1f} %",
             since=iso(since),
             deploy=deploy.describe() if deploy else "none",
+            price_change=price or "none",
             rule_id=rule.id,
             severity=rule.severity,
             unit=SIGNALS[rule.signal].unit,
@@ -73,6 +78,8 @@ class _Annotator:
             ann["change_pct"] = f"{change:+.1f}"
         if deploy is not None:
             ann["deploy"] = deploy.describe()
+        if price is not None:
+            ann["price_change"] = price
         if rule.runbook_url:
             ann["runbook_url"] = rule.runbook_url
         if self.external_url:
@@ -88,10 +95,12 @@ class AlertManager:
         rules: RuleSet | Iterable[Rule],
         external_url: str | None = None,
         deploy_lookup: DeployLookup | None = None,
+        price_lookup: PriceLookup | None = None,
     ) -> None:
         self._rules = {r.id: r for r in rules}
         self._annotator = _Annotator(external_url)
         self._deploy_lookup = deploy_lookup
+        self._price_lookup = price_lookup
         self._alerts: dict[str, Alert] = {}
 
     def step(self, findings: Iterable[Finding], now: float) -> list[AlertEvent]:
@@ -107,13 +116,14 @@ class AlertManager:
             cur = self._alerts.get(key)
             if cur is None:
                 deploy = self._deploy_lookup(rule, f) if self._deploy_lookup else None
+                price = self._price_lookup(rule, f) if self._price_lookup else None
                 cur = Alert(
                     rule_id=rule.id,
                     dedup_key=key,
                     severity=rule.severity,
                     state="pending",
                     labels={**dict(f.labels), **rule.labels, "alertname": rule.id, "severity": rule.severity},
-                    annotations=self._annotator.annotate(rule, f, f.at, deploy),
+                    annotations=self._annotator.annotate(rule, f, f.at, deploy, price),
                     active_since=f.at,
                     last_true_at=now,
                     value=f.value,
@@ -129,7 +139,9 @@ class AlertManager:
                     value=f.value,
                     threshold=f.threshold,
                     baseline=f.baseline,
-                    annotations=self._annotator.annotate(rule, f, cur.active_since, cur.deploy)
+                    annotations=self._annotator.annotate(
+                        rule, f, cur.active_since, cur.deploy, cur.annotations.get("price_change")
+                    )
                     if cur.state == "pending"
                     else cur.annotations,
                 )
@@ -185,6 +197,7 @@ __all__ = [
     "AlertManager",
     "DeployInfo",
     "DeployLookup",
+    "PriceLookup",
     "alert_from_dict",
     "dedup_key",
     "iso",

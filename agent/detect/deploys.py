@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from agent.detect.evaluator import Finding
 from agent.detect.rules import Rule
-from agent.records import DeployEvent, DeployInfo, MinuteRecord
+from agent.records import DeployEvent, DeployInfo, MinuteRecord, iso
 
 logger = logging.getLogger(__name__)
 
@@ -106,3 +107,68 @@ class DeployTracker:
             rollback=rollback,
             model_version=version if e.kind == "engine" else None,
         )
+
+
+# Why 0.5 %: a price book change moves the dollars per GPU-second by whole percent at least, while
+# rounding of per-minute sums stays far under 0.1 %.
+PRICE_CHANGE_RATIO = 0.005
+# Why a day: books change at midnight (effective dates), and the cost rule fires when the node is
+# busy enough to compare like with like, often the next business hours.
+PRICE_ATTRIBUTION_SECONDS = 86400.0
+
+
+@dataclass(frozen=True, slots=True)
+class PriceChange:
+    """The price a series pays per GPU-hour changed (a price-book entry took effect)."""
+
+    node: str
+    engine: str
+    model: str
+    from_usd_per_gpu_hour: float  # dollars per GPU-hour before
+    to_usd_per_gpu_hour: float  # dollars per GPU-hour after
+    at: float  # epoch seconds: start of the first minute at the new price
+
+    def describe(self) -> str:
+        """One line for annotations."""
+        change = (self.to_usd_per_gpu_hour / self.from_usd_per_gpu_hour - 1.0) * 100.0
+        return (
+            f"price of its GPUs ${self.from_usd_per_gpu_hour:.4g} → ${self.to_usd_per_gpu_hour:.4g} "
+            "per GPU-hour "
+            f"({change:+.1f} %) from {iso(self.at)} (price book)"
+        )
+
+
+class PriceTracker:
+    """Watches each model series' dollars per GPU-second (from its minute records) and remembers
+    when it changed, so a cost alert can name a price change instead of blaming efficiency."""
+
+    def __init__(self, window: float = PRICE_ATTRIBUTION_SECONDS) -> None:
+        self.window = window  # seconds after a change during which an alert names it
+        self._rate: dict[tuple[str, str, str], float] = {}  # series → last $/GPU-hour
+        self._changes: dict[tuple[str, str, str], list[PriceChange]] = {}
+
+    def observe(self, records: Iterable[MinuteRecord]) -> list[PriceChange]:
+        """Feed one minute's records; returns the price changes they reveal."""
+        out: list[PriceChange] = []
+        for r in records:
+            if r.kind != "model":
+                continue
+            gpu_s, usd = r.sums.get("gpu_seconds", 0.0), r.sums.get("gpu_time_usd", 0.0)
+            if gpu_s <= 0 or usd <= 0:
+                continue
+            rate = usd / gpu_s * 3600.0
+            key = (r.label("node"), r.label("engine"), r.label("model"))
+            prev = self._rate.get(key)
+            self._rate[key] = rate
+            if prev is not None and abs(rate / prev - 1.0) > PRICE_CHANGE_RATIO:
+                change = PriceChange(*key, prev, rate, r.minute)
+                self._changes.setdefault(key, []).append(change)
+                out.append(change)
+        return out
+
+    def lookup(self, rule: Rule, finding: Finding) -> PriceChange | None:
+        """The latest price change of the finding's series within the window before it, if any."""
+        labels = dict(finding.labels)
+        key = (labels.get("node", ""), labels.get("engine", ""), labels.get("model", ""))
+        recent = [c for c in self._changes.get(key, ()) if 0 <= finding.at - c.at <= self.window]
+        return recent[-1] if recent else None

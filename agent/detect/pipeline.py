@@ -27,7 +27,7 @@ from agent.clock import Clock
 from agent.config import Config
 from agent.detect.alerts import AlertManager
 from agent.detect.baselines import baseline_of
-from agent.detect.deploys import DeployTracker
+from agent.detect.deploys import DeployTracker, PriceTracker
 from agent.detect.evaluator import Finding, RuleEvaluator
 from agent.detect.rules import Rule, RuleSet, load_default_rules, load_rules
 from agent.records import MINUTE, SIGNALS, Alert, AlertEvent, DeployEvent, MinuteRecord
@@ -64,7 +64,8 @@ class Pipeline:
         self.notifier = notifier
         self.evaluator = RuleEvaluator(rules)
         self.deploys = DeployTracker(compare=self._compare)
-        self.alerts = AlertManager(rules, external_url, self.deploys.lookup)
+        self.prices = PriceTracker()
+        self.alerts = AlertManager(rules, external_url, self.deploys.lookup, self._price_change)
         self._last: float | None = None  # start of the last evaluated minute (epoch seconds)
         self._deploys_seen = 0
         self._started = False
@@ -93,7 +94,9 @@ class Pipeline:
                 by_minute[r.minute].append(r)
             found += len(by_minute)
             while m < chunk_end:
-                self.evaluator.warm(m + MINUTE, by_minute.pop(m, ()))
+                recs = by_minute.pop(m, ())
+                self.prices.observe(recs)
+                self.evaluator.warm(m + MINUTE, recs)
                 m += MINUTE
         self._last = end - MINUTE
         return found
@@ -127,6 +130,13 @@ class Pipeline:
             self._deploys_seen = len(events)
 
     # -- deploy comparison ------------------------------------------------------------------------
+
+    def _price_change(self, rule: Rule, f: Finding) -> str | None:
+        """A price change of the finding's series in the day before it, for cost rules only."""
+        if not rule.signal.startswith(("usd_", "cost_", "anomaly")):
+            return None
+        change = self.prices.lookup(rule, f)
+        return None if change is None else change.describe()
 
     def _compare(self, e: DeployEvent, rule: Rule, f: Finding) -> tuple[float | None, float | None]:
         """The rule's signal for the previous and the new version, at the finding's load band."""
@@ -184,6 +194,7 @@ class Pipeline:
         for r in self.store.records(m, target):
             by_minute[r.minute].append(r)
         while m < target:  # minute by minute, each one committed before the next is evaluated
+            self.prices.observe(by_minute.get(m, ()))
             findings = self.evaluator.step(m + MINUTE, by_minute.get(m, ()))
             minute_events = self.alerts.step(findings, m + MINUTE)
             for e in minute_events:

@@ -177,7 +177,8 @@ class BaselineSpec(_Frozen):
 
 
 TEMPLATE_FIELDS = frozenset(
-    {"value", "baseline", "threshold", "change_pct", "since", "deploy", "rule_id", "severity", "unit"}
+    {"value", "baseline", "threshold", "change_pct", "since", "deploy", "price_change", "rule_id"}
+    | {"severity", "unit"}
     | {lbl for labels in KIND_LABELS.values() for lbl in labels}
 )
 

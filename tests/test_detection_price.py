@@ -1,0 +1,73 @@
+"""A price-book change: the cost alert names it (not a deploy), from the records' $ per GPU-second."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent.detect.alerts import AlertManager
+from agent.detect.deploys import PriceTracker
+from agent.detect.evaluator import RuleEvaluator
+from agent.detect.rules import load_rules
+from agent.records import MinuteRecord
+
+MONDAY = 1699833600.0  # 2023-11-13 00:00 UTC, a Monday
+LABELS = (("node", "n1"), ("engine", "vllm-a"), ("model", "llama"), ("model_version", "v1"))
+
+
+def _minute(t: float, usd_per_gpu_hour: float) -> MinuteRecord:
+    cost = 8 * 60.0 * usd_per_gpu_hour / 3600.0  # 8 GPUs for a minute
+    sums = {
+        "seconds": 60.0,
+        "generation_tokens": 60_000.0,
+        "prompt_tokens": 240_000.0,
+        "cost_usd": cost,
+        "gpu_time_usd": cost,
+        "gpu_seconds": 480.0,
+    }
+    return MinuteRecord("model", LABELS, t, sums)
+
+
+def test_the_tracker_sees_the_price_per_gpu_hour_change() -> None:
+    tracker = PriceTracker()
+    assert tracker.observe([_minute(MONDAY, 2.0)]) == []
+    assert tracker.observe([_minute(MONDAY + 60, 2.0)]) == []
+    (change,) = tracker.observe([_minute(MONDAY + 120, 2.5)])
+    assert (change.from_usd_per_gpu_hour, change.to_usd_per_gpu_hour) == pytest.approx((2.0, 2.5))
+    assert change.at == MONDAY + 120
+    assert "$2 → $2.5 per GPU-hour (+25.0 %)" in change.describe()
+
+
+def test_a_cost_alert_after_a_price_change_names_it(tmp_path: Path) -> None:
+    rule = {
+        "id": "cost",
+        "signal": "usd_per_1m_output_tokens",
+        "over": "5m",
+        "op": ">",
+        "baseline": {"window": "1d", "min_minutes": 30},
+        "factor": 1.2,
+        "for": "10m",
+        "severity": "warning",
+        "summary": "s {value}",
+        "description": "Deploy: {deploy}. Price change: {price_change}.",
+    }
+    p = tmp_path / "r.yaml"
+    p.write_text(yaml.safe_dump({"rules": [rule]}))
+    rules = load_rules([p])
+    tracker = PriceTracker()
+    ev = RuleEvaluator(rules)
+    am = AlertManager(rules, price_lookup=lambda r, f: c.describe() if (c := tracker.lookup(r, f)) else None)
+    fired = []
+    for i in range(180):
+        t = MONDAY + 60 * i
+        rec = [_minute(t, 2.0 if i < 120 else 3.0)]  # +50 % from minute 120
+        tracker.observe(rec)
+        fired += [e for e in am.step(ev.step(t + 60, rec), t + 60) if e.kind == "firing"]
+    (alert,) = [e.alert for e in fired]
+    assert alert.deploy is None
+    assert "price of its GPUs $2 → $3 per GPU-hour (+50.0 %)" in alert.annotations["price_change"]
+    assert alert.annotations["description"].startswith(
+        "Deploy: none. Price change: price of its GPUs $2 → $3"
+    )

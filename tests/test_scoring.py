@@ -54,21 +54,23 @@ def test_a_costly_minute_scores_above_one_and_a_normal_one_below(tmp_path: Path)
     assert again.forest.fitted("eng", "m")
 
 
-async def test_the_worker_process_scores_over_its_pipe_and_stops_cleanly(tmp_path: Path) -> None:
-    """The daemon's side never imports scikit-learn: the forest runs in a worker process."""
+async def test_the_daemon_scores_with_numpy_after_a_short_lived_fitting_process(tmp_path: Path) -> None:
+    """The daemon's side never imports scikit-learn: a process fits, writes the arrays and exits."""
     end = 1_780_000_000.0 // DAY * DAY + 14 * 3600
     store = _store(tmp_path, end)
     store.close()
     scorer = AnomalyScorer(tmp_path / "h.sqlite", tmp_path)
     try:
-        scores = await scorer.step(end)
-        assert scorer.pid is not None
-        ((key, score),) = scores.items()
+        first = await scorer.step(end)
+        assert scorer.pid is not None  # the fitting process runs ...
+        assert first == {("eng", "m", "v1"): None}  # ... and nothing is scored without a forest yet
+        await scorer.wait_fit()
+        assert scorer.pid is None and (tmp_path / STATE_FILE).exists()  # it exited after writing the arrays
+        ((key, score),) = (await scorer.step(end)).items()
         assert key == ("eng", "m", "v1") and score is not None and 0 < score < 5
-        assert (tmp_path / STATE_FILE).exists()  # fitted in the worker and persisted
+        assert scorer.pid is None  # fitted today: no new fit
     finally:
         await scorer.close()
-    assert scorer.pid is None
 
 
 def test_the_daemon_never_imports_scikit_learn() -> None:

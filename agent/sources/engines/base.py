@@ -46,11 +46,11 @@ logger = logging.getLogger(__name__)
 DEFAULT_MODEL = "default"  # model name when neither the page nor the config names one
 OTHER_MODEL = "other"  # the models beyond an engine's max_models, folded together
 DEFAULT_MAX_MODELS = 64  # models per engine (config: engines[].max_models)
-# Why 1e15: a year of 100 M tokens/s is 3e15, far beyond any one engine's counter; 1e308 or Inf
-# would turn every sum downstream into Inf or NaN.
+# Why 1e15: an engine producing 100,000 tokens/s (far beyond one node today) takes 300 years to
+# count that far, while 1e308 or Inf would turn every sum downstream into Inf or NaN.
 MAX_VALUE = 1e15
-# Why 128: a Hugging Face repo id is at most 96 characters; longer values are hostile or broken
-# and would bloat /metrics and the store (issue 11).
+# Why 128: real model names (Hugging Face ids, paths, LoRA names) are well under it; longer values
+# are hostile or broken and would bloat /metrics and the store (issue 11).
 MAX_LABEL_CHARS = 128
 MAX_REPORTED = 20  # refused series described per scrape (the rest only counted out of the signal)
 _LE: dict[str, float] = {}  # le label text → bound (parsed once)

@@ -3,8 +3,12 @@
 :meth:`EngineScraper.scrape` never raises. Whatever goes wrong (timeout, refused or dropped
 connection, HTTP error, a page over ``max_bytes``, an endless or slow stream, a binary or
 non-UTF-8 body, the wrong content type, an unparsable wanted line, an unrecognisable engine) gives
-an :class:`EngineScrape` with ``up=False`` and the reason; the log gets one line when the state
-changes (down with a new reason, or back up), not one per scrape.
+an :class:`EngineScrape` with ``up=False`` and the reason (a quoted line is cut to 200 characters);
+the log gets one line when the state changes (down with a new kind of reason, at most one a minute,
+or back up), not one per scrape. A page that reads but carries hostile values is up, with the
+refused series in ``invalid_series`` (one log line when that set changes) and the series of models
+beyond ``max_models`` counted in ``dropped_series``. The content type decides the format:
+``application/openmetrics-text`` is read as OpenMetrics (timestamps in seconds, ``# EOF``).
 
 Values are cumulative, as read. Counter resets are handled downstream, in the window join
 (:func:`agent.cost.quantiles.counter_delta`).

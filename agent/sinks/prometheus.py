@@ -16,6 +16,7 @@ exporter-toolkit web-config file (``agent.sinks.webconfig``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import logging
 import time
@@ -262,6 +263,7 @@ class PrometheusServer:
         self._auth = Authenticator(self.web)
         self._runner: web.AppRunner | None = None
         self._server: asyncio.Server | None = None
+        self._reaper: asyncio.Task[None] | None = None
         self._conns: dict[_Tracked, None] = {}  # open (or opening) connections, oldest first
         self._by_handler: dict[RequestHandler, _Tracked] = {}
         self.refused = 0  # connections refused or evicted at the cap
@@ -384,7 +386,10 @@ class PrometheusServer:
         """Stop serving."""
         if self._server is not None:
             self._server.close()
-            self._reaper.cancel()
+            if self._reaper is not None:
+                self._reaper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._reaper
             self._server = None
             for conn in list(self._conns):
                 conn.close()

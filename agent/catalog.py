@@ -247,6 +247,24 @@ CATALOG: tuple[MetricSpec, ...] = (
         "scrape_duration_seconds",
         ENGINE_LABELS,
     ),
+    _m(
+        "engine_invalid_series",
+        "gauge",
+        "{series}",
+        "Series the last scrape refused (NaN, ±Inf, negative or out-of-range values, broken histograms).",
+        "engine",
+        "invalid_series",
+        ENGINE_LABELS,
+    ),
+    _m(
+        "engine_dropped_series",
+        "gauge",
+        "{series}",
+        'Series of models beyond the engine\'s max_models in the last scrape, summed into model="other".',
+        "engine",
+        "dropped_series",
+        ENGINE_LABELS,
+    ),
     # ---- models × versions
     _m(
         "prompt_tokens_total",

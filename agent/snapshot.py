@@ -47,6 +47,8 @@ class EngineState:
     up: bool
     scrape_duration_seconds: float  # seconds
     error: str | None = None
+    invalid_series: int = 0  # series refused in the last scrape (non-finite, negative, out of range)
+    dropped_series: int = 0  # series of models beyond max_models, folded into model="other"
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +177,15 @@ class Ledger:
 
     def observe_scrape(self, sc: EngineScrape) -> None:
         """Record an engine's latest scrape health."""
-        self._engines[sc.engine] = EngineState(sc.engine, sc.kind, sc.up, sc.duration_seconds, sc.error)
+        self._engines[sc.engine] = EngineState(
+            sc.engine,
+            sc.kind,
+            sc.up,
+            sc.duration_seconds,
+            sc.error,
+            invalid_series=len(sc.invalid_series),
+            dropped_series=sc.dropped_series,
+        )
 
     def declare_alert_rules(self, keys: Iterable[tuple[str, str]]) -> None:
         """Name the loaded rules as (rule id, severity): each is exported, at 0 while not firing, so

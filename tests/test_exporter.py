@@ -507,3 +507,16 @@ def test_real_prometheus_scrapes_over_tls_with_basic_and_bearer_auth(tmp_path: P
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
         loop.close()
+
+
+def test_refused_and_folded_series_are_counted_per_engine() -> None:
+    """What the adapter refused or folded into model="other" is visible per engine, and 0 when none."""
+    led = Ledger("node-a", "0.1.0")
+    bad = ('generation_tokens_total: {model_name="m"} (+Inf)', "kv_cache_usage_ratio: {} (NaN)")
+    led.observe_scrape(EngineScrape("hostile", "vllm", T0, True, 0.01, invalid_series=bad, dropped_series=7))
+    led.observe_scrape(EngineScrape("calm", "vllm", T0, True, 0.01))
+    s = _samples(render(led.snapshot()).decode())
+    for engine, invalid, dropped in (("hostile", 2, 7), ("calm", 0, 0)):
+        labels = frozenset({"node": "node-a", "engine": engine}.items())
+        assert s[("infercost_engine_invalid_series", labels)] == invalid
+        assert s[("infercost_engine_dropped_series", labels)] == dropped

@@ -197,3 +197,26 @@ def test_an_unseen_request_mix_gets_no_score(week: SimulatedHistory, fitted: For
     u = dataclasses.replace(w.usage, prompt_tokens=w.usage.prompt_tokens * 1.05)
     s = fitted.score(dataclasses.replace(w, usage=u))
     assert s is not None and s < 1.0
+
+
+def test_scores_rank_a_2x_regression_clearly_above_a_1_2x_one(
+    week: SimulatedHistory, fitted: ForestDetector
+) -> None:
+    for day, hour in ((6, 15), (6, 4), (5, 11)):
+        w = _at(week, day, hour)
+        s12, s2 = fitted.score(_regressed(w, 1.2)), fitted.score(_regressed(w, 2.0))
+        assert s12 is not None and s2 is not None
+        # log10 2 / log10 1.2 ≈ 3.8: the costliest residual grows with the regression
+        assert s2 > 2.0 * s12 > 2.0, (day, hour, s12, s2)
+
+
+def test_minimum_history_is_time_not_rows(week: SimulatedHistory) -> None:
+    # five-minute windows (history imported at coarse steps): 2 days are 576 windows, not 2,880
+    five = [w for w in week.windows if int(w.usage.start // 60) % 5 == 0]
+    coarse = [
+        dataclasses.replace(w, usage=dataclasses.replace(w.usage, end=w.usage.start + 300.0)) for w in five
+    ]
+    day2 = [w for w in coarse if w.usage.end <= week.start + 2 * DAY + 300]
+    assert 570 <= len(day2) <= 580
+    assert ForestDetector(None).fit(day2) == [(week.engine, week.model)]
+    assert ForestDetector(None).fit(day2[: len(day2) // 2]) == []

@@ -9,7 +9,8 @@ be low, or slow decode steps at normal load. Only the costly direction counts (a
 faster minute is rare too, but not a regression), and a request mix outside everything in the
 training week is not judged at all (score None) until a refit has seen it.
 
-Fitting: on the trailing ``training_days`` (default 7) of the model's windows, across versions
+Fitting: on the trailing ``training_days`` (default 7) of the model's windows, across versions,
+once at least ``min_training_seconds`` (2 days) of them have tokens, whatever their step
 (a version's own few hours could not cover the week's cycle). A new fit happens daily and once a
 newly deployed version has ``version_settle_seconds`` of data; until then the new version is
 scored by the forest of the version before it, which is what catches a regression at the
@@ -18,9 +19,11 @@ regression is not learnt as normal), unless they are more than ``max_clean_fract
 the change is the new normal and is learnt).
 
 Score: normalised so that 0 is the training median and 1 the training ``quantile``; > 1 is
-anomalous. It saturates: an isolation forest gives every point past the edge of its training
-data about the same path length, so a 2× regression scores barely more than a 1.2× one (about
-1.1–1.5); read it as "how unusual", not "how bad". Export it as
+anomalous. An isolation forest alone saturates (every point past the edge of its training data
+gets about the same path length, so a 2× regression would score barely more than a 1.2× one), so
+the score is the larger of the forest's and the size of the costliest residual (cost per token,
+tokens per GPU-second, energy per token, decode efficiency) in units of its training quantile:
+it grows with the regression. Export it as
 ``infercost_anomaly_score{node,engine,model,model_version}`` and use it in rules as
 "score > 1 for N minutes".
 
@@ -45,7 +48,7 @@ from agent.samples import CostWindow
 
 logger = logging.getLogger(__name__)
 
-STATE_FORMAT = 3  # bump when the persisted layout changes; other formats are ignored on load
+STATE_FORMAT = 4  # bump when the persisted layout changes; other formats are ignored on load
 STATE_FILE = f"forest-v{STATE_FORMAT}.npz"
 
 FEATURE_NAMES: tuple[str, ...] = (
@@ -95,6 +98,13 @@ FEATURE_GROUPS: tuple[tuple[int, ...], ...] = (
     (2, 3, 9),  # efficiency: GPU utilisation, memory bandwidth, roofline
     (5, 6, 7, 8),  # latency and pressure: TTFT, ITL, KV cache, running requests
 )
+# Outcomes whose residual size says *how much* more a token costs: $/1M output, tokens per
+# GPU-second, joules per token, roofline. Why: an isolation forest's path lengths saturate past the
+# edge of the training data (a 2× and a 1.2× regression score about the same), so the score is the
+# larger of the forest's verdict and the biggest of these residuals in units of its own training
+# quantile, which grows with the regression (log10 2 = 0.30 against log10 1.2 = 0.08).
+MAGNITUDE_OUTCOMES: tuple[int, ...] = (0, 1, 4, 9)
+MIN_TRAINING_ROWS = 200  # why: fewer rows than a tree's 256 samples make every tree the same
 POLY_DEGREE = 3  # cubic in log traffic: enough for the batch-size curve, too little to chase noise
 
 _EPOCH_MONDAY = 345600.0  # seconds: 1970-01-05 00:00 UTC was a Monday
@@ -159,6 +169,7 @@ class _Fitted:
     fill: np.ndarray  # per-feature training medians, used where a feature is absent
     coef: np.ndarray  # least-squares coefficients, context basis → each outcome feature
     centre: np.ndarray  # training median of each signed residual (the "usual" point)
+    scale: np.ndarray  # training quantile of each transformed residual (MAGNITUDE_OUTCOMES' unit)
     mix_range: tuple[float, float]  # log10 prompt/output ratios the training set spans
     median: float  # training median of the combined score
     threshold: float  # training quantile of the combined score: normalised score 1
@@ -198,7 +209,7 @@ class ForestDetector:
         training_days: float = 7.0,
         refit_seconds: float = 86400.0,
         version_settle_seconds: float = 6 * 3600.0,
-        min_training_windows: int = 2 * 1440,
+        min_training_seconds: float = 2 * 86400.0,
         n_estimators: int = 100,
         max_samples: int = 256,
         clean_above: float = 1.0,
@@ -210,7 +221,8 @@ class ForestDetector:
 
         Why these defaults: 7 days covers every hour of the week once; a daily refit follows
         slow legitimate change; 6 h of a new version spans enough load levels to learn it; 2 days
-        is the least history whose daily cycle the forest has seen twice; the 99.5 % quantile
+        (of windows with tokens, whatever their step: 1-minute or imported 5-minute history) is the
+        least history whose daily cycle the forest has seen twice; the 99.5 % quantile
         puts about 7 normal minutes a day over 1, which "for N minutes" in a rule absorbs; a
         change lasting more than 20 % of the training week is treated as the new normal; 256
         samples per tree is the isolation-forest paper's default; windows scoring over
@@ -220,7 +232,7 @@ class ForestDetector:
         self.training_seconds = training_days * 86400.0
         self.refit_seconds = refit_seconds
         self.version_settle_seconds = version_settle_seconds
-        self.min_training_windows = min_training_windows
+        self.min_training_seconds = min_training_seconds
         self.n_estimators = n_estimators
         self.max_samples = max_samples
         self.clean_above = clean_above
@@ -257,7 +269,7 @@ class ForestDetector:
         """Fit one forest per (engine, model) in ``history`` on its trailing training window.
 
         ``now`` (seconds since the epoch) defaults to the end of the newest window. Series with
-        fewer than ``min_training_windows`` usable windows keep their previous forest. Returns
+        less than ``min_training_seconds`` of usable windows keep their previous forest. Returns
         the series that were (re)fitted.
         """
         by_series: dict[SeriesKey, list[CostWindow]] = {}
@@ -267,10 +279,15 @@ class ForestDetector:
         for key, windows in by_series.items():
             end = max(w.usage.end for w in windows) if now is None else now
             recent = [w for w in windows if end - self.training_seconds <= w.usage.end <= end]
-            rows = [f for f in (features(w) for w in recent) if f is not None]
-            if len(rows) < self.min_training_windows:
+            usable = [(w, f) for w, f in ((w, features(w)) for w in recent) if f is not None]
+            rows = [f for _, f in usable]
+            covered = sum(w.usage.duration for w, _ in usable)
+            if covered < self.min_training_seconds or len(rows) < MIN_TRAINING_ROWS:
                 logger.debug(
-                    "forest %s/%s: %d usable windows, need %d", *key, len(rows), self.min_training_windows
+                    "forest %s/%s: %.1f h of usable windows, need %.1f h",
+                    *key,
+                    covered / 3600.0,
+                    self.min_training_seconds / 3600.0,
                 )
                 continue
             x = np.vstack(rows)
@@ -295,6 +312,7 @@ class ForestDetector:
         centre = np.median(signed, axis=0)
         mix_range = (float(np.quantile(x[:, _MIX], 0.001)), float(np.quantile(x[:, _MIX], 0.999)))
         z = _transform(x, coef, centre)
+        scale = np.maximum(np.quantile(z[:, :N_OUTCOMES], self.quantile, axis=0), 1e-6)
         from sklearn.ensemble import IsolationForest  # only where a forest is fitted
 
         forests: list[TreeEnsemble] = []
@@ -311,7 +329,7 @@ class ForestDetector:
             calibration[g] = _calibrate(raw, self.quantile)
             forests.append(forest)
         fit = _Fitted(
-            forests, calibration, fill, coef, centre, mix_range, 0.0, 1.0, fitted_at, version, len(x)
+            forests, calibration, fill, coef, centre, scale, mix_range, 0.0, 1.0, fitted_at, version, len(x)
         )
         fit.median, fit.threshold = _calibrate(self._combined(fit, z), self.quantile)
         return fit
@@ -332,7 +350,11 @@ class ForestDetector:
     def _scores(cls, fit: _Fitted, x: np.ndarray) -> np.ndarray:
         """Normalised scores (0 = training median, 1 = training quantile) of feature rows."""
         x = np.where(np.isnan(x), fit.fill, x)
-        return cls._normalise(fit, cls._combined(fit, _transform(x, fit.coef, fit.centre)))
+        z = _transform(x, fit.coef, fit.centre)
+        forest = cls._normalise(fit, cls._combined(fit, z))
+        cols = list(MAGNITUDE_OUTCOMES)
+        magnitude = np.max(z[:, cols] / fit.scale[cols], axis=1)
+        return np.maximum(forest, magnitude)
 
     @staticmethod
     def _judgeable(fit: _Fitted, x: np.ndarray) -> np.ndarray:
@@ -393,6 +415,7 @@ class ForestDetector:
                     p + "fill": fit.fill,
                     p + "coef": fit.coef,
                     p + "centre": fit.centre,
+                    p + "scale": fit.scale,
                     p + "numbers": np.array(
                         [*fit.mix_range, fit.median, fit.threshold, fit.fitted_at, float(fit.n_train)]
                     ),
@@ -429,6 +452,7 @@ class ForestDetector:
                     lo, hi, median, threshold, fitted_at, n_train = z[p + "numbers"].tolist()
                     fits[(engine, model)] = _Fitted(
                         forests, z[p + "group_calibration"], z[p + "fill"], z[p + "coef"], z[p + "centre"],
+                        z[p + "scale"],
                         (lo, hi), median, threshold, fitted_at, str(z[p + "version"][0]), int(n_train),
                     )  # fmt: skip
         except Exception as err:  # a truncated or foreign file: refit rather than crash

@@ -317,6 +317,7 @@ class ForestDetector:
 
         forests: list[TreeEnsemble] = []
         calibration = np.zeros((len(FEATURE_GROUPS), 2))
+        normalised: list[np.ndarray] = []
         for g, cols in enumerate(FEATURE_GROUPS):
             fitted = IsolationForest(
                 n_estimators=self.n_estimators,
@@ -324,15 +325,27 @@ class ForestDetector:
                 random_state=self.seed + g,
                 n_jobs=1,
             )
-            forest = from_sklearn(fitted.fit(z[:, cols]))
-            raw = -forest.score_samples(z[:, cols])
+            fitted.fit(z[:, cols])
+            forests.append(from_sklearn(fitted))
+            # scikit-learn's own scores on the training rows (equal to the arrays' within 1e-9, faster here)
+            raw = -fitted.score_samples(z[:, cols])
             calibration[g] = _calibrate(raw, self.quantile)
-            forests.append(forest)
-        fit = _Fitted(
-            forests, calibration, fill, coef, centre, scale, mix_range, 0.0, 1.0, fitted_at, version, len(x)
+            normalised.append((raw - calibration[g, 0]) / (calibration[g, 1] - calibration[g, 0]))
+        median, threshold = _calibrate(np.max(np.vstack(normalised), axis=0), self.quantile)
+        return _Fitted(
+            forests,
+            calibration,
+            fill,
+            coef,
+            centre,
+            scale,
+            mix_range,
+            median,
+            threshold,
+            fitted_at,
+            version,
+            len(x),
         )
-        fit.median, fit.threshold = _calibrate(self._combined(fit, z), self.quantile)
-        return fit
 
     @staticmethod
     def _combined(fit: _Fitted, z: np.ndarray) -> np.ndarray:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 LEAF = -1  # feature / child index of a leaf
+CHUNK_ROWS = 512  # rows scored together
 
 
 def average_path_length(n: np.ndarray) -> np.ndarray:
@@ -53,19 +54,31 @@ class TreeEnsemble:
     def score_samples(self, x: np.ndarray) -> np.ndarray:
         """scikit-learn's ``score_samples`` of rows ``x`` (higher = more normal)."""
         rows = np.asarray(x, dtype=np.float32).astype(np.float64)
-        n = rows.shape[0]
-        trees = np.arange(self.feature.shape[0])[:, None]
-        cols = np.arange(n)[None, :]
-        node = np.zeros((self.feature.shape[0], n), dtype=np.int64)
-        for _ in range(self.max_depth):
-            f = self.feature[trees, node]
-            leaf = f == LEAF
-            value = rows[cols, np.where(leaf, 0, f)]
-            nxt = np.where(
-                value <= self.threshold[trees, node], self.left[trees, node], self.right[trees, node]
+        # why chunks of 512 rows: the (trees × rows) index arrays then stay in the CPU cache
+        return (
+            np.concatenate(
+                [self._score_chunk(rows[i : i + CHUNK_ROWS]) for i in range(0, len(rows), CHUNK_ROWS)]
             )
-            node = np.where(leaf, node, nxt)
-        depths = self.leaf_depth[trees, node].sum(axis=0)
+            if len(rows)
+            else np.zeros(0)
+        )
+
+    def _score_chunk(self, rows: np.ndarray) -> np.ndarray:
+        n, n_cols = rows.shape
+        t, m = self.feature.shape
+        flat_rows = rows.ravel()
+        feature, threshold = self.feature.ravel(), self.threshold.ravel()
+        left, right = self.left.ravel(), self.right.ravel()
+        base = (np.arange(t, dtype=np.int64) * m)[:, None]  # each tree's first node in the flat arrays
+        row_base = (np.arange(n, dtype=np.int64) * n_cols)[None, :]
+        node = np.broadcast_to(base, (t, n)).copy()  # flat index of each (tree, row)'s current node
+        for _ in range(self.max_depth):
+            f = np.take(feature, node)
+            leaf = f == LEAF
+            value = np.take(flat_rows, row_base + np.where(leaf, 0, f))
+            child = np.where(value <= np.take(threshold, node), np.take(left, node), np.take(right, node))
+            node = np.where(leaf, node, base + child)
+        depths = np.take(self.leaf_depth.ravel(), node).sum(axis=0)
         return np.asarray(-(2.0 ** (-depths / self.denominator)))
 
     def arrays(self) -> dict[str, np.ndarray]:

@@ -168,9 +168,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------- demo
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the simulated node with the real pipeline and a live terminal view."""
+    from rich.console import Console
+    from rich.logging import RichHandler
+
     from agent.demo import run_demo
 
     check_port("127.0.0.1", args.port)
+    console = Console()
+    if args.log_format == "text" and console.is_terminal:
+        # log lines go through the live view's console: printed above the view, never between frames
+        setup_logging(args.log_level, "text", RichHandler(console=console, show_path=False))
     return asyncio.run(
         run_demo(
             seconds=args.seconds,
@@ -179,6 +186,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             live=not args.no_view,
             state_dir=args.state_dir,
             history_hours=args.history_hours,
+            console=console,
         )
     )
 

@@ -26,6 +26,7 @@ from aiohttp import web
 from rich.console import Console, Group
 from rich.live import Live
 from rich.panel import Panel
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -92,10 +93,21 @@ def _fmt(v: float | None, spec: str, unit: str = "") -> str:
     return "—" if v is None else f"{v:{spec}}{unit}"
 
 
-def render_view(snap: Snapshot, clock: AcceleratedClock, inbox: SlackInbox, port: int) -> Group:
-    """The live view: one row per model version, node totals, and the Slack messages received."""
+# Columns dropped, in this order, when the terminal is narrower than the full table (about 150
+# columns): the view fits the terminal instead of wrapping every row.
+_OPTIONAL_COLUMNS = ("idle $/h", "power", "mem BW", "prompt tok/s", "model")
+_FULL_WIDTH = 150  # columns the whole table needs
+_COLUMN_WIDTH = 11  # columns one optional column takes, about
+
+
+def render_view(
+    snap: Snapshot, clock: AcceleratedClock, inbox: SlackInbox, port: int, width: int = _FULL_WIDTH
+) -> Group:
+    """The live view: one row per model version, node totals, and the Slack messages received.
+    ``width``: the terminal's columns; optional columns are dropped until the table fits."""
+    drop = set(_OPTIONAL_COLUMNS[: max(0, -(-(_FULL_WIDTH - width) // _COLUMN_WIDTH))])
     t = Table(title=f"infercost demo — node {snap.node}, 8 × H100 SXM (simulated)", expand=True)
-    for col, just in [
+    cols = [
         ("engine", "left"),
         ("model", "left"),
         ("version", "left"),
@@ -107,12 +119,14 @@ def render_view(snap: Snapshot, clock: AcceleratedClock, inbox: SlackInbox, port
         ("mem BW", "right"),
         ("power", "right"),
         ("idle $/h", "right"),
-    ]:
-        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    ]
+    keep = [i for i, (name, _) in enumerate(cols) if name not in drop]
+    for i in keep:
+        t.add_column(cols[i][0], justify=cols[i][1])  # type: ignore[arg-type]
     for m in snap.models:
         if m.generation_tokens_per_second is None and m.cost_usd_per_hour is None:
             continue  # a version that is no longer deployed
-        t.add_row(
+        cells = (
             m.engine,
             m.model.split("/")[-1],
             m.model_version,
@@ -125,6 +139,7 @@ def render_view(snap: Snapshot, clock: AcceleratedClock, inbox: SlackInbox, port
             _fmt(m.power_watts, ",.0f", " W"),
             _fmt(m.idle_cost_usd_per_hour, ".2f"),
         )
+        t.add_row(*(cells[i] for i in keep))
     node_cost = sum(g.cost_usd_total for g in snap.gpus)
     node_idle = sum(g.idle_cost_usd_total for g in snap.gpus)
     now = dt.datetime.fromtimestamp(clock.now(), tz=dt.UTC).strftime("%H:%M")
@@ -175,13 +190,15 @@ async def run_demo(
     live: bool = True,
     state_dir: Path | None = None,
     history_hours: float | None = None,
+    console: Console | None = None,
 ) -> int:
     """Run the demo for ``seconds`` of real time (0 = until interrupted). With ``state_dir`` the
     history is kept there (a weekly report can be made from it afterwards); ``history_hours`` of
-    simulated history are prepared first (default :data:`HISTORY_SECONDS`)."""
-    console = Console()
-    if console.width < 150:
-        console = Console(width=150)  # the table needs about 150 columns; a narrow terminal wraps it
+    simulated history are prepared first (default :data:`HISTORY_SECONDS`). ``console``: where the view
+    goes (``cli.py`` routes log lines through the same console, so they print above the live view)."""
+    console = console or Console()
+    if not console.is_terminal:
+        console = Console(width=150)  # a file or a pipe has no width: room for every column
     # the story starts at 13:00 UTC today (simulated): afternoon traffic, the node busy
     day = dt.datetime.now(tz=dt.UTC).replace(hour=13, minute=0, second=0, microsecond=0)
     clock = AcceleratedClock(speed, start=day.timestamp())
@@ -198,8 +215,18 @@ async def run_demo(
         DEMO_STORY.schedule(sim, clock.now())
         cfg = demo_config(state, port, speed, slack=True)
         book = load_price_book(None)
-        console.print(f"preparing {history_s / 3600:.0f} h of simulated history for the baselines…")
-        agent = await build_demo_agent(cfg, clock, book, sim, history_s)
+        with Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as bar:
+            bar.add_task(
+                f"preparing {history_s / 3600:.0f} h of simulated history for the baselines", total=None
+            )
+            agent = await build_demo_agent(cfg, clock, book, sim, history_s)
+        console.print(f"prepared {history_s / 3600:.0f} h of simulated history for the baselines")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         with contextlib.suppress(NotImplementedError):
@@ -223,12 +250,12 @@ async def run_demo(
             if live:
                 with Live(console=console, refresh_per_second=2) as view:
                     while not stop.is_set() and (deadline is None or loop.time() < deadline):
-                        view.update(render_view(agent.snapshot(), clock, inbox, real_port))
+                        view.update(render_view(agent.snapshot(), clock, inbox, real_port, console.width))
                         await asyncio.sleep(0.5)
             else:
                 while not stop.is_set() and (deadline is None or loop.time() < deadline):
                     await asyncio.sleep(0.5)
-                console.print(render_view(agent.snapshot(), clock, inbox, real_port))
+                console.print(render_view(agent.snapshot(), clock, inbox, real_port, console.width))
         finally:
             stop.set()
             await task

@@ -48,3 +48,69 @@ def test_demo_shows_costs_per_model_version_and_the_regression_alert_naming_the_
     assert "[FIRING] cost_per_token_regression (demo-node llama-70b-canary" in flat
     assert "2024-09 → 2024-10" in flat
     assert "cost_per_token_regression (demo-node llama-70b " not in flat  # the unchanged engine stays quiet
+
+
+def _pty_demo(args: list[str], columns: int, until: bytes, then_signal: int | None, timeout: float = 150):
+    """Run the demo on a real pseudo-terminal ``columns`` wide; read until ``until`` appears, then
+    send ``then_signal`` (if any); return (exit code, everything printed)."""
+    import fcntl
+    import os
+    import pty
+    import select
+    import struct
+    import termios
+    import time
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the demo on the pty
+        os.execv(sys.executable, [sys.executable, "-m", "agent.cli", "demo", *args])
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    out = b""
+    sent = False
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        r, _, _ = select.select([fd], [], [], 0.5)
+        if r:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        if not sent and until in out and then_signal is not None:
+            os.kill(pid, then_signal)
+            sent = True
+    try:
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(fd)
+    return os.waitstatus_to_exitcode(status), out.decode(errors="replace")
+
+
+def test_the_live_view_fits_a_narrow_terminal_and_ctrl_c_stops_it() -> None:
+    import signal
+
+    code, out = _pty_demo(
+        ["--seconds", "0", "--speed", "120", "--port", "0", "--history-hours", "2"],
+        columns=90,
+        until=b"$/1M out",
+        then_signal=signal.SIGINT,
+    )
+    assert code == 0, out[-2000:]
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out)  # terminal control sequences
+    rows = [line for line in text.replace("\r", "\n").splitlines() if "│" in line or "┃" in line]
+    assert rows and max(len(r) for r in rows) <= 90, max(rows, key=len)
+    assert "$/1M out" in text and "llama-70b" in text
+
+
+def test_sigterm_stops_the_demo() -> None:
+    import signal
+
+    code, out = _pty_demo(
+        ["--seconds", "0", "--speed", "120", "--port", "0", "--history-hours", "2", "--no-view"],
+        columns=120,
+        until=b"infercost demo",
+        then_signal=signal.SIGTERM,
+    )
+    assert code == 0, out[-2000:]

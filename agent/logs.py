@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -30,6 +31,7 @@ MAX_MESSAGE_CHARS = 2000
 # Why 4,096 keys: distinct (place, template) pairs are bounded by the code; the cap only guards memory.
 MAX_KEYS = 4096
 
+_NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
 
 
@@ -52,7 +54,9 @@ class RateLimitFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         """False to hold a repeat back; the first after the interval reports how many were held."""
-        key = (record.name, record.lineno, str(record.msg)[:200])  # the template, not the text
+        # the template, not the text; numbers and addresses folded (a preformatted message such as
+        # asyncio's names a socket or an object at a new address each time)
+        key = (record.name, record.lineno, _NUMBERS.sub("#", str(record.msg)[:200]))
         msg = record.getMessage()
         if len(msg) > MAX_MESSAGE_CHARS:
             record.msg, record.args = _truncate(msg), None

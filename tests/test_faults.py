@@ -483,3 +483,59 @@ async def test_healthz_is_json_per_component(tmp_path: Path) -> None:
     assert c["tick"]["state"] == "ok" and c["tick"]["ticks"] >= 1
     assert c["nvml"] == {"state": "up"}
     assert c["history"] == {"state": "ok"} and c["detection"] == {"state": "ok"}
+
+
+@pytest.mark.slow
+def test_file_descriptor_exhaustion_does_not_flood_the_log(tmp_path: Path) -> None:
+    """The daemon as a process with 64 file descriptors; 100 idle connections to its port exhaust
+    them, so every accept() fails (EMFILE) for a while. The log says so a few times, not thousands."""
+    import socket
+    import urllib.request
+
+    port = free_port()
+    cfg = tmp_path / "node.yaml"
+    cfg.write_text(
+        f"node: fd-node\nstate_dir: {tmp_path / 'state'}\nnvml: {{backend: fake, fake_count: 2}}\n"
+        "intervals: {nvml_seconds: 0.2, scrape_seconds: 0.2}\n"
+        f"exporters: {{prometheus: {{port: {port}}}}}\n"
+    )
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+    log = (tmp_path / "daemon.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent.cli", "run", "--config", str(cfg)],
+        stderr=log,
+        preexec_fn=limit,
+    )
+
+    def up() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+                return True
+        except OSError:
+            return False
+
+    held: list[socket.socket] = []
+    try:
+        wait_until(up, 60)
+        for _ in range(100):
+            s = socket.socket()
+            s.settimeout(2)
+            try:
+                s.connect(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
+            held.append(s)
+        time.sleep(8)  # thousands of failed accepts a second, unthrottled
+        assert proc.poll() is None
+    finally:
+        for s in held:
+            s.close()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    log.close()
+    lines = (tmp_path / "daemon.log").read_text().splitlines()
+    assert len(lines) < 200, f"{len(lines)} lines; last: {lines[-5:]}"

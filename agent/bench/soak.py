@@ -293,6 +293,7 @@ class Soak:
         self.restart_seconds: list[float] = []  # real seconds from SIGKILL to /metrics answering again
         self.observed: dict[str, str] = {}
         self.scrapes = 0
+        self.crashes: list[str] = []  # daemon processes that exited without being told to
 
     # -- the daemon process -------------------------------------------------------------------
     def _write_config(self, engines: list[dict[str, Any]], hook_port: int) -> None:
@@ -329,6 +330,7 @@ class Soak:
             line = raw.decode(errors="replace")
             self.log_lines += 1
             self.log_file.write(line)
+            self.log_file.flush()
             self.log_tail = [*self.log_tail[-40:], line]
 
     # -- probing --------------------------------------------------------------------------------
@@ -418,6 +420,11 @@ class Soak:
                                 await self._finish(f, sim, faulty, receiver)
                                 active.discard(i)
                                 done.add(i)
+                        if self.proc is not None and self.proc.poll() is not None:
+                            # it died on its own: an invariant broken; start it again and go on
+                            self.crashes.append(f"pid {self.proc.pid} exited {self.proc.returncode}")
+                            self._spawn()
+                            down_since = time.monotonic()
                         m = await self._probe(session)
                         now = time.monotonic()
                         life = self.lifetimes[-1]
@@ -588,6 +595,11 @@ class Soak:
         worst = max(conservation, default=float("nan"))
 
         checks: list[tuple[str, bool, str]] = [
+            (
+                "the daemon never exits on its own",
+                not self.crashes and self.scrapes > 0,
+                "; ".join(self.crashes) or f"{len(self.lifetimes)} processes, each stopped on purpose",
+            ),
             (
                 "RSS flat after warm-up",
                 slope is not None and abs(slope) < RSS_SLOPE_MB_PER_DAY,

@@ -3,8 +3,8 @@
 ``cli.py`` calls :func:`setup_logging` once; library modules only log (``logging.getLogger``).
 
 - JSON lines (``--log-format json``): RFC 3339 time with milliseconds in UTC, level, logger, the
-  formatted message, the message template, and the record's structured fields (anything passed in
-  ``extra=``) as JSON values.
+  formatted message, the message template with its arguments as JSON values (a dict of labels is a
+  JSON object, not Python text), and the record's structured fields (``extra=``) as JSON values.
 - :class:`RateLimitFilter`: a warning or error repeated from the same place with the same template
   is written in full the first time, then held back for the rest of the interval; the next one
   after the interval carries the count of those held back. A huge message (a 1 MB malformed line)
@@ -79,6 +79,19 @@ class RateLimitFilter(logging.Filter):
         return False
 
 
+def _jsonable(v: Any) -> Any:
+    """``v`` when JSON can hold it as is (mappings and sequences recursively), else its text."""
+    if v is None or isinstance(v, str | bool | int):
+        return v
+    if isinstance(v, float):
+        return v if v == v and v not in (float("inf"), float("-inf")) else str(v)
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_jsonable(x) for x in v]
+    return str(v)
+
+
 def rfc3339(ts: float) -> str:
     """``ts`` (epoch seconds) as RFC 3339 UTC with milliseconds, e.g. 2026-11-30T16:40:32.123Z."""
     return dt.datetime.fromtimestamp(ts, tz=dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
@@ -97,6 +110,8 @@ class JsonFormatter(logging.Formatter):
         }
         if isinstance(record.msg, str) and record.args:
             doc["template"] = record.msg
+            if isinstance(record.args, tuple):  # each argument as a JSON value (a dict of labels stays one)
+                doc["args"] = [_jsonable(a) for a in record.args]
         for k, v in vars(record).items():
             if k not in _STANDARD and not k.startswith("_"):
                 doc[k] = v if isinstance(v, str | int | float | bool | type(None) | list | dict) else str(v)

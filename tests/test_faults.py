@@ -539,3 +539,39 @@ def test_file_descriptor_exhaustion_does_not_flood_the_log(tmp_path: Path) -> No
     log.close()
     lines = (tmp_path / "daemon.log").read_text().splitlines()
     assert len(lines) < 200, f"{len(lines)} lines; last: {lines[-5:]}"
+
+
+def test_json_log_lines_carry_rfc3339_time_and_arguments_as_json() -> None:
+    from agent.logs import JsonFormatter
+
+    rec = logging.LogRecord(
+        "agent.detect.pipeline", logging.INFO, __file__, 1, "alert %s %s %s",
+        ("firing", "cost_per_token_regression", {"model": "m", "model_version": "v2"}), None,
+    )  # fmt: skip
+    rec.created = 1_795_996_800.25  # 2026-11-30T00:00:00.250Z
+    rec.engine = "vllm-a"  # a structured field (extra=)
+    doc = json.loads(JsonFormatter().format(rec))
+    assert doc["time"] == "2026-11-30T00:00:00.250Z"
+    assert doc["args"][2] == {"model": "m", "model_version": "v2"}
+    assert doc["template"] == "alert %s %s %s" and doc["engine"] == "vllm-a"
+    assert doc["level"] == "info" and doc["logger"] == "agent.detect.pipeline"
+
+
+def test_steady_clock_ignores_wall_steps_for_intervals() -> None:
+    from agent.clock import ManualClock, SteadyClock
+
+    base = ManualClock(1_000_000.0)
+    steady = SteadyClock(base)
+    base.advance(10)
+    assert steady.now() == 1_000_010.0 and steady.resync() is None
+    base.step_wall(3600)  # an hour forward: noticed, re-anchored to wall time
+    jump = steady.resync()
+    assert jump is not None and jump.seconds == 3600 and jump.reanchored
+    assert steady.now() == 1_003_610.0
+    base.step_wall(-600)  # ten minutes back: the agent's time keeps going forward
+    jump = steady.resync()
+    assert jump is not None and jump.seconds == -600 and not jump.reanchored
+    base.advance(5)
+    assert steady.now() == 1_003_615.0 and steady.resync() is None  # logged once, not per tick
+    base.step_wall(600)  # wall catches up: back in step
+    assert steady.resync() is None and steady.now() == base.now()

@@ -180,10 +180,15 @@ def run(seconds: float = 60.0, print_fn: Callable[[str], Any] = print) -> dict[s
         f"{worker_cpu:.2f} CPU-s since it started "
         "(scikit-learn lives there, outside the daemon; with under 2 days of history it only waits)"
     )
+    print_fn(
+        f"  whole agent (every process it runs): peak RSS {rss + worker_rss:.1f} MB "
+        f"(daemon + {len(workers)} worker(s); the sum of peaks, an upper bound)"
+    )
     parse = compare(page, "one simulated engine page", print_fn)
     return {
         "cpu_s_per_min": cpu_per_min,
         "peak_rss_mb": rss,
+        "agent_peak_rss_mb": rss + worker_rss,
         "wall_s": wall,
         **{f"parse_{k}": v for k, v in parse.items()},
     }

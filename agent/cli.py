@@ -253,6 +253,17 @@ def parse_when(text: str) -> float:
     return when.timestamp()
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Help that shows each option's default, unless the text already says it or there is none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        d = action.default
+        if "default" in text or d in (None, False, [], argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return f"{text} (default: {d})"
+
+
 def _common() -> argparse.ArgumentParser:
     """Options accepted before or after the subcommand (after: the subcommand's value wins)."""
     c = argparse.ArgumentParser(add_help=False)
@@ -278,12 +289,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="infercost",
         description="What every token costs.",
         parents=[common],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     p.set_defaults(log_level="info", log_format="text")
     p.add_argument("--version", action="version", version=f"infercost {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = _HelpFormatter
 
     def add(name: str, help_: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help_, description=help_, parents=[common], formatter_class=fmt)

@@ -194,7 +194,11 @@ _SIGNAL_LIST: tuple[Signal, ...] = (
     Signal("generation_tokens_per_second", "model", ("generation_tokens", "seconds"), _rate, "tokens/s"),
     Signal("prompt_tokens_per_second", "model", ("prompt_tokens", "seconds"), _rate, "tokens/s"),
     Signal(
-        "generation_tokens_per_gpu_second", "model", ("generation_tokens", "gpu_seconds"), _rate, "tokens/GPU-s"
+        "generation_tokens_per_gpu_second",
+        "model",
+        ("generation_tokens", "gpu_seconds"),
+        _rate,
+        "tokens/GPU-s",
     ),
     Signal("cost_usd_per_hour", "model", ("cost_usd", "seconds"), _per_hour, "USD/h"),
     Signal("cost_usd", "model", ("cost_usd",), _total, "USD"),

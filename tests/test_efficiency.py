@@ -80,3 +80,22 @@ def test_absent_not_guessed(kw: dict[str, object]) -> None:
 
 def test_unknown_weights_mean_no_figure() -> None:
     assert decode_efficiency(obs(), ModelFigures(None, KV70, 1.0)) is None
+
+
+def test_the_prefill_share_of_request_seconds_is_taken_out() -> None:
+    # 8 replicas over 60 s; 96 request-seconds of prefill = a fifth of the replica-seconds:
+    # the decode part of the measured 0.1 s step is 0.08 s
+    got = decode_efficiency(
+        obs(replicas=8, bandwidth_bytes_per_s=8 * H100_BW, prefill_seconds=96.0, window_seconds=60.0), FIG
+    )
+    assert got == pytest.approx((156.384e9 / H100_BW) / 0.08)
+
+
+def test_tgi_decode_forwards_exclude_prefill_already() -> None:
+    plain = decode_efficiency(obs(engine_kind="tgi", decode_seconds=12.5), FIG)
+    assert (
+        decode_efficiency(
+            obs(engine_kind="tgi", decode_seconds=12.5, prefill_seconds=30.0, window_seconds=60.0), FIG
+        )
+        == plain
+    )

@@ -70,14 +70,28 @@ def _node(p: NodePhysics, drv: Drivers) -> SimulatedNode:
     return SimulatedNode("n", "core", p, DEFAULT_START, N, 60.0, drv, tr, (), np.zeros(N))
 
 
-@pytest.mark.parametrize(("demand", "slowdown"), [(8.0, 1.0), (1.0, 1.0), (8.0, 1.25), (0.5, 1.25)])
+@pytest.mark.parametrize(
+    ("demand", "slowdown", "prefill"),
+    [
+        (8.0, 1.0, False),
+        (1.0, 1.0, False),
+        (8.0, 1.25, False),
+        (0.5, 1.25, False),
+        (8.0, 1.0, True),
+        (1.0, 1.0, True),
+    ],
+)
 def test_the_daemons_decode_efficiency_is_the_kernels_bandwidth_efficiency_at_any_load(
-    demand: float, slowdown: float
+    demand: float, slowdown: float, prefill: bool
 ) -> None:
     p = _physics()
+    if (
+        prefill
+    ):  # prompts prefilled too (chunked into the decode steps): the engine's prefill seconds say how much
+        p = dataclasses.replace(p, prefix_cache_hit_ratio=0.0)
     windows = priced_windows(_node(p, _drivers(p, demand, slowdown)))
     eff = [w.roofline_ratio for w in windows[1:]]
-    # memory-bound decode, no host gap, no prefill: step = (W + resident KV) / (BW × efficiency) × slowdown,
+    # memory-bound decode, no host gap: decode step = (W + resident KV) / (BW × efficiency) × slowdown,
     # so the daemon's figure (fastest step ÷ measured step, per replica) is efficiency / slowdown
     assert eff == pytest.approx([p.bandwidth_efficiency / slowdown] * len(eff), rel=1e-6)
 

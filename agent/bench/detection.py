@@ -409,8 +409,11 @@ def format_table(scores: Sequence[DetectorScore]) -> list[str]:
 REALISED_BINS: tuple[tuple[float, float], ...] = ((0.0, 1.1), (1.1, 1.2), (1.2, 1.5), (1.5, math.inf))
 
 
-def _detector_rules(rule_ids: Sequence[str]) -> dict[str, list[str]]:
-    defaults = [r for r in rule_ids if r not in (LITERAL_RULE["id"], FOREST_ID)]
+def _detector_rules(rules: RuleSet) -> dict[str, list[str]]:
+    """Rule ids per detector. Only paging rules (severity warning or above) make a detector: an
+    ``info`` finding (an under-used GPU, an idle-cost budget) is a report, not a regression alert."""
+    paging = [r.id for r in rules if r.severity != "info"]
+    defaults = [r for r in paging if r not in (LITERAL_RULE["id"], FOREST_ID)]
     return {
         "literal": [str(LITERAL_RULE["id"])],
         "defaults": defaults,
@@ -534,7 +537,7 @@ def run(
             bar.advance(task)
     runs.sort(key=lambda r: (r.generator, r.seed, r.node))
     rule_ids = list(runs[0].intervals) if runs else []
-    detectors = _detector_rules(rule_ids)
+    detectors = _detector_rules(bench_rules())
     names = [*DETECTORS, *[r for r in rule_ids if r in SCORED_RULES]]
     groups: dict[tuple[str, int], dict[str, DetectorScore]] = {}
     for r in runs:

@@ -12,7 +12,11 @@ of the day) and with how full the batch is (load), decode time does not. Two kin
 
 - ``request`` seconds (vLLM ``request_decode_time_seconds_sum``, trtllm-serve's, llama.cpp
   ``tokens_predicted_seconds_total``): summed over requests, so generation tokens ÷ decode seconds is
-  the per-sequence rate, one token per step: ``step = decode_seconds / generation_tokens``;
+  the per-sequence rate, one token per step: ``step = decode_seconds / generation_tokens``. With
+  chunked prefill those steps also carry other requests' prompt chunks, so the part of each step
+  that was prefill is taken out: the prefill share of a replica's time is estimated as the prefill
+  request-seconds over the window's replica-seconds (each request's prefill occupies the steps
+  that carry it), and ``step × (1 − share)`` is the decode part;
 - ``batch`` seconds (TGI ``tgi_batch_forward_duration{method="decode"}``): engine time in decode
   forward passes, each producing ``batch`` tokens: ``step = decode_seconds × batch / generation_tokens``.
 
@@ -65,6 +69,12 @@ class DecodeObservation:
     kv_capacity_tokens: float | None  # tokens per replica's cache as the engine reports it
     replicas: int  # data-parallel replicas (vLLM ``engine`` ranks); 1 when the page shows one
     bandwidth_bytes_per_s: float  # bytes/s, peak bandwidth summed over the engine's GPUs
+    prefill_seconds: float | None = None  # request-seconds of prefill in the window
+    window_seconds: float = 0.0  # seconds the window covers
+
+
+# Why at most 0.9: beyond it decode would be starved; an estimate that high is a measurement artefact.
+MAX_PREFILL_SHARE = 0.9
 
 
 def min_step_seconds(
@@ -99,6 +109,9 @@ def decode_efficiency(obs: DecodeObservation, model: ModelFigures) -> float | No
         model.weights_bytes, resident, model.kv_bytes_per_token or 0.0, obs.bandwidth_bytes_per_s / replicas
     )
     measured = obs.decode_seconds / obs.generation_tokens
+    if kind == "request" and obs.prefill_seconds and obs.window_seconds > 0:
+        share = min(MAX_PREFILL_SHARE, obs.prefill_seconds / (obs.window_seconds * replicas))
+        measured *= 1.0 - share
     if kind == "batch":
         measured *= max(1.0, (obs.requests_running or 1.0) / replicas)
     return ideal / measured

@@ -492,10 +492,14 @@ def core_law(drv: Drivers, physics: NodePhysics, rng: np.random.Generator) -> No
         k = lam_r * o_len / (1.0 - f)
         b = k * a0 / (1.0 - k * slope) if k * slope < 1.0 else math.inf
         kv_bound = False
-        if b > b_max:
-            kv_bound = b_max < physics.max_num_seqs
-            b = b_max
-            served_r = b * (1.0 - f) / step(b) / o_len * (1.0 - (PREEMPT_THRASH if kv_bound else 0.0))
+        if b > b_max or lam_r * prefill_s >= 0.9:  # the batch or the prefill work is the limit
+            kv_bound = b > b_max and b_max < physics.max_num_seqs
+            b = min(b, b_max)
+            # saturated: only admitted requests are prefilled, so the prefill share follows them:
+            # served = x·(1 − f) and f = served·prefill  →  f = x·p / (1 + x·p)
+            x = b / step(b) / o_len * (1.0 - (PREEMPT_THRASH if kv_bound else 0.0))
+            f = x * prefill_s / (1.0 + x * prefill_s)
+            served_r = x * (1.0 - f)
             waiting = (
                 max(0.0, lam_r - served_r)
                 * replicas

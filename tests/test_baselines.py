@@ -113,10 +113,10 @@ def test_stat_quantile() -> None:
 def test_baseline_of_sums_series_per_minute_and_takes_a_ratio_of_sums() -> None:
     v2 = tuple({**KEY, "model_version": "v2"}.items())
     recs = [
+        MinuteRecord("gpu", (("node", "n1"), ("gpu", "0")), T0, {"cost_usd": 99.0}),  # another kind
         rec(T0, 0.06, 6000),
         MinuteRecord("model", v2, T0, {"cost_usd": 0.06, "generation_tokens": 6000, "seconds": 60}),
         rec(T0 + 60, 0.03, 1000),
-        MinuteRecord("gpu", (("node", "n1"), ("gpu", "0")), T0, {"cost_usd": 99.0}),  # another kind
         rec(T0 - 61, 100.0, 1),  # before the window
         rec(T0 + 120, 100.0, 1),  # at the end: not included
     ]
@@ -129,7 +129,7 @@ def test_baseline_of_sums_series_per_minute_and_takes_a_ratio_of_sums() -> None:
 
 
 def test_baseline_of_skips_minutes_without_a_value_and_below_the_floor() -> None:
-    recs = [rec(T0, 0.06, 6000), rec(T0 + 60, 0.06, 0), rec(T0 + 120, 0.06, 600)]
+    recs = [rec(T0, 0.06, 600), rec(T0 + 60, 0.06, 0), rec(T0 + 120, 0.06, 6000)]
     assert baseline_of(recs, "usd_per_1m_output_tokens", T0 + 180).minutes == 2  # T0+60 has no tokens
     # 6000 tokens / 60 s = 100 tok/s passes a floor of 100; 600 / 60 = 10 tok/s does not
     b = baseline_of(recs, "usd_per_1m_output_tokens", T0 + 180, min_tokens_per_second=100)
@@ -162,11 +162,11 @@ def test_baseline_of_like_load_by_tokens_or_by_requests_running() -> None:
 
 def test_baseline_of_same_hour_of_week() -> None:
     week = 7 * 86400
-    recs = [rec(T0 - week + 3 * 3600, 0.06, 6000), rec(T0 - week + 4 * 3600, 0.06, 600)]
+    recs = [rec(T0 - week + 2 * 3600, 0.06, 600), rec(T0 - week + 3 * 3600, 0.06, 6000)]
     b = baseline_of(
         recs, "usd_per_1m_output_tokens", T0 + 3 * 3600, window=8 * 86400, same_hour_of_week_as=T0 + 3 * 3600
     )
-    assert b == Baseline(pytest.approx(10.0), 1)  # Monday 03:00 a week ago, not 04:00
+    assert b == Baseline(pytest.approx(10.0), 1)  # Monday 03:00 a week ago, not 02:00
 
 
 def test_baseline_of_over_store_records_day_and_night(tmp_path: Path) -> None:
@@ -199,3 +199,39 @@ def _cw(start: float, tokens: float, usd: float) -> CostWindow:
         gpu_seconds=60, energy_joules=None, gpu_util_ratio=0.8,
     )  # fmt: skip
     return CostWindow(u, usd, 0.0, usd / tokens * 1e6, None, 0.0)
+
+
+def test_count_holds_lagged_minutes_back_too() -> None:
+    b = TrailingBaseline(3600.0, ratio, 2, False, lag=60.0)
+    b.add("k", 0.0, (1.0, 1.0), 1.0)
+    assert b.count("k", 30.0) == 0 and b.count("k", 61.0) == 1
+
+
+def test_baseline_of_a_gauge_skips_minutes_without_it() -> None:
+    recs = [
+        rec(T0, 0.06, 6000, **{"gpu_util.s": 30.0, "gpu_util.w": 60.0}),
+        rec(T0 + 60, 0.06, 6000),  # no utilisation reading this minute
+    ]
+    b = baseline_of(recs, "model_gpu_utilization_ratio", T0 + 120)
+    assert b == Baseline(pytest.approx(0.5), 1)
+
+
+def test_baseline_of_load_from_records_without_seconds_or_tokens() -> None:
+    g = {"gpu_util.s": 30.0, "gpu_util.w": 60.0}
+    recs = [
+        MinuteRecord("model", LABELS, T0, {"generation_tokens": 60.0, **g}),  # no seconds: 0 tok/s
+        MinuteRecord("model", LABELS, T0 + 60, {"seconds": 0.0, "generation_tokens": 60.0, **g}),
+        MinuteRecord("model", LABELS, T0 + 120, {"seconds": 0.5, "generation_tokens": 30.0, **g}),  # 60 tok/s
+        MinuteRecord("model", LABELS, T0 + 180, {"seconds": 60.0, **g}),  # no tokens: 0 tok/s
+    ]
+    sig = "model_gpu_utilization_ratio"
+    assert baseline_of(recs, sig, T0 + 240).minutes == 4
+    assert baseline_of(recs, sig, T0 + 240, min_tokens_per_second=0.5).minutes == 1  # only the 0.5 s minute
+    assert baseline_of(recs, sig, T0 + 240, min_tokens_per_second=60.0).minutes == 1
+    assert baseline_of(recs, sig, T0 + 240, min_tokens_per_second=0.01).minutes == 1  # no tokens: 0 tok/s
+
+
+def test_baseline_of_requests_running_from_a_partial_minute_of_gauge() -> None:
+    recs = [rec(T0, 0.06, 6000, **{"running.s": 1.5, "running.w": 0.5})]  # 3 running for half a second
+    b = baseline_of(recs, "usd_per_1m_output_tokens", T0 + 60, band_of=3.0, band_signal="requests_running")
+    assert b == Baseline(pytest.approx(10.0), 1)

@@ -362,3 +362,249 @@ def test_a_cpu_engine_is_its_own_price_and_outside_gpu_conservation() -> None:
     w = {x.usage.engine: x for x in res.windows}
     assert w["cpu"].cost_usd == pytest.approx(0.001) and res.engine_usd == pytest.approx(0.001)  # $0.36/h
     assert w["cpu"].priced and w["cpu"].usage.gpu_seconds == 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# more behaviour pinned (each found by a surviving mutant)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_first_tick_and_a_repeated_instant_only_set_baselines() -> None:
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=(0,)),), BOOK)
+    j.add_round(rnd(T0))
+    assert j.close_tick(T0, {"a": scrape("a", T0, sig("m", 0))}) == TickResult(T0, T0)
+    j.add_round(rnd(T0))
+    assert j.close_tick(T0, {"a": scrape("a", T0, sig("m", 50))}) == TickResult(T0, T0)  # no Δt
+    j.add_round(rnd(T0 + 10))
+    res = conserved(j.close_tick(T0 + 10, {"a": scrape("a", T0 + 10, sig("m", 80))}))
+    assert res.windows[0].usage.generation_tokens == 30.0  # from the last baseline (50), not 0
+
+
+def test_gpu_ticks_carry_the_ticks_readings_and_its_seconds() -> None:
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=(0,)),), BOOK_POWER)
+
+    def reading(
+        t: float, util: float, bw: float | None, busy: float, watts: float, joules: float
+    ) -> NvmlRound:
+        g = GpuSample(
+            0, "GPU-0", H100, t, util_gpu_ratio=util, dram_bw_ratio=bw, util_memory_ratio=busy,
+            power_watts=watts, energy_joules=joules,
+        )  # fmt: skip
+        return NvmlRound(t, True, (g,))
+
+    j.add_round(reading(T0, 0.1, 0.1, 0.1, 100.0, 0.0))
+    j.close_tick(T0, {"a": scrape("a", T0, sig("m", 0, requests_running=1.0))})
+    j.add_round(reading(T0 + 5, 0.2, None, 0.5, 200.0, 1000.0))
+    j.add_round(reading(T0 + 10, 0.4, None, 0.7, 400.0, 3000.0))
+    res = conserved(j.close_tick(T0 + 10, {"a": scrape("a", T0 + 10, sig("m", 10, requests_running=6.0))}))
+    (g,) = res.gpus
+    assert g.seconds == 10.0 and g.energy_joules == 3000.0  # the counter: 3,000 J since the last tick
+    # no GPM bandwidth this tick: the memory-busy ratio stands in for it
+    assert (g.util_ratio, g.bw_ratio, g.power_watts) == pytest.approx((0.3, 0.6, 300.0))
+    assert not g.estimated and g.sample.timestamp == T0 + 10
+    (w,) = res.windows
+    assert (w.usage.gpu_util_ratio, w.usage.mem_bw_ratio) == pytest.approx((0.3, 0.6))
+    assert w.usage.requests_running == 6.0 and w.usage.power_watts == pytest.approx(300.0)
+
+
+def test_gpm_bandwidth_wins_over_the_memory_busy_ratio() -> None:
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=(0,)),), BOOK)
+    g = lambda t: GpuSample(0, "GPU-0", H100, t, dram_bw_ratio=0.25, util_memory_ratio=0.9)  # noqa: E731
+    res = two_ticks(
+        j,
+        {"a": scrape("a", T0, sig("m", 0))},
+        {"a": scrape("a", T0 + 10, sig("m", 1))},
+        (rnd(T0, g(T0)), rnd(T0 + 10, g(T0 + 10))),
+    )
+    assert res.gpus[0].bw_ratio == 0.25 and res.windows[0].usage.mem_bw_ratio == 0.25
+
+
+def test_a_gpu_lost_this_tick_shows_its_down_reading_and_no_power() -> None:
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=(0,)),), BOOK)
+    j.add_round(rnd(T0, gpu(0, T0)))
+    j.close_tick(T0, {"a": scrape("a", T0, sig("m", 0))})
+    lost = GpuSample(0, "GPU-0", H100, T0 + 4, up=False, error="GPU is lost")
+    j.add_round(rnd(T0 + 4, lost))
+    res = conserved(j.close_tick(T0 + 10, {"a": scrape("a", T0 + 10, sig("m", 10))}))
+    (g,) = res.gpus
+    assert g.sample == lost and g.estimated and g.power_watts is None
+    assert g.energy_joules == pytest.approx(400.0 * 10)  # its last known 400 W
+    assert res.windows[0].estimated and res.windows[0].cost_usd == pytest.approx(0.01)
+
+
+def test_a_gpu_not_in_the_round_is_shown_down_at_the_ticks_time() -> None:
+    parent = lambda t: GpuSample(0, "GPU-0", H100, t, power_watts=700.0)  # noqa: E731
+    inst = lambda t: GpuSample(0, "MIG-a", f"{H100} MIG 7g.80gb", t, mig_parent_uuid="GPU-0")  # noqa: E731
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=("MIG-a",)),), BOOK)
+    j.add_round(rnd(T0, parent(T0), inst(T0)))
+    j.close_tick(T0, {"a": scrape("a", T0, sig("m", 0))})
+    j.add_round(NvmlRound(T0 + 10, False, (), error="driver not loaded"))
+    res = conserved(j.close_tick(T0 + 10, {"a": scrape("a", T0 + 10, sig("m", 5))}))
+    g = {x.sample.uuid: x for x in res.gpus}
+    assert g["MIG-a"].sample == GpuSample(
+        0, "MIG-a", f"{H100} MIG 7g.80gb", T0 + 10, up=False, mig_parent_uuid="GPU-0"
+    )
+    assert g["GPU-0"].sample == GpuSample(0, "GPU-0", H100, T0 + 10, up=False)
+    assert g["MIG-a"].estimated and g["GPU-0"].estimated
+    assert res.windows[0].cost_usd == pytest.approx(0.01) and res.windows[0].estimated
+
+
+def test_a_mig_instance_missing_from_a_round_is_estimated_its_siblings_are_not() -> None:
+    parent = lambda t: GpuSample(0, "GPU-0", H100, t)  # noqa: E731
+    inst = lambda x, t: GpuSample(0, f"MIG-{x}", f"{H100} MIG 3g.40gb", t, mig_parent_uuid="GPU-0")  # noqa: E731
+    j = WindowJoiner("n1", (), BOOK)
+    j.add_round(rnd(T0, parent(T0), inst("a", T0), inst("b", T0)))
+    j.close_tick(T0, {})
+    j.add_round(rnd(T0 + 10, parent(T0 + 10), inst("a", T0 + 10)))
+    res = conserved(j.close_tick(T0 + 10, {}))
+    est = {x.sample.uuid: x.estimated for x in res.gpus}
+    assert est == {"GPU-0": False, "MIG-a": False, "MIG-b": True}
+
+
+def test_gpus_after_a_mig_instance_in_the_round_are_priced_too() -> None:
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=(1,)),), BOOK)
+    inst = lambda t: GpuSample(0, "MIG-a", f"{H100} MIG 7g.80gb", t, mig_parent_uuid="GPU-0")  # noqa: E731
+    rounds = tuple(rnd(t, inst(t), GpuSample(0, "GPU-0", H100, t), gpu(1, t)) for t in (T0, T0 + 10))
+    res = two_ticks(j, {"a": scrape("a", T0, sig("m", 0))}, {"a": scrape("a", T0 + 10, sig("m", 1))}, rounds)  # type: ignore[arg-type]
+    assert {g.sample.uuid for g in res.gpus} == {"MIG-a", "GPU-0", "GPU-1"}
+    assert res.windows[0].cost_usd == pytest.approx(0.01)
+
+
+def test_an_unpriced_mig_gpu_has_no_price_on_any_slice() -> None:
+    a30 = "NVIDIA A30"
+    rounds = tuple(
+        rnd(
+            t,
+            GpuSample(0, "GPU-0", a30, t),
+            GpuSample(0, "MIG-a", f"{a30} MIG 2g.12gb", t, mig_parent_uuid="GPU-0"),
+        )
+        for t in (T0, T0 + 10)
+    )
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=("MIG-a",)),), BOOK)
+    res = two_ticks(j, {"a": scrape("a", T0, sig("m", 0))}, {"a": scrape("a", T0 + 10, sig("m", 1))}, rounds)  # type: ignore[arg-type]
+    assert [g.usd_per_hour for g in res.gpus] == [None, None]
+    assert not res.windows[0].priced
+
+
+def test_a_gpu_priced_only_from_inside_the_tick_is_unknown_for_the_tick() -> None:
+    book = PriceTable(gpus=(GpuRate("H100", 3.6, T0 + 5),))
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=(0,)),), book)
+    res = two_ticks(j, {"a": scrape("a", T0, sig("m", 0))}, {"a": scrape("a", T0 + 10, sig("m", 1))})
+    (w,) = res.windows
+    assert not w.priced and w.gpu_time_usd == 0.0
+    assert {g.sample.uuid: g.usd_per_hour for g in res.gpus}["GPU-0"] is None
+
+
+def test_a_node_override_is_the_price_shown_per_gpu() -> None:
+    j = WindowJoiner("reserved", (EngineSpec("a", gpus=(0,)),), PriceTable(nodes={"reserved": 1.8}))
+    res = two_ticks(j, {"a": scrape("a", T0, sig("m", 0))}, {"a": scrape("a", T0 + 10, sig("m", 1))})
+    assert {g.usd_per_hour for g in res.gpus} == {1.8}
+
+
+def test_an_engine_down_from_the_start_leaves_its_gpus_unallocated() -> None:
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=(0,)),), BOOK)
+    res = two_ticks(j, {"a": scrape("a", T0, up=False)}, {"a": scrape("a", T0 + 10, up=False)})
+    assert res.windows == ()
+    assert {g.sample.uuid: g.unallocated_usd for g in res.gpus}["GPU-0"] == pytest.approx(0.01)
+
+
+def test_an_engine_going_down_with_histograms_gives_idle_windows_without_latency() -> None:
+    hist = h((0.1, 1), (INF, 2), total=0.3)
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=(0,)),), BOOK)
+    res = two_ticks(
+        j,
+        {"a": scrape("a", T0, sig("m", 5, ttft_seconds=hist, itl_seconds=hist))},
+        {"a": scrape("a", T0 + 10, up=False)},
+    )
+    (w,) = res.windows
+    assert w.usage.ttft_delta is None and w.usage.itl_delta is None and w.usage.requests_running is None
+    assert w.idle_usd == pytest.approx(0.01)
+
+
+def test_a_model_new_this_tick_has_no_deltas_yet() -> None:
+    hist = h((0.1, 1), (INF, 2), total=0.3)
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=(0,)),), BOOK)
+    res = two_ticks(
+        j,
+        {"a": scrape("a", T0, sig("old", 0))},
+        {"a": scrape("a", T0 + 10, sig("old", 10), sig("new", 500, ttft_seconds=hist, itl_seconds=hist))},
+    )
+    w = {x.usage.model: x for x in res.windows}
+    assert w["new"].usage.generation_tokens == 0.0 and w["new"].usage.ttft_delta is None
+    assert w["new"].cost_usd == 0.0 and w["old"].cost_usd == pytest.approx(0.01)
+
+
+def test_a_version_from_deployment_metadata_wins_over_the_config() -> None:
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=(0,), model_version="cfg"),), BOOK)
+    j.add_round(rnd(T0))
+    j.close_tick(T0, {"a": scrape("a", T0, sig("m", 0))})
+    j.add_round(rnd(T0 + 10))
+    res = j.close_tick(T0 + 10, {"a": scrape("a", T0 + 10, sig("m", 1))}, {"a": "v9", "b": "x"})
+    assert res.windows[0].usage.model_version == "v9"
+
+
+def test_an_unpriced_gpu_is_logged_once_naming_the_gpu_and_the_book(caplog: pytest.LogCaptureFixture) -> None:
+    t4 = "Tesla T4"
+    book = PriceTable(gpus=(GpuRate("H100", 3.6),), source="/etc/prices.yaml")
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=(0, 1)),), book)
+    caplog.set_level("WARNING", logger="agent.cost.window")
+    for t in (T0, T0 + 10, T0 + 20):
+        j.add_round(rnd(t, gpu(0, t, name=t4), gpu(1, t)))
+        j.close_tick(t, {"a": scrape("a", t, sig("m", t - T0))})
+    assert [r.getMessage() for r in caplog.records] == [
+        "GPU GPU-0 (Tesla T4) has no price in /etc/prices.yaml: its cost is unknown (ratios absent)"
+    ]
+
+
+def test_cpu_prices_split_by_token_share_and_add_to_an_engines_gpus() -> None:
+    book = PriceTable(gpus=(GpuRate("H100", 3.6),), engines={"cpu": 0.36, "a": 0.72})
+    j = WindowJoiner("n1", (EngineSpec("cpu"), EngineSpec("a", gpus=(0,))), book)
+    res = two_ticks(
+        j,
+        {"cpu": scrape("cpu", T0, sig("x", 0), sig("y", 0)), "a": scrape("a", T0, sig("m", 0))},
+        {"cpu": scrape("cpu", T0 + 10, sig("x", 30), sig("y", 10)), "a": scrape("a", T0 + 10, sig("m", 5))},
+    )
+    w = {x.usage.model: x for x in res.windows}
+    # $0.36/h for 10 s = $0.001: x 3/4, y 1/4; engine a: $0.01 of GPU + $0.002 of its own price
+    assert (w["x"].cost_usd, w["y"].cost_usd) == pytest.approx((0.00075, 0.00025))
+    assert w["m"].cost_usd == pytest.approx(0.012)
+    assert res.engine_usd == pytest.approx(0.003)
+
+
+def test_decode_efficiency_per_data_parallel_replica_and_from_the_engines_kv_capacity() -> None:
+    spec = EngineSpec(
+        "a", gpus=(0, 1), weights_bytes=140e9, kv_bytes_per_token=327_680, kv_capacity_tokens=1.0
+    )
+    parts = lambda a, b: {"generation_tokens_total": {"g,engine=0": a, "g,engine=1": b}}  # noqa: E731
+    before = sig("m", 0, counter_parts=parts(0, 0), decode_seconds_total=0.0)
+    after = sig(
+        "m", 428.4, counter_parts=parts(214.2, 214.2), decode_seconds_total=40.0, requests_running=8.0,
+        kv_cache_usage_ratio=0.5, kv_capacity_tokens=100_000.0,
+    )  # fmt: skip
+    j = WindowJoiner("n1", (spec,), BOOK)
+    res = two_ticks(j, {"a": scrape("a", T0, before)}, {"a": scrape("a", T0 + 10, after)})
+    # two replicas, one H100 each (3.35 TB/s): resident KV 0.5 × 100,000 (the engine's figure)
+    ideal = (140e9 + 50_000 * 327_680) / 3.35e12
+    assert res.windows[0].roofline_ratio == pytest.approx(ideal / (40.0 / 428.4))
+
+
+def test_decode_efficiency_of_a_batch_time_engine_and_of_an_unknown_gpu() -> None:
+    spec = EngineSpec("t", gpus=(0,), weights_bytes=140e9)
+    before = sig("m", 0, decode_seconds_total=0.0)
+    after = sig("m", 1000, decode_seconds_total=5.0, requests_running=4.0)
+    j = WindowJoiner("n1", (spec,), BOOK)
+    j.add_round(rnd(T0))
+    j.close_tick(T0, {"t": EngineScrape("t", "tgi", T0, True, 0.0, (before,))})
+    j.add_round(rnd(T0 + 10))
+    res = j.close_tick(T0 + 10, {"t": EngineScrape("t", "tgi", T0 + 10, True, 0.0, (after,))})
+    # TGI's decode seconds are batch seconds: a step = 5 s × 4 running / 1,000 tokens = 20 ms
+    assert res.windows[0].roofline_ratio == pytest.approx((140e9 / 3.35e12) / (5.0 * 4 / 1000))
+    j2 = WindowJoiner("n1", (spec,), BOOK)
+    mystery = "Mystery GPU 9000"
+    res2 = two_ticks(
+        j2,
+        {"t": scrape("t", T0, before)},
+        {"t": scrape("t", T0 + 10, after)},
+        (rnd(T0, gpu(0, T0, name=mystery)), rnd(T0 + 10, gpu(0, T0 + 10, name=mystery))),
+    )
+    assert res2.windows[0].roofline_ratio is None  # unknown bandwidth: absent, not guessed

@@ -71,3 +71,32 @@ def test_split_shares() -> None:
 def test_ratio_of_sums_not_mean_of_ratios() -> None:
     # busy hour: $3 for 3M tokens ($1/M); quiet hour: $3 for 0.1M tokens ($30/M)
     assert cm.usd_per_million(3.0 + 3.0, 3e6 + 1e5) == pytest.approx(6.0 / 3.1)  # 1.935, not 15.5
+
+
+def test_energy_cost_without_a_pue_is_the_it_energy_alone() -> None:
+    assert cm.energy_cost(3.6e6, 0.12) == pytest.approx(0.12)  # 1 kWh × $0.12 × PUE 1
+
+
+def test_an_energy_counter_that_did_not_move_means_no_energy() -> None:
+    assert cm.energy_from_counter(1000.0, 1000.0, 500.0, 2.0) == 0.0  # not the 1,000 J of power × Δt
+
+
+def test_one_token_is_a_ratio() -> None:
+    assert cm.usd_per_million(0.5, 1) == pytest.approx(500_000.0)
+
+
+def test_split_shares_by_tokens_with_a_user_that_made_none_or_is_unlisted() -> None:
+    assert cm.split_shares(["a", "b"], "tokens", {"a": 3.0}) == {"a": 1.0, "b": 0.0}
+    # a total of exactly one token still splits by tokens
+    assert cm.split_shares(["a", "b"], "tokens", {"a": 0.75, "b": 0.25}) == {"a": 0.75, "b": 0.25}
+
+
+def test_decode_ceiling_defaults_are_no_kv() -> None:
+    bw, w = 3.35e12, 140e9
+    # a KV size without a context (or a context without a KV size) reads no KV
+    assert cm.decode_ceiling_tokens_per_second(bw, w, 2, kv_bytes_per_token_=327_680) == pytest.approx(
+        2 * bw / w
+    )
+    assert cm.decode_ceiling_tokens_per_second(bw, w, 2, mean_context_tokens=1000) == pytest.approx(
+        2 * bw / w
+    )

@@ -164,3 +164,26 @@ def test_counter_increase_an_unnamed_reading_below_every_series_is_a_reset() -> 
     # named again: the unnamed 9 continues the closest series at or above it (a at 12)
     inc, mem = counter_increase(mem, 312.0, {"a": 12.0, "b": 300.0})
     assert inc == 3.0 and mem == CounterMemory({"a": 12.0, "b": 300.0})
+
+
+def test_of_two_prices_as_specific_and_as_recent_the_first_listed_wins() -> None:
+    t = PriceTable(gpus=(GpuRate("H100", 2.0, DAY), GpuRate("H100", 9.0, DAY)))
+    assert t.gpu_usd_per_hour(H100, "n1", 2 * DAY) == 2.0
+
+
+def test_counter_ties_go_to_the_first_series_seen() -> None:
+    # two ranks at the same value; one unnamed reading above both continues the first (a)
+    inc, mem = counter_increase(CounterMemory({"a": 100.0, "b": 100.0}), 110.0, None)
+    assert inc == 10.0 and mem.current == "a"
+    # an unnamed 100 continues whichever series is at exactly 100 (no tokens: not a reset)
+    inc, mem = counter_increase(CounterMemory({"a": 50.0, "b": 100.0}), 100.0, None)
+    assert inc == 0.0 and mem.current == "b"
+    # named again after an unnamed reading: it continues the closest series at or above it
+    inc, mem = counter_increase(
+        CounterMemory({"a": 0.0, "b": 0.0}, anonymous=40.0), 140.0, {"a": 40.0, "b": 100.0}
+    )
+    assert inc == 100.0 and mem == CounterMemory({"a": 40.0, "b": 100.0})  # a: 40 → 40, b: 0 → 100
+    inc, mem = counter_increase(
+        CounterMemory({"a": 0.0, "b": 0.0}, anonymous=40.0), 100.0, {"a": 50.0, "b": 50.0}
+    )
+    assert inc == 60.0  # a continues 40 → 50 (+10); b counts 0 → 50

@@ -73,6 +73,19 @@ HIST = h((0.1, 10), (0.5, 60), (1.0, 90), (INF, 100))
         (Histogram(buckets=((0.1, 3), (1.0, 5)), sum=1, count=5), 0.5, None),  # no +Inf bucket
         (Histogram(buckets=((INF, 5),), sum=1, count=5), 0.5, None),  # fewer than two buckets
         (h((1.0, 4), (0.5, 2), (INF, 4)), 0.5, 0.5),  # unsorted input is sorted: rank 2 → 0.5
+        (HIST, 0.0, 0.0),  # q = 0: the first bucket's lower edge
+        (h((0.5, 3), (INF, 4)), 0.5, 0.5 * 2 / 3),  # two buckets: rank 2 of 3 in (0, 0.5]
+        (h((0.1, 0), (0.5, 1), (INF, 1)), 0.5, 0.3),  # one observation: rank 0.5 in (0.1, 0.5]
+        (h((-1.0, 0), (0.0, 0), (INF, 0)), 0.5, None),  # no observations, even with a bound ≤ 0
+        (h((0.0, 0), (1.0, 10), (INF, 10)), 0.0, 0.0),  # q = 0 on an empty first bucket at 0
+        (h((-1.0, 5), (1.0, 10), (INF, 10)), 0.2, -1.0),  # a rank in the first bucket, bound < 0
+        # a rank exactly at a bucket's edge stays in that bucket (Prometheus: count ≥ rank),
+        # even when the next bucket is empty: rank 60 → 0.5, not 1.0
+        (h((0.1, 10), (0.5, 60), (1.0, 60), (INF, 100)), 0.6, 0.5),
+        # five buckets, a rank in +Inf: the highest finite bound (2.0), not the third bound
+        (h((0.1, 1), (0.5, 2), (1.0, 3), (2.0, 4), (INF, 10)), 0.9, 2.0),
+        # five buckets, interpolated in the fourth: rank 7 of 10 in (1.0, 2.0] holding 3..8
+        (h((0.1, 1), (0.5, 2), (1.0, 3), (2.0, 8), (INF, 10)), 0.7, 1.0 + 1.0 * 4 / 5),
         # a torn read (1.0 bucket below 0.5's) is raised to 4 first: rank 5 in (1, 2] → 1 + 1 × 1/2
         (h((0.5, 4), (1.0, 2), (2.0, 6), (INF, 8)), 0.625, 1.5),
     ],
@@ -88,5 +101,15 @@ def test_quantile_matches_prometheus_histogram_quantile(
 
 
 def test_quantile_rejects_q_outside_unit_interval() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"within \[0, 1\], got 1.5"):
         quantile(HIST, 1.5)
+    with pytest.raises(ValueError, match=r"got -0\.1"):
+        quantile(HIST, -0.1)
+
+
+def test_a_quiet_tick_is_no_reset() -> None:
+    prev = h((0.1, 2), (1.0, 5), (INF, 6), total=3.0)
+    assert histogram_delta(prev, prev) == h((0.1, 0), (1.0, 0), (INF, 0), total=0.0)
+    # the count went up while one bucket stayed: no reset either
+    cur = h((0.1, 2), (1.0, 6), (INF, 7), total=3.5)
+    assert histogram_delta(prev, cur) == h((0.1, 0), (1.0, 1), (INF, 1), total=0.5)

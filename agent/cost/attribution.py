@@ -94,13 +94,13 @@ def attribute(
 ) -> Attribution:
     """Split the GPUs' charges among engines and models (see the module docstring).
 
-    ``held``: engine → UUIDs of its GPUs (from :func:`engine_gpus`); ``tokens``: engine → its
-    models this tick (an engine with none gets no window: its GPUs stay unallocated).
+    ``held``: every engine → UUIDs of its GPUs (from :func:`engine_gpus`); ``tokens``: every
+    engine → its models this tick (an engine with none gets no window: its GPUs stay unallocated).
     """
-    eng_tokens = {e.name: sum(m.tokens for m in tokens.get(e.name, ())) for e in engines}
+    eng_tokens = {e.name: sum(m.tokens for m in tokens[e.name]) for e in engines}
     users: dict[str, list[str]] = {}
     for e in engines:
-        for u in held.get(e.name, ()):
+        for u in held[e.name]:
             users.setdefault(u, []).append(e.name)
     shares = {u: split_shares(us, share_policy, eng_tokens) for u, us in users.items()}
     allocated = {u: 0.0 for u in charges}
@@ -108,11 +108,11 @@ def attribute(
     out: list[ModelCharge] = []
     engine_usd = 0.0
     for e in engines:
-        models = tokens.get(e.name, ())
+        models = tokens[e.name]
         if not models:
             continue
         mshare = split_shares([m.model for m in models], "tokens", {m.model: m.tokens for m in models})
-        gpus = tuple(held.get(e.name, ()))
+        gpus = tuple(held[e.name])
         cpu_price = prices.engine_usd_per_hour(e.name)
         priced = (
             len(gpus) >= len(e.gpus)

@@ -92,10 +92,3 @@ def decode_ceiling_tokens_per_second(
     batch = max(batch, 1.0)
     bytes_per_step = weights_bytes + batch * mean_context_tokens * kv_bytes_per_token_
     return batch * bandwidth_bytes_per_second / bytes_per_step
-
-
-def roofline_efficiency(observed_tokens_per_second: float, ceiling_tokens_per_second: float) -> float | None:
-    """Observed decode throughput as a fraction of the bandwidth ceiling (None when undefined)."""
-    if ceiling_tokens_per_second <= 0:
-        return None
-    return observed_tokens_per_second / ceiling_tokens_per_second

@@ -82,8 +82,8 @@ def _own_charge(r: GpuReading, prices: PriceTable, node: str, start: float, end:
     dt = end - start
     time_usd = prices.gpu_time_usd(s.name, node, start, end)
     price = prices.gpu_usd_per_hour(s.name, node, end)
-    counter = s.energy_joules if r.seen else None
-    joules = energy_from_counter(r.prev_energy_joules, counter, r.mean_power_watts, dt)
+    # a reading not taken this tick has no previous counter (and a down reading no counter)
+    joules = energy_from_counter(r.prev_energy_joules, s.energy_joules, r.mean_power_watts, dt)
     power = prices.power
     energy_usd = energy_cost(joules, power.usd_per_kwh, power.pue) if power and joules is not None else 0.0
     return GpuCharge(
@@ -107,7 +107,7 @@ def price_gpus(
             continue  # an instance of a parent that was read: priced below, as a share of it
         out[uuid] = _own_charge(r, prices, node, start, end)
         if r.sample.mig_parent_uuid:  # an instance without its parent: its profile's share
-            out[uuid] = _share(out[uuid], r, mig_slice_fraction(r.sample.name))
+            out[uuid] = _share(out[uuid], r, mig_slice_fraction(r.sample.name), not r.seen)
     for parent in parents & set(out):
         whole = out[parent]
         held = 0.0
@@ -115,13 +115,13 @@ def price_gpus(
             if r.sample.mig_parent_uuid == parent:
                 f = mig_slice_fraction(r.sample.name)
                 held += f
-                out[uuid] = _share(whole, r, f, estimated=whole.estimated or not r.seen)
+                out[uuid] = _share(whole, r, f, whole.estimated or not r.seen)
         rest = max(0.0, 1.0 - held)
-        out[parent] = _share(whole, whole.reading, rest)  # the slices never created
+        out[parent] = _share(whole, whole.reading, rest, whole.estimated)  # the slices never created
     return out
 
 
-def _share(whole: GpuCharge, reading: GpuReading, f: float, estimated: bool | None = None) -> GpuCharge:
+def _share(whole: GpuCharge, reading: GpuReading, f: float, estimated: bool) -> GpuCharge:
     """``f`` of a whole GPU's charge, carried by ``reading`` (a MIG instance, or the parent's rest)."""
     return GpuCharge(
         reading=reading,
@@ -129,5 +129,5 @@ def _share(whole: GpuCharge, reading: GpuReading, f: float, estimated: bool | No
         time_usd=whole.time_usd * f,
         energy_usd=whole.energy_usd * f,
         energy_joules=None if whole.energy_joules is None else whole.energy_joules * f,
-        estimated=whole.estimated if estimated is None else estimated,
+        estimated=estimated,
     )

@@ -141,32 +141,27 @@ class WindowJoiner:
         for uuid in {**self._seen, **self._acc}:
             samples = self._acc.get(uuid, [])
             up = [s for s in samples if s.up]
-            if up:
-                s = samples[-1]
-                prev = self._last_energy.get(uuid)
-                # the counter only spans this tick if its previous reading closed the previous tick;
-                # after a gap (GPU or NVML down) fall back to mean power × Δt instead of charging the gap
-                prev_j = prev[0] if prev is not None and prev[1] == start else None
-                bw = _mean(x.dram_bw_ratio for x in up)
-                out[uuid] = GpuReading(
-                    sample=s,
-                    seen=True,
-                    mean_power_watts=_mean(x.power_watts for x in up),
-                    prev_energy_joules=prev_j,
-                    util_ratio=_mean(x.util_gpu_ratio for x in up),
-                    bw_ratio=bw if bw is not None else _mean(x.util_memory_ratio for x in up),
-                )
+            if not up:  # not read this tick: its down reading, else a down copy of the last one
+                sample = samples[-1] if samples else None
+                if sample is None:
+                    last = self._seen[uuid]
+                    sample = GpuSample(
+                        last.index, uuid, last.name, now, up=False, mig_parent_uuid=last.mig_parent_uuid
+                    )
+                out[uuid] = GpuReading(sample, False, self._power.get(uuid), None)
                 continue
-            last = self._seen.get(uuid) or samples[-1]
-            down = samples[-1] if samples else None
+            prev = self._last_energy.get(uuid)
+            # the counter only spans this tick if its previous reading closed the previous tick;
+            # after a gap (GPU or NVML down) fall back to mean power × Δt instead of charging the gap
+            prev_j = prev[0] if prev is not None and prev[1] == start else None
+            bw = _mean(x.dram_bw_ratio for x in up)
             out[uuid] = GpuReading(
-                sample=down
-                or GpuSample(
-                    last.index, uuid, last.name, now, up=False, mig_parent_uuid=last.mig_parent_uuid
-                ),
-                seen=False,
-                mean_power_watts=self._power.get(uuid),
-                prev_energy_joules=None,
+                sample=samples[-1],
+                seen=True,
+                mean_power_watts=_mean(x.power_watts for x in up),
+                prev_energy_joules=prev_j,
+                util_ratio=_mean(x.util_gpu_ratio for x in up),
+                bw_ratio=bw if bw is not None else _mean(x.util_memory_ratio for x in up),
             )
         return out
 
@@ -185,8 +180,8 @@ class WindowJoiner:
                         self._counters[key] = mem
                 out[m.model] = _ModelStep(self._prev.get((eng.name, m.model)), m, inc)
         else:
-            for name in self._known_models.get(eng.name, ()):
-                out[name] = _ModelStep(self._prev.get((eng.name, name)), None, {})
+            for name in self._known_models.get(eng.name, ()):  # an engine never up has none
+                out[name] = _ModelStep(None, None, {})
         return out
 
     def _log_unpriced(self, charges: Mapping[str, GpuCharge]) -> None:
@@ -219,7 +214,7 @@ class WindowJoiner:
         if start is None or now <= start:
             for e in self.engines:
                 self._model_steps(e, scrapes.get(e.name))  # the counters' first readings
-            self._remember(now, scrapes, self._readings(now, now))
+            self._remember(now, scrapes)
             return TickResult(start=now, end=now)
         dt = now - start
 
@@ -253,17 +248,17 @@ class WindowJoiner:
                 seconds=dt,
                 usd_per_hour=c.usd_per_hour,
                 cost_usd=c.cost_usd,
-                idle_usd=max(0.0, c.cost_usd - att.used_usd.get(u, 0.0)),
+                idle_usd=max(0.0, c.cost_usd - att.used_usd[u]),
                 energy_joules=c.energy_joules,
                 util_ratio=c.reading.util_ratio,
                 bw_ratio=c.reading.bw_ratio,
                 power_watts=c.reading.mean_power_watts if c.reading.seen else None,
-                unallocated_usd=max(0.0, c.cost_usd - att.allocated_usd.get(u, 0.0)),
+                unallocated_usd=max(0.0, c.cost_usd - att.allocated_usd[u]),
                 estimated=c.estimated,
             )
             for u, c in charges.items()
         ]
-        self._remember(now, scrapes, readings)
+        self._remember(now, scrapes)
         return TickResult(start, now, tuple(windows), tuple(gpus), att.engine_usd)
 
     def _window(
@@ -323,9 +318,9 @@ class WindowJoiner:
         )
 
     # ------------------------------------------------------------------ internals
-    def _remember(
-        self, now: float, scrapes: Mapping[str, EngineScrape], readings: Mapping[str, GpuReading]
-    ) -> None:
+    def _remember(self, now: float, scrapes: Mapping[str, EngineScrape]) -> None:
+        """Keep what the next tick needs: the models' last signals, each GPU's last good reading,
+        mean power and energy counter; then start a new tick."""
         self._last_tick = now
         for name, sc in scrapes.items():
             if sc.up:
@@ -333,14 +328,16 @@ class WindowJoiner:
                     self._known_models[name] = tuple(m.model for m in sc.models)
                 for m in sc.models:
                     self._prev[(name, m.model)] = m
-        for uuid, r in readings.items():
-            if not r.seen:
+        for uuid, samples in self._acc.items():
+            up = [s for s in samples if s.up]
+            if not up:
                 continue
-            self._seen[uuid] = next(s for s in reversed(self._acc[uuid]) if s.up)
-            if r.mean_power_watts is not None:
-                self._power[uuid] = r.mean_power_watts
-            if r.sample.energy_joules is not None:
-                self._last_energy[uuid] = (r.sample.energy_joules, now)
+            self._seen[uuid] = up[-1]
+            watts = _mean(s.power_watts for s in up)
+            if watts is not None:
+                self._power[uuid] = watts
+            if samples[-1].energy_joules is not None:
+                self._last_energy[uuid] = (samples[-1].energy_joules, now)
         self._acc = {}
 
 

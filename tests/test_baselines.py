@@ -235,3 +235,15 @@ def test_baseline_of_requests_running_from_a_partial_minute_of_gauge() -> None:
     recs = [rec(T0, 0.06, 6000, **{"running.s": 1.5, "running.w": 0.5})]  # 3 running for half a second
     b = baseline_of(recs, "usd_per_1m_output_tokens", T0 + 60, band_of=3.0, band_signal="requests_running")
     assert b == Baseline(pytest.approx(10.0), 1)
+
+
+def test_a_lag_under_a_second_still_holds_minutes_back() -> None:
+    b = TrailingBaseline(3600.0, ratio, 2, True, lag=0.5)
+    b.add("k", 0.0, (1.0, 1.0), 1.0)
+    assert b.mean("k", 0.25) == (None, 0) and b.quantile("k", 0.25, 0.5) == (None, 0)
+    assert b.quantile("k", 0.75, 0.5) == (1.0, 1)
+
+
+def test_an_unknown_band_signal_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown band signal 'tokens'"):
+        baseline_of([], "usd_per_1m_output_tokens", T0, band_signal="tokens")

@@ -608,3 +608,23 @@ def test_decode_efficiency_of_a_batch_time_engine_and_of_an_unknown_gpu() -> Non
         (rnd(T0, gpu(0, T0, name=mystery)), rnd(T0 + 10, gpu(0, T0 + 10, name=mystery))),
     )
     assert res2.windows[0].roofline_ratio is None  # unknown bandwidth: absent, not guessed
+
+
+def test_a_histogram_missing_from_a_page_gives_no_latency_for_that_tick() -> None:
+    hist = h((0.1, 1), (INF, 2), total=0.3)
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=(0,)),), BOOK)
+    res = two_ticks(
+        j, {"a": scrape("a", T0, sig("m", 0, ttft_seconds=hist))}, {"a": scrape("a", T0 + 10, sig("m", 5))}
+    )
+    assert res.windows[0].usage.ttft_delta is None and res.windows[0].usage.ttft_p99_seconds is None
+
+
+def test_a_lost_gpu_listed_first_does_not_stop_the_others_being_remembered() -> None:
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=(1,)),), BOOK_POWER)
+    lost = lambda t: GpuSample(0, "GPU-0", H100, t, up=False, error="lost")  # noqa: E731
+    j.add_round(rnd(T0, lost(T0), gpu(1, T0, 1000.0)))
+    j.close_tick(T0, {"a": scrape("a", T0, sig("m", 0))})
+    j.add_round(rnd(T0 + 10, lost(T0 + 10), gpu(1, T0 + 10, 1360.0)))
+    res = conserved(j.close_tick(T0 + 10, {"a": scrape("a", T0 + 10, sig("m", 5))}))
+    # GPU 1's counter: 360 J since the last tick (not 400 W × 10 s = 4,000 J)
+    assert res.windows[0].usage.energy_joules == pytest.approx(360.0)

@@ -25,6 +25,7 @@ from agent.store import Store
 T0 = 1699833600.0  # Monday 00:00 UTC
 DAY = 86400.0
 IDLE_PER_DAY = 2 * 24 * 3.6  # $172.80
+STEP = 600.0  # seconds per tick (each tick's dollars land in the minute it starts in)
 
 
 def _day(tmp_path: Path) -> tuple[Store, Ledger]:
@@ -33,8 +34,8 @@ def _day(tmp_path: Path) -> tuple[Store, Ledger]:
     j = WindowJoiner(
         "n1", (EngineSpec("a", gpus=(0,), model_version="v1"),), PriceTable(gpus=(GpuRate("H100", 3.6),))
     )
-    for k in range(int(DAY / MINUTE) + 1):
-        t = T0 + k * MINUTE
+    for k in range(int(DAY / STEP) + 1):
+        t = T0 + k * STEP
         j.add_round(
             NvmlRound(t, True, tuple(GpuSample(i, f"GPU-{i}", "NVIDIA H100 80GB HBM3", t) for i in range(3)))
         )

@@ -100,3 +100,8 @@ def test_decode_ceiling_defaults_are_no_kv() -> None:
     assert cm.decode_ceiling_tokens_per_second(bw, w, 2, mean_context_tokens=1000) == pytest.approx(
         2 * bw / w
     )
+
+
+def test_an_unknown_share_policy_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown share policy 'even'"):
+        cm.split_shares(["a"], "even")

@@ -187,3 +187,12 @@ def test_counter_ties_go_to_the_first_series_seen() -> None:
         CounterMemory({"a": 0.0, "b": 0.0}, anonymous=40.0), 100.0, {"a": 50.0, "b": 50.0}
     )
     assert inc == 60.0  # a continues 40 → 50 (+10); b counts 0 → 50
+
+
+def test_an_unnamed_reading_continues_the_closest_series_at_or_above_it_first_listed_on_ties() -> None:
+    # a was last at 30 and b never seen; the unnamed 40 continued a (exactly at 40 now): a +0, b +100
+    inc, _ = counter_increase(CounterMemory({"a": 30.0}, anonymous=40.0), 140.0, {"a": 40.0, "b": 100.0})
+    assert inc == 100.0
+    # a tie (both at 50): the first listed (a) continued 40: a +10, b counts in full
+    inc, _ = counter_increase(CounterMemory({"a": 30.0}, anonymous=40.0), 100.0, {"a": 50.0, "b": 50.0})
+    assert inc == 60.0

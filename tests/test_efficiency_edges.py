@@ -28,6 +28,8 @@ def test_small_but_positive_figures_still_give_an_efficiency() -> None:
         (W / H100_BW) / 0.5
     )
     assert decode_efficiency(obs(bandwidth_bytes_per_s=0.5e12), fig) == pytest.approx((W / 0.5e12) / 0.1)
+    # any positive bandwidth is a bandwidth (even 1 B/s): only ≤ 0 means unknown
+    assert decode_efficiency(obs(bandwidth_bytes_per_s=1.0), fig) == pytest.approx(W / 0.1)
 
 
 def test_without_kv_figures_only_the_weights_are_read() -> None:

@@ -57,6 +57,8 @@ def split_shares(
     ``equal``: each user pays 1/n (the default: a GPU held is a GPU paid for, whoever uses it more).
     ``tokens``: by each user's share of the tokens in the interval; equal when none produced any.
     """
+    if policy not in ("equal", "tokens"):
+        raise ValueError(f"unknown share policy {policy!r}: use equal or tokens")
     if not users:
         return {}
     if policy == "tokens" and tokens:

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from agent.records import SIGNALS, MinuteRecord, hour_of_week, load_band
+from agent.records import SIGNALS, MinuteRecord, hour_of_week, load_band, mean_of
 
 WEEK = 7 * 86400.0  # seconds: the default baseline window
 
@@ -113,7 +113,7 @@ class TrailingBaseline:
     def _join(self, bucket: Hashable, minute: float, inputs: tuple[float, ...], value: float) -> None:
         b = self._buckets.get(bucket)
         if b is None:
-            b = _Bucket(sums=[0.0] * self._n)
+            b = _Bucket()  # its sums start at zero: expiring an empty bucket resets them
             self._buckets[bucket] = b
         self._expire(b, minute)
         b.entries.append((minute, inputs, value))
@@ -153,6 +153,13 @@ class TrailingBaseline:
         return interpolate(b.ordered, q), len(b.ordered)
 
 
+# What "load" is for like-load bands: generation tokens/s, or requests in flight (a gauge).
+_LOADS: dict[str, Callable[[Mapping[str, float], float], float | None]] = {
+    "generation_tokens_per_second": lambda _sums, tps: tps,
+    "requests_running": lambda sums, _tps: mean_of(sums, "running"),
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Baseline:
     """A baseline value and how many minutes it came from."""
@@ -183,6 +190,8 @@ def baseline_of(
     model) are summed per minute first; records of another kind than the signal's are ignored.
     """
     sig = SIGNALS[signal]
+    if band_signal not in _LOADS:
+        raise ValueError(f"unknown band signal {band_signal!r}: use one of {sorted(_LOADS)}")
     per_minute: dict[float, dict[str, float]] = {}
     for r in records:
         if r.kind != sig.kind or not end - window <= r.minute < end:
@@ -205,10 +214,7 @@ def baseline_of(
         if min_tokens_per_second is not None and tps < min_tokens_per_second:
             continue
         if band_of is not None:
-            load: float | None = tps
-            if band_signal == "requests_running":
-                w = sums.get("running.w", 0.0)
-                load = sums.get("running.s", 0.0) / w if w > 0 else None
+            load = _LOADS[band_signal](sums, tps)
             if load is None or load_band(load, band_ratio) != want_band:
                 continue
         if want_how is not None and hour_of_week(minute) != want_how:

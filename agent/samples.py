@@ -90,6 +90,7 @@ class ModelSignals:
     e2e_seconds: Histogram | None = None  # end-to-end request latency
     prefill_seconds_total: float | None = None  # seconds, counter (sum of prefill time)
     decode_seconds_total: float | None = None  # seconds, counter (sum of decode time)
+    cached_prompt_tokens_total: float | None = None  # tokens served from the prefix cache, counter
     kv_capacity_tokens: float | None = None  # tokens one replica's KV cache holds, as the engine reports it
     # signal → series (name and other labels) → value, for counters summed over several series
     # (data-parallel ranks, model versions): lets the window join take deltas per series
@@ -143,6 +144,7 @@ class UsageWindow:
     itl_p99_seconds: float | None = None  # seconds
     prefill_seconds: float | None = None  # seconds (sum over requests, for the time split)
     decode_seconds: float | None = None  # seconds
+    cached_prompt_tokens: float | None = None  # prompt tokens served from the prefix cache (not computed)
     ttft_delta: Histogram | None = None  # the interval's TTFT observations (bucket deltas), seconds
     itl_delta: Histogram | None = None  # the interval's inter-token latencies (bucket deltas), seconds
 
@@ -165,6 +167,14 @@ class CostWindow:
     roofline_ratio: float | None = None  # observed decode tok/s ÷ bandwidth ceiling (0–1+)
     priced: bool = True  # False: a GPU was unread or unpriced, so the cost is incomplete (ratios absent)
     estimated: bool = False  # a GPU was not read this tick: charged from its last reading (time, power)
+    prompt_usd: float | None = None  # dollars of prefill time (phase-time share); None: no phase times
+    usage_usd: float | None = None  # dollars weighted by measured GPU busy time (usage basis)
+    prefix_cache_saved_usd: float | None = None  # what the cached prompt tokens would have cost
+
+    @property
+    def output_usd(self) -> float:
+        """Dollars of decode time: the cost less the prompt share (all of it without a split)."""
+        return self.cost_usd - (self.prompt_usd or 0.0)
 
     @property
     def cost_usd(self) -> float:

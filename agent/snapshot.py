@@ -79,6 +79,11 @@ class ModelState:
     ttft_p99_seconds: float | None = None  # seconds
     itl_p99_seconds: float | None = None  # seconds
     idle_cost_usd_per_hour: float | None = None  # dollars per hour idle over the trailing window
+    prompt_cost_usd_total: float | None = None  # dollars of prefill time; None: the engine has no phase times
+    usage_cost_usd_total: float | None = None  # dollars weighted by GPU busy time; None: utilisation unknown
+    prefix_cache_saved_usd_total: float | None = None  # dollars the cached prompt tokens would have cost
+    usd_per_1m_prompt_tokens: float | None = None  # dollars of prefill per 1M prompt tokens (trailing)
+    usd_per_1m_output_tokens_decode: float | None = None  # dollars of decode per 1M output tokens (trailing)
     anomaly_score: float | None = None  # > 1 means anomalous
 
 
@@ -127,6 +132,25 @@ def _add(total: float, delta: float | None) -> float:
         return total
     nxt = total + delta
     return nxt if math.isfinite(nxt) else total
+
+
+def _add_opt(total: float | None, delta: float | None) -> float | None:
+    """A counter that stays absent until its first known value (then as :func:`_add`)."""
+    if delta is None:
+        return total
+    return _add(0.0 if total is None else total, delta)
+
+
+def _phase_prices(recent: deque[CostWindow]) -> tuple[float | None, float | None]:
+    """($ per 1M prompt tokens, $ per 1M output tokens of decode) over the windows with a split."""
+    split = [w for w in recent if w.prompt_usd is not None and w.priced]
+    if not split:
+        return None, None
+    prompt = usd_per_million(
+        sum(w.prompt_usd or 0.0 for w in split), sum(w.usage.prompt_tokens for w in split)
+    )
+    output = usd_per_million(sum(w.output_usd for w in split), sum(w.usage.generation_tokens for w in split))
+    return prompt, output
 
 
 def _wmean(pairs: list[tuple[float | None, float]]) -> float | None:
@@ -242,6 +266,11 @@ class Ledger:
                     idle_cost_usd_total=_add(prev.idle_cost_usd_total, w.idle_usd),
                     gpu_seconds_total=_add(prev.gpu_seconds_total, u.gpu_seconds),
                     energy_joules_total=_add(prev.energy_joules_total, u.energy_joules),
+                    prompt_cost_usd_total=_add_opt(prev.prompt_cost_usd_total, w.prompt_usd),
+                    usage_cost_usd_total=_add_opt(prev.usage_cost_usd_total, w.usage_usd),
+                    prefix_cache_saved_usd_total=_add_opt(
+                        prev.prefix_cache_saved_usd_total, w.prefix_cache_saved_usd
+                    ),
                 ),
                 recent,
             )
@@ -272,6 +301,8 @@ class Ledger:
                 requests_running=None,
                 ttft_p99_seconds=None,
                 itl_p99_seconds=None,
+                usd_per_1m_prompt_tokens=None,
+                usd_per_1m_output_tokens_decode=None,
             )
         secs = sum(w.usage.duration for w in recent)
         cost = sum(w.cost_usd for w in recent)
@@ -281,6 +312,7 @@ class Ledger:
         weights = [(w, w.usage.duration) for w in recent]
         priced = all(w.priced for w in recent)  # an unread or unpriced GPU: the ratio is unknown
         last = recent[-1].usage
+        prices = _phase_prices(recent)
         return replace(
             state,
             prompt_tokens_per_second=p / secs if secs > 0 else None,
@@ -297,6 +329,8 @@ class Ledger:
             requests_running=last.requests_running,
             ttft_p99_seconds=_merged_p99([w.usage.ttft_delta for w in recent]),
             itl_p99_seconds=_merged_p99([w.usage.itl_delta for w in recent]),
+            usd_per_1m_prompt_tokens=prices[0],
+            usd_per_1m_output_tokens_decode=prices[1],
         )
 
     def snapshot(self, store_up: bool | None = None) -> Snapshot:

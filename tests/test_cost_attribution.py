@@ -628,3 +628,87 @@ def test_a_lost_gpu_listed_first_does_not_stop_the_others_being_remembered() -> 
     res = conserved(j.close_tick(T0 + 10, {"a": scrape("a", T0 + 10, sig("m", 5))}))
     # GPU 1's counter: 360 J since the last tick (not 400 W × 10 s = 4,000 J)
     assert res.windows[0].usage.energy_joules == pytest.approx(360.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 12 additions: prompt vs output by phase time, usage basis, prefix-cache savings
+# ---------------------------------------------------------------------------------------------
+
+
+def test_prompt_and_output_dollars_by_phase_time_usage_basis_and_cache_savings() -> None:
+    before = sig(
+        "m", 0, prompt=0, prefill_seconds_total=0.0, decode_seconds_total=0.0, cached_prompt_tokens_total=0.0
+    )
+    after = sig(
+        "m",
+        1000,
+        prompt=500,
+        prefill_seconds_total=10.0,
+        decode_seconds_total=30.0,
+        cached_prompt_tokens_total=100.0,
+    )
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=(0,)),), BOOK)
+    res = two_ticks(j, {"a": scrape("a", T0, before)}, {"a": scrape("a", T0 + 10, after)})  # GPU busy 0.5
+    (w,) = res.windows
+    # $0.01: prefill took 10 of 40 request-seconds → $0.0025 for 500 prompt tokens ($5 per 1M)
+    assert w.prompt_usd == pytest.approx(0.0025) and w.output_usd == pytest.approx(0.0075)
+    assert w.usage.cached_prompt_tokens == 100.0
+    # 400 prompt tokens were computed for $0.0025; the 100 cached ones would have cost $0.000625
+    assert w.prefix_cache_saved_usd == pytest.approx(100 * 0.0025 / 400)
+    assert w.usage_usd == pytest.approx(0.005)  # the GPU was busy half the time
+
+
+def test_without_phase_times_there_is_no_split_and_without_utilisation_no_usage_cost() -> None:
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=(0,)),), BOOK)
+    plain = lambda t: GpuSample(0, "GPU-0", H100, t)  # noqa: E731  (no utilisation reading)
+    res = two_ticks(
+        j,
+        {"a": scrape("a", T0, sig("m", 0, prefill_seconds_total=0.0))},
+        {"a": scrape("a", T0 + 10, sig("m", 10, prefill_seconds_total=1.0))},
+        (rnd(T0, plain(T0)), rnd(T0 + 10, plain(T0 + 10))),
+    )
+    (w,) = res.windows
+    assert w.prompt_usd is None and w.output_usd == pytest.approx(0.01) and w.prefix_cache_saved_usd is None
+    assert w.usage_usd is None
+
+
+def test_an_idle_window_has_no_prompt_split() -> None:
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=(0,)),), BOOK)
+    s = sig("m", 0, prefill_seconds_total=1.0, decode_seconds_total=1.0)
+    res = two_ticks(j, {"a": scrape("a", T0, s)}, {"a": scrape("a", T0 + 10, s)})
+    assert res.windows[0].prompt_usd is None and res.windows[0].idle_usd == pytest.approx(0.01)
+
+
+def test_the_ledger_exports_prompt_and_decode_prices_usage_cost_and_savings() -> None:
+    from agent.snapshot import Ledger
+
+    before = sig(
+        "m", 0, prompt=0, prefill_seconds_total=0.0, decode_seconds_total=0.0, cached_prompt_tokens_total=0.0
+    )
+    after = sig(
+        "m",
+        1000,
+        prompt=500,
+        prefill_seconds_total=10.0,
+        decode_seconds_total=30.0,
+        cached_prompt_tokens_total=100.0,
+    )
+    engines = (EngineSpec("a", gpus=(0,)), EngineSpec("b", gpus=(1,)))
+    j = WindowJoiner("n1", engines, BOOK)
+    res = two_ticks(
+        j,
+        {"a": scrape("a", T0, before), "b": scrape("b", T0, sig("x", 0))},
+        {"a": scrape("a", T0 + 10, after), "b": scrape("b", T0 + 10, sig("x", 10))},
+    )
+    led = Ledger("n1", "test")
+    led.apply(res)
+    m = {s.engine: s for s in led.snapshot().models}
+    assert m["a"].prompt_cost_usd_total == pytest.approx(0.0025)
+    assert m["a"].usd_per_1m_prompt_tokens == pytest.approx(5.0)  # $0.0025 / 500 prompt tokens
+    assert m["a"].usd_per_1m_output_tokens_decode == pytest.approx(7.5)  # $0.0075 / 1,000 output tokens
+    assert m["a"].usd_per_1m_output_tokens == pytest.approx(10.0)  # the all-in figure stays
+    assert m["a"].usage_cost_usd_total == pytest.approx(0.005)
+    assert m["a"].prefix_cache_saved_usd_total == pytest.approx(0.000625)
+    # engine b reports no phase times and no cache: absent, not 0
+    assert m["b"].prompt_cost_usd_total is None and m["b"].usd_per_1m_prompt_tokens is None
+    assert m["b"].prefix_cache_saved_usd_total is None and m["b"].usage_cost_usd_total == pytest.approx(0.005)

@@ -196,3 +196,41 @@ def test_an_unnamed_reading_continues_the_closest_series_at_or_above_it_first_li
     # a tie (both at 50): the first listed (a) continued 40: a +10, b counts in full
     inc, _ = counter_increase(CounterMemory({"a": 30.0}, anonymous=40.0), 100.0, {"a": 50.0, "b": 50.0})
     assert inc == 60.0
+
+
+@pytest.mark.parametrize(
+    ("prefill", "decode", "expected"),
+    [
+        (1.0, 3.0, 2.5),
+        (0.0, 5.0, 0.0),
+        (2.0, 0.0, 10.0),
+        (0.0, 0.0, None),
+        (None, 1.0, None),
+        (1.0, None, None),
+    ],
+)
+def test_prompt_cost_by_phase_time(
+    prefill: float | None, decode: float | None, expected: float | None
+) -> None:
+    from agent.cost.split import prompt_cost
+
+    assert prompt_cost(10.0, prefill, decode) == expected
+
+
+@pytest.mark.parametrize(
+    ("prompt_usd", "prompt_tokens", "cached", "expected"),
+    [
+        (1.0, 500.0, 100.0, 0.25),  # 400 computed for $1: 100 more would have cost $0.25
+        (1.0, 500.0, 0.0, 0.0),
+        (1.0, 500.0, 500.0, None),  # nothing computed: no price per computed token
+        (1.0, 500.0, 499.0, 499.0),
+        (None, 500.0, 100.0, None),
+        (1.0, 500.0, None, None),
+    ],
+)
+def test_prefix_cache_saved(
+    prompt_usd: float | None, prompt_tokens: float, cached: float | None, expected: float | None
+) -> None:
+    from agent.cost.split import prefix_cache_saved
+
+    assert prefix_cache_saved(prompt_usd, prompt_tokens, cached) == expected

@@ -52,6 +52,7 @@ class ModelCharge:
     gpus: tuple[str, ...]  # UUIDs of the engine's GPUs
     priced: bool  # every GPU read (or remembered) and priced, or the engine has its own price
     estimated: bool  # some GPU was not read this tick (charged from its last reading)
+    usage_usd: float | None = None  # dollars weighted by each GPU's busy ratio; None: a ratio unknown
 
     @property
     def cost_usd(self) -> float:
@@ -125,9 +126,12 @@ def attribute(
             time_usd = energy_usd = gpu_seconds = 0.0
             joules: float | None = None
             watts: float | None = None
+            busy: float | None = 0.0 if gpus else None
             for u in gpus:
                 c = charges[u]
                 f = shares[u][e.name] * ms
+                util = c.reading.util_ratio
+                busy = None if busy is None or util is None else busy + c.cost_usd * f * util
                 time_usd += c.time_usd * f
                 energy_usd += c.energy_usd * f
                 gpu_seconds += seconds * f
@@ -144,7 +148,17 @@ def attribute(
                 engine_usd += own
             out.append(
                 ModelCharge(
-                    e.name, m.model, time_usd, energy_usd, gpu_seconds, joules, watts, gpus, priced, estimated
+                    e.name,
+                    m.model,
+                    time_usd,
+                    energy_usd,
+                    gpu_seconds,
+                    joules,
+                    watts,
+                    gpus,
+                    priced,
+                    estimated,
+                    busy,
                 )
             )
     return Attribution(tuple(out), allocated, used, engine_usd)

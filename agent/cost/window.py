@@ -28,6 +28,7 @@ from agent.cost.inputs import EngineSpec, PriceTable
 from agent.cost.model import bandwidth_of, usd_per_million
 from agent.cost.pricing import GpuCharge, GpuReading, price_gpus
 from agent.cost.quantiles import histogram_delta, quantile
+from agent.cost.split import prefix_cache_saved, prompt_cost
 from agent.samples import CostWindow, EngineScrape, GpuSample, Histogram, ModelSignals, NvmlRound, UsageWindow
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ COUNTERS = (
     "preemptions_total",
     "prefill_seconds_total",
     "decode_seconds_total",
+    "cached_prompt_tokens_total",
 )
 
 
@@ -300,9 +302,11 @@ class WindowJoiner:
             itl_delta=itl,
             prefill_seconds=st.inc("prefill_seconds_total"),
             decode_seconds=st.inc("decode_seconds_total"),
+            cached_prompt_tokens=st.inc("cached_prompt_tokens_total"),
         )
         cost = mc.cost_usd
         tokens = p_tok + g_tok
+        prompt_usd = prompt_cost(cost, usage.prefill_seconds, usage.decode_seconds) if tokens > 0 else None
         sc_kind = kinds.get(spec.name) or spec.kind
         roof = _efficiency(usage, cur, sc_kind, spec, [charges[u].reading.sample.name for u in mc.gpus])
         return CostWindow(
@@ -315,6 +319,9 @@ class WindowJoiner:
             priced=mc.priced,
             roofline_ratio=roof,
             estimated=mc.estimated,
+            prompt_usd=prompt_usd,
+            usage_usd=mc.usage_usd,
+            prefix_cache_saved_usd=prefix_cache_saved(prompt_usd, p_tok, usage.cached_prompt_tokens),
         )
 
     # ------------------------------------------------------------------ internals

@@ -72,6 +72,7 @@ COUNTER_FIELDS = frozenset(
         "preemptions_total",
         "prefill_seconds_total",
         "decode_seconds_total",
+        "cached_prompt_tokens_total",
     }
 )
 # Fields that are ratios: averaged over data-parallel ranks rather than summed.

@@ -24,5 +24,6 @@ ADAPTER = Adapter(
         "requests_waiting": (Series("llamacpp:requests_deferred"),),
         "prefill_seconds_total": (Series("llamacpp:prompt_seconds_total"),),
         "decode_seconds_total": (Series("llamacpp:tokens_predicted_seconds_total"),),
+        "cached_prompt_tokens_total": (Series("llamacpp:prompt_tokens_cached_total"),),
     },
 )

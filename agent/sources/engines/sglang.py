@@ -14,6 +14,7 @@ ADAPTER = Adapter(
     prefixes=("sglang:",),
     model_label="model_name",
     scalars={
+        "cached_prompt_tokens_total": (Series("sglang:cached_tokens_total"),),
         "prompt_tokens_total": (Series("sglang:prompt_tokens_total"),),
         "generation_tokens_total": (Series("sglang:generation_tokens_total"),),
         "requests_running": (Series("sglang:num_running_reqs"),),

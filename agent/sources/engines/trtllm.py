@@ -15,6 +15,7 @@ ADAPTER = Adapter(
     model_label="model_name",
     placeholder_models=frozenset({"undefined"}),
     scalars={
+        "cached_prompt_tokens_total": (Series("trtllm_prompt_cached_tokens_total"),),
         "prompt_tokens_total": (Series("trtllm_prompt_tokens_total"),),
         "generation_tokens_total": (Series("trtllm_generation_tokens_total"),),
         "requests_running": (Series("trtllm_num_requests_running"),),

@@ -22,6 +22,10 @@ ADAPTER = Adapter(
         "preemptions_total": (Series("vllm:num_preemptions_total"),),
         "prefill_seconds_total": (Series("vllm:request_prefill_time_seconds_sum"),),
         "decode_seconds_total": (Series("vllm:request_decode_time_seconds_sum"),),
+        "cached_prompt_tokens_total": (
+            Series("vllm:prompt_tokens_cached_total"),
+            Series("vllm:prefix_cache_hits_total"),
+        ),
     },
     histograms={
         "ttft_seconds": (Series("vllm:time_to_first_token_seconds"),),

@@ -1,0 +1,147 @@
+"""The family parser's messages, escapes, trie, ``# EOF`` and spellings, computed by hand
+(each a behaviour a surviving mutant showed no test pinned; issue 16)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+
+import pytest
+
+from agent.sources.engines.parser import (
+    QUOTE_LIMIT,
+    FamilyParser,
+    ParseError,
+    Sample,
+    _cut_at_eof,
+    _escape,
+    _trie_pattern,
+    parse,
+    quote,
+)
+
+
+def test_quote_strips_and_cuts_at_the_limit() -> None:
+    assert QUOTE_LIMIT == 200
+    assert quote('  want{a="1"} x \n') == repr('want{a="1"} x')
+    exact = "y" * 200
+    assert quote(exact) == repr(exact)  # exactly at the limit: whole
+    assert quote("z" * 250) == repr("z" * 200 + "…(+50 chars)")
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("want 1_000", "invalid value '1_000' in line 'want 1_000'"),
+        ("want notanumber", "invalid value 'notanumber' in line 'want notanumber'"),
+        ("want 1 1_0", "invalid timestamp '1_0' in line 'want 1 1_0'"),
+        ("want 1 NaN", "timestamp not finite in line 'want 1 NaN'"),
+        ("want", "no value in line 'want'"),
+        ("want {} ", "no value in line 'want{}'"),
+        ('want{a="1",a="2"} 1', 'duplicate label name in line \'want{a="1",a="2"} 1\''),
+        ('want{a="unterminated} 1', "malformed labels in line 'want{a=\"unterminated} 1'"),
+        ('want{a="1" 1', "unterminated labels in line 'want{a=\"1\" 1'"),
+        ('want{a="x\\"y",a="z"} 1', 'duplicate label name \'a\' in line \'want{a="x\\\\"y",a="z"} 1\''),
+        ('want{a="1"b="2"} # x', 'malformed labels in line \'want{a="1"b="2"} # x\''),
+    ],
+)
+def test_malformed_wanted_lines_name_the_fault_and_quote_the_line(line: str, message: str) -> None:
+    with pytest.raises(ParseError) as err:
+        parse(f"{line}\n", {"want"})
+    assert str(err.value) == message
+
+
+def test_a_long_bad_line_is_quoted_cut() -> None:
+    with pytest.raises(ParseError) as err:
+        parse("want " + "x" * 300 + "\n", {"want"})
+    line = "want " + "x" * 195 + "…(+105 chars)"
+    assert str(err.value) == f"invalid value {'x' * 200 + '…(+100 chars)'!r} in line {line!r}"
+
+
+def test_openmetrics_needs_a_blank_before_the_value() -> None:
+    with pytest.raises(ParseError) as err:
+        parse('want{a="1"}1\n', {"want"}, openmetrics=True)
+    assert str(err.value) == "no blank before the value in line 'want{a=\"1\"}1'"
+    assert parse('want{a="1"}1\n', {"want"})["want"][0].value == 1.0  # the text format lets it pass
+    assert parse('want{a="1"}\t2\n', {"want"}, openmetrics=True)["want"][0].value == 2.0
+
+
+def test_escape_writes_a_name_as_it_stands_between_quotes() -> None:
+    assert _escape('a\\b\n"c') == 'a\\\\b\\n\\"c'
+    assert _escape("plain") == "plain"
+
+
+def test_quoted_names_with_escapes_are_read_in_page_order() -> None:
+    text = 'plain 1\n{"we\\"ird", x="1"} 2\n  {"we\\"ird"} 3\nplain{y="2"} 4\n'
+    page = parse(text, {"plain", 'we"ird'})
+    assert page['we"ird'] == [Sample('we"ird', {"x": "1"}, 2.0, None), Sample('we"ird', {}, 3.0, None)]
+    assert page["plain"] == [Sample("plain", {}, 1.0, None), Sample("plain", {"y": "2"}, 4.0, None)]
+
+
+@pytest.mark.parametrize(
+    ("text", "cut"),
+    [
+        ("\na 1\n# EOF\nb 2\n", "\na 1\n"),
+        ("\na 1\n# EOF\n", "\na 1\n"),
+        ("\na 1\n# EOF   \nb 2\n", "\na 1\n"),  # trailing blanks are still the end
+        ("\na 1\n# EOFx\nb 2\n# EOF\nc 3\n", "\na 1\n# EOFx\nb 2\n"),  # "# EOFx" is not the end
+        ("\na 1\n# EOF x\nb 2\n", "\na 1\n# EOF x\nb 2\n"),
+        ("\na 1\nb 2\n", "\na 1\nb 2\n"),
+    ],
+)
+def test_cut_at_eof(text: str, cut: str) -> None:
+    assert _cut_at_eof(text) == cut
+
+
+def test_trie_pattern_matches_exactly_the_names() -> None:
+    names = sorted(["a", "ab", "abc", "abd", "b", "ba:x", "c.d", "c_d_bucket"])
+    rx = re.compile(_trie_pattern(names))
+    assert [n for n in names if rx.fullmatch(n)] == names
+    others = ["", "abcd", "ac", "aa", "bb", "ba", "ba:", "c", "cxd", "c_d", "c_d_bucke", "ab?", "a|b"]
+    assert [n for n in others if rx.fullmatch(n)] == []
+    assert re.fullmatch(_trie_pattern(["x"]), "x") and not re.fullmatch(_trie_pattern(["x"]), "xx")
+
+
+def test_indented_lines_blanks_before_labels_exemplars_and_native_histograms() -> None:
+    text = (
+        'h_bucket{le="1"} 2 # {trace_id="a"} 0.5\n'
+        '\th_bucket {le="+Inf"} 3\n'
+        'h{le="x"} {count:3,sum:1,schema:0} 9\n'
+        "h_count 3 # a comment\n"
+    )
+    page = parse(text, {"h"})
+    assert page["h_bucket"] == [
+        Sample("h_bucket", {"le": "1"}, 2.0, None),
+        Sample("h_bucket", {"le": "+Inf"}, 3.0, None),
+    ]
+    assert "h" not in page  # the native histogram sample is skipped
+    assert page["h_count"] == [Sample("h_count", {}, 3.0, None)]
+
+
+def test_timestamps_are_milliseconds_in_text_and_seconds_in_openmetrics() -> None:
+    assert parse("m 1 1500\n", {"m"})["m"][0].timestamp == 1.5
+    assert parse("m 1 1500\n", {"m"}, openmetrics=True)["m"][0].timestamp == 1500.0
+    assert parse("m 1 x 2000\n", {"m"})["m"][0].timestamp == 2.0  # the last token is the timestamp
+
+
+def test_escaped_spellings_read_as_canonical_and_a_page_with_both_keeps_the_canonical(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    p = FamilyParser(["vllm:x", "plain"])
+    assert p.parse("vllm_x_count 3\nplain 1\n") == {
+        "vllm:x_count": [Sample("vllm:x_count", {}, 3.0, None)],
+        "plain": [Sample("plain", {}, 1.0, None)],
+    }
+    caplog.set_level(logging.DEBUG, logger="agent.sources.engines.parser")
+    both = p.parse("vllm_x_sum 9\nvllm:x_count 3\nvllm_x_count 4\n")
+    assert both == {"vllm:x_count": [Sample("vllm:x_count", {}, 3.0, None)]}  # the escaped family is dropped
+    assert [r.getMessage() for r in caplog.records] == [
+        "both vllm:x_sum and vllm_x_sum on one page: reading vllm:x_sum",
+        "both vllm:x_count and vllm_x_count on one page: reading vllm:x_count",
+    ]
+
+
+def test_values_as_written() -> None:
+    page = parse("m -Inf\nm +Inf\nm 1e3\n", {"m"})
+    assert [s.value for s in page["m"]] == [-math.inf, math.inf, 1000.0]

@@ -33,7 +33,7 @@ def test_quote_strips_and_cuts_at_the_limit() -> None:
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ("want 1_000", "invalid value '1_000' in line 'want 1_000'"),
+        ("want 1_000", "invalid number in line 'want 1_000'"),
         ("want notanumber", "invalid value 'notanumber' in line 'want notanumber'"),
         ("want 1 1_0", "invalid timestamp '1_0' in line 'want 1 1_0'"),
         ("want 1 NaN", "timestamp not finite in line 'want 1 NaN'"),
@@ -143,5 +143,5 @@ def test_escaped_spellings_read_as_canonical_and_a_page_with_both_keeps_the_cano
 
 
 def test_values_as_written() -> None:
-    page = parse("m -Inf\nm +Inf\nm 1e3\n", {"m"})
+    page = parse('m{a="1"} -Inf\nm{a="2"} +Inf\nm{a="3"} 1e3\n', {"m"})
     assert [s.value for s in page["m"]] == [-math.inf, math.inf, 1000.0]

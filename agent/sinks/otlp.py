@@ -125,6 +125,11 @@ NAMES: Mapping[str, str] = {
     "energy_joules_total": "infercost.energy",
     "usd_per_1m_output_tokens": "infercost.output_token.cost",
     "usd_per_1m_tokens": "infercost.token.cost",
+    "prompt_cost_usd_total": "infercost.prompt_cost",
+    "usage_cost_usd_total": "infercost.usage_cost",
+    "prefix_cache_saved_usd_total": "infercost.prefix_cache.saved_cost",
+    "usd_per_1m_prompt_tokens": "infercost.prompt_token.cost",
+    "usd_per_1m_output_tokens_decode": "infercost.output_token.decode_cost",
     "model_gpu_utilization_ratio": "infercost.model.gpu.utilization",
     "model_memory_bandwidth_ratio": "infercost.model.gpu.memory.bandwidth.utilization",
     "model_power_watts": "infercost.model.power",
@@ -151,6 +156,8 @@ UNITS: Mapping[str, str] = {"USD": "{USD}", "USD/h": "{USD}/h"}
 UNITS_BY_ROW: Mapping[str, str] = {
     "usd_per_1m_output_tokens": "{USD}/10*6{token}",
     "usd_per_1m_tokens": "{USD}/10*6{token}",
+    "usd_per_1m_prompt_tokens": "{USD}/10*6{token}",
+    "usd_per_1m_output_tokens_decode": "{USD}/10*6{token}",
 }
 
 

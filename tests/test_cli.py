@@ -93,6 +93,7 @@ def _node_yaml(tmp_path: Path, text: str) -> Path:
     return p
 
 
+@pytest.mark.slow  # several processes
 @pytest.mark.parametrize(
     ("text", "needles"),
     [
@@ -112,6 +113,7 @@ def test_intervals_must_be_finite_and_sane(tmp_path: Path, text: str, needles: l
             assert n in proc.stderr, (cmd, proc.stderr)
 
 
+@pytest.mark.slow  # several processes
 @pytest.mark.parametrize(
     ("summary", "needle"),
     [
@@ -138,6 +140,7 @@ def test_rule_templates_paste_plain_fields_only(tmp_path: Path, summary: str, ne
     assert needle in proc.stderr and "r.yaml" in proc.stderr
 
 
+@pytest.mark.slow  # several processes
 def test_a_config_that_is_not_utf8_is_named(tmp_path: Path) -> None:
     cfg = tmp_path / "node.yaml"
     cfg.write_bytes(b"node: caf\xe9\n")  # latin-1 'é'
@@ -147,6 +150,7 @@ def test_a_config_that_is_not_utf8_is_named(tmp_path: Path) -> None:
         assert "node.yaml" in proc.stderr and "UTF-8" in proc.stderr and "0xe9" in proc.stderr
 
 
+@pytest.mark.slow  # several processes
 def test_a_state_dir_that_cannot_be_created_exits_2_from_check_and_run(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
@@ -161,6 +165,7 @@ def test_a_state_dir_that_cannot_be_created_exits_2_from_check_and_run(tmp_path:
         assert f"state_dir {blocker / 'state'}" in proc.stderr and "fix:" in proc.stderr
 
 
+@pytest.mark.slow  # several processes
 def test_a_busy_port_exits_2_from_check_run_and_demo(tmp_path: Path) -> None:
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
@@ -181,6 +186,7 @@ def test_a_busy_port_exits_2_from_check_run_and_demo(tmp_path: Path) -> None:
             assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr and "fix:" in proc.stderr
 
 
+@pytest.mark.slow  # several processes
 def test_a_second_agent_on_one_state_dir_exits_2_naming_the_holder(tmp_path: Path) -> None:
     state = tmp_path / "state"
 

@@ -108,6 +108,16 @@ class Finished:
     where: Mapping[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class InfoProduct:
+    """A value carried in an info gauge's labels: the product of those labels' numbers, averaged over
+    the gauge's series (e.g. vLLM ``cache_config_info``: ``num_gpu_blocks × block_size`` per
+    data-parallel rank). An info gauge without the model label applies to every model on the page."""
+
+    metric: str
+    labels: tuple[str, ...]
+
+
 @dataclass(frozen=True)
 class Adapter:
     """One engine's metric map onto :class:`ModelSignals` (see the module docstring)."""
@@ -118,10 +128,15 @@ class Adapter:
     scalars: Mapping[str, tuple[Series, ...]] = field(default_factory=dict)
     histograms: Mapping[str, tuple[Series, ...]] = field(default_factory=dict)
     finished: tuple[Finished, ...] = ()
+    info: Mapping[str, InfoProduct] = field(default_factory=dict)  # scalar signal → info-gauge labels
     placeholder_models: frozenset[str] = frozenset()  # label values that mean "no model name"
 
     def __post_init__(self) -> None:
-        bad = (set(self.scalars) - _SCALAR_FIELDS) | (set(self.histograms) - _HISTOGRAM_FIELDS)
+        bad = (
+            (set(self.scalars) - _SCALAR_FIELDS)
+            | (set(self.histograms) - _HISTOGRAM_FIELDS)
+            | (set(self.info) - _SCALAR_FIELDS)
+        )
         if bad:
             raise ValueError(f"adapter {self.kind}: unknown ModelSignals fields {sorted(bad)}")
         families: set[str] = set()
@@ -132,6 +147,7 @@ class Adapter:
             for s in alternatives:
                 families.update(s.names)
         families.update(f.metric for f in self.finished)
+        families.update(i.metric for i in self.info.values())
         plan = tuple(
             (signal, s, signal in _MEAN_FIELDS, signal in COUNTER_FIELDS)
             for signal, alternatives in self.scalars.items()
@@ -299,6 +315,23 @@ class _Mapping:
             return {m: v / count[m] for m, v in total.items()}
         return total
 
+    def _info(self, signal: str, info: InfoProduct, values: dict[str, dict[str, Any]]) -> None:
+        """Put ``signal`` = the mean over the info gauge's series of the product of its label numbers."""
+        per_model: dict[str | None, list[float]] = {}
+        for sample in self.page.get(info.metric, ()):
+            try:
+                product = math.prod(float(sample.labels[k]) for k in info.labels)
+            except (KeyError, ValueError):
+                continue  # a label missing or not a number: the signal stays absent
+            if not 0.0 <= product <= MAX_VALUE:
+                continue
+            model = self._model(sample.labels) if self.a.model_label in sample.labels else None
+            per_model.setdefault(model, []).append(product)
+        for model, products in per_model.items():
+            mean = sum(products) / len(products)
+            for m in [model] if model is not None else list(values):
+                values.setdefault(m, {}).setdefault(signal, mean)
+
     def _histogram(self, signal: str, s: Series) -> dict[str, Histogram]:
         """Per model, the histogram summed bucket by bucket over every other label; a histogram
         with a NaN, negative or non-monotonic bucket, or a bad sum or count, is refused."""
@@ -404,6 +437,8 @@ class _Mapping:
                 per[reason] = per.get(reason, 0.0) + sample.value
         for model, per in finished.items():
             values.setdefault(model, {}).setdefault("requests_finished_total", dict(sorted(per.items())))
+        for signal, info in a.info.items():
+            self._info(signal, info, values)
         for model, signal in self.bad:  # a refused series makes its signal absent for the model
             if model in values:
                 values[model].pop(signal, None)

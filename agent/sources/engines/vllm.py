@@ -7,7 +7,7 @@ and decode seconds are the ``_sum`` of the per-request phase histograms.
 
 from __future__ import annotations
 
-from agent.sources.engines.base import Adapter, Finished, Series
+from agent.sources.engines.base import Adapter, Finished, InfoProduct, Series
 
 ADAPTER = Adapter(
     kind="vllm",
@@ -36,4 +36,6 @@ ADAPTER = Adapter(
         "e2e_seconds": (Series("vllm:e2e_request_latency_seconds"),),
     },
     finished=(Finished("vllm:request_success_total", label="finished_reason"),),
+    # the KV cache's size per data-parallel rank, in tokens, for the decode-efficiency ceiling
+    info={"kv_capacity_tokens": InfoProduct("vllm:cache_config_info", ("num_gpu_blocks", "block_size"))},
 )

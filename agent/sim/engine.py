@@ -157,6 +157,36 @@ class Deployment:
         a, b, d, c = self.step_terms(context)
         return (max(a + b * batch, d * batch) + c) / throughput_factor
 
+    def running_for(
+        self,
+        rate_rps: float,
+        output_tokens: float,
+        context: float,
+        prefill_share: float = 0.0,
+        throughput_factor: float = 1.0,
+        host_gap_seconds: float = 0.0,
+    ) -> float:
+        """Sequences running when ``rate_rps`` requests/s of ``output_tokens`` each arrive (continuous
+        batching in steady state): Little's law ``R = λ · S(R)`` with ``S(R) = output × step(R) / (1 − f)``,
+        ``f`` the share of time spent prefilling; ``inf`` when no finite batch keeps up.
+
+        ``step(R) = (max(a + b·R, d·R) + c) / throughput_factor + host_gap`` is the larger of two affine
+        maps of R, so the fixed point is the larger of theirs (each exists when its slope is below 1);
+        below one running sequence the step is the single-stream step.
+        """
+        a, b, d, c = self.step_terms(context)
+        c += host_gap_seconds * throughput_factor
+        k = rate_rps * output_tokens / ((1.0 - prefill_share) * throughput_factor)
+        single = k * (max(a + b, d) + c)
+        if single <= 1.0:
+            return single
+        best = 0.0
+        for slope, intercept in ((b, a + c), (d, c)):
+            if k * slope >= 1.0:
+                return math.inf
+            best = max(best, k * intercept / (1.0 - k * slope))
+        return best
+
     def decode_tokens_per_second(self, batch: float, context: float, throughput_factor: float = 1.0) -> float:
         """Tokens per second of a batch that is always full (``batch`` tokens per step)."""
         return batch / self.step_seconds(batch, context, throughput_factor)
@@ -402,7 +432,6 @@ class SimEngine:
         self.mean_prompt_tokens = float(self._pool_prompt.mean())  # tokens
         self.mean_output_tokens = float(self._pool_output.mean())  # tokens
         self.mean_context_tokens = self.mean_prompt_tokens + self.mean_output_tokens / 2.0  # tokens
-        self._terms = deployment.step_terms(self.mean_context_tokens)
         # fluid state
         self.running = 0.0  # requests in the running batch (fluid)
         self.waiting = 0.0  # requests queued (fluid)
@@ -536,23 +565,10 @@ class SimEngine:
         return self.mean_output_tokens * self._step(running) / (1.0 - prefill_share)
 
     def _target_running(self, lam: float, prefill_share: float) -> float:
-        """Little's law fixed point ``R = λ·S(R)`` (inf when no finite R keeps up with ``lam``).
-
-        ``S(R) = k·(max(a + b·R, d·R) + c)`` is the maximum of two affine maps of R, so the fixed
-        point is the larger of theirs (each exists when its slope is below 1); below one running
-        request the step is the single-stream step.
-        """
-        a, b, d, c = self._terms
-        k = lam * self.mean_output_tokens / ((1.0 - prefill_share) * self.throughput_factor)
-        single = k * (max(a + b, d) + c)
-        if single <= 1.0:
-            return single
-        best = 0.0
-        for slope, intercept in ((b, a + c), (d, c)):
-            if k * slope >= 1.0:
-                return math.inf
-            best = max(best, k * intercept / (1.0 - k * slope))
-        return best
+        """Little's law fixed point for this engine's traffic (see :meth:`Deployment.running_for`)."""
+        return self.deployment.running_for(
+            lam, self.mean_output_tokens, self.mean_context_tokens, prefill_share, self.throughput_factor
+        )
 
     def _take(self, key: str, amount: float) -> int:
         """Integer part of ``amount`` plus what earlier ticks left over (keeps counters integral)."""

@@ -486,11 +486,8 @@ def core_law(drv: Drivers, physics: NodePhysics, rng: np.random.Generator) -> No
         f = min(0.9, lam_r * prefill_s)  # share of GPU time prefilling
         cap = healthy_cap * float(drv.kv_factor[t])
         b_max = min(float(physics.max_num_seqs), cap / ctx)
-        # Little's law: b = λ·O·step(b)/(1 − f), step affine in b (bandwidth bound) → closed form
-        a0 = step(0.0) - (step(2.0) - step(1.0))
-        slope = step(2.0) - step(1.0)
-        k = lam_r * o_len / (1.0 - f)
-        b = k * a0 / (1.0 - k * slope) if k * slope < 1.0 else math.inf
+        # continuous batching in steady state: the core's Little's-law solver
+        b = dep.running_for(lam_r, o_len, ctx, f, tf, host)
         kv_bound = False
         if b > b_max or lam_r * prefill_s >= 0.9:  # the batch or the prefill work is the limit
             kv_bound = b > b_max and b_max < physics.max_num_seqs

@@ -192,6 +192,12 @@ class _CompiledRule:
                 self.baseline.add((self._baseline_key(key), bucket), minute, inputs, value)
         return findings
 
+    def _base(self, bkey: tuple[Any, ...], now: float) -> tuple[float | None, int]:
+        """The baseline (mean or quantile) of one bucket and the minutes it holds."""
+        assert self.baseline is not None and self.rule.baseline is not None
+        q = self.rule.baseline.quantile
+        return self.baseline.mean(bkey, now) if q is None else self.baseline.quantile(bkey, now, q)
+
     def _evaluate(self, key: Labels, sums: Sequence[float], now: float) -> Finding | None:
         rule = self.rule
         value = self.sig_fn([sums[i] for i in self.sig_idx])
@@ -212,12 +218,12 @@ class _CompiledRule:
         bucket = self._bucket(sums, now - MINUTE)
         if bucket is None:
             return None
-        bkey = (self._baseline_key(key), bucket)
-        q = rule.baseline.quantile
-        if q is None:
-            base, n = self.baseline.mean(bkey, now)
-        else:
-            base, n = self.baseline.quantile(bkey, now, q)
+        base, n = self._base((self._baseline_key(key), bucket), now)
+        like = rule.baseline.like_load
+        if (base is None or n < rule.baseline.min_minutes) and like is not None and like.fallback == "lower":
+            band, how, mix = bucket
+            if band is not None:
+                base, n = self._base((self._baseline_key(key), (band - 1, how, mix)), now)
         if base is None or n < rule.baseline.min_minutes:
             return None
         limit = rule.factor * base

@@ -123,6 +123,11 @@ class LikeLoad(_Frozen):
     # tokens/s at the same demand and would be compared with quieter hours. Requests in flight
     # (concurrency) is the demand the engine is asked to carry and does not fall when it slows.
     signal: Literal["generation_tokens_per_second", "requests_running"] = "generation_tokens_per_second"
+    # When the current band has too little history (a regression that holds more requests in flight
+    # moves into a band the week never reached), compare with the next band down: a lower load, whose
+    # cost per token is higher and tokens per GPU-second lower, so the comparison stays conservative
+    # for those signals. Not for signals that rise with load (TTFT): leave it "none" there.
+    fallback: Literal["none", "lower"] = "none"
 
 
 class LikeMix(_Frozen):

@@ -83,3 +83,36 @@ def test_like_mix_needs_a_model_signal(tmp_path: Path) -> None:
     p.write_text(yaml.safe_dump({"rules": [bad]}))
     with pytest.raises(RuleError, match="like_mix"):
         load_rules([p])
+
+
+def test_like_load_falls_back_to_the_next_band_down_when_the_band_has_no_history() -> None:
+    """A week at 30 requests in flight, then a slower build that holds 40 (a band the week never
+    reached) at twice the cost per token: without the fallback there is no baseline, with it the
+    next band down (30 requests, the same cost basis) is the baseline and the rule fires."""
+    from agent.detect.rules import parse_rules
+
+    def rule(rule_id: str, fallback: str) -> dict[str, Any]:
+        r = _rule(rule_id)
+        r["baseline"] = {
+            "window": "1d",
+            "min_minutes": 30,
+            "like_load": {"signal": "requests_running", "band_ratio": 1.5, "fallback": fallback},
+        }
+        return r
+
+    rs = parse_rules({"rules": [rule("plain", "none"), rule("lower", "lower")]}, "t")
+    ev, am = RuleEvaluator(rs), AlertManager(rs)
+    fired: dict[str, list[float]] = {"plain": [], "lower": []}
+    t = MONDAY
+    for minutes, running, cost in ((240, 30.0, 1.0), (60, 40.0, 2.0)):  # bands 8 (25.6–38.4) then 9
+        for _ in range(minutes):
+            rec = _minute(t, 100.0, 3.0, cost)
+            rec = MinuteRecord(
+                rec.kind, rec.labels, rec.minute, {**rec.sums, "running.s": running * 60, "running.w": 60.0}
+            )
+            for e in am.step(ev.step(t + 60, [rec]), t + 60):
+                if e.kind == "firing":
+                    fired[e.alert.rule_id].append(e.at - MONDAY)
+            t += 60
+    assert fired["plain"] == []
+    assert fired["lower"] and fired["lower"][0] > 240 * 60

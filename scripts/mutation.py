@@ -6,8 +6,9 @@
 Each mutated file must kill at least ``--target`` percent (default 90) of its mutants that are
 not listed as equivalent in ``tests/mutation_equivalents.toml`` (each with a one-line reason, so
 the score is reproducible). Timeouts and mutants the type check rejects count as killed; survivors,
-mutants no test reaches and suspicious ones do not. Exit status: 0 when every file meets the
-target, 1 when one does not, 2 when mutmut itself failed.
+mutants no test reaches and suspicious ones do not; mutants not checked (an interrupted or partial
+run) are left out of the score and fail the check. Exit status: 0 when every file meets the
+target and every mutant was checked, 1 otherwise, 2 when mutmut itself failed.
 """
 
 from __future__ import annotations
@@ -57,7 +58,10 @@ def score(
             if code in SKIPPED:
                 continue
             c["mutants"] += 1
-            if name in equivalents:
+            if code is None:
+                c["unchecked"] += 1
+                ok = False
+            elif name in equivalents:
                 c["equiv"] += 1
             elif code in KILLED:
                 c["killed"] += 1
@@ -68,6 +72,8 @@ def score(
         pct = 100.0 * c["killed"] / scored if scored else 100.0
         ok &= pct >= target
         mark = "" if pct >= target else f"  < {target:.0f} %"
+        if c["unchecked"]:
+            mark += f"  ({c['unchecked']} not checked)"
         lines.append(
             f"{path:40} {c['mutants']:7} {c['equiv']:5} {c['killed']:6} {c['alive']:5} {pct:6.1f}%{mark}"
         )

@@ -145,3 +145,39 @@ def test_escaped_spellings_read_as_canonical_and_a_page_with_both_keeps_the_cano
 def test_values_as_written() -> None:
     page = parse('m{a="1"} -Inf\nm{a="2"} +Inf\nm{a="3"} 1e3\n', {"m"})
     assert [s.value for s in page["m"]] == [-math.inf, math.inf, 1000.0]
+
+
+def test_a_repeated_series_keeps_its_last_sample_whatever_the_label_order() -> None:
+    page = parse('m{a="1",b="2"} 1\nm{b="2",a="1"} 2\nm{a="1"} 3\nm 4\nm 5\n', {"m"})
+    assert page["m"] == [
+        Sample("m", {"b": "2", "a": "1"}, 2.0, None),
+        Sample("m", {"a": "1"}, 3.0, None),
+        Sample("m", {}, 5.0, None),
+    ]
+
+
+def test_label_blocks_read_before_are_reused_with_the_same_rules() -> None:
+    p = FamilyParser(["m"])
+    first = p.parse('m{a="1"} 1\n')
+    again = p.parse('m{a="1"} 2 # {trace_id="x"} 0.5\nm{a="1"}3\n')  # a cached block, an exemplar
+    assert first == {"m": [Sample("m", {"a": "1"}, 1.0, None)]}
+    assert again == {"m": [Sample("m", {"a": "1"}, 3.0, None)]}
+    with pytest.raises(ParseError, match="no blank before the value"):
+        p.parse('m{a="1"}4\n', openmetrics=True)  # the cached path checks the blank too
+    assert p.parse('m{a="1"} 5 # {t="y"} 1\n')["m"][0].value == 5.0
+    p.forget()
+    assert p.parse('m{a="1"} 6\n')["m"][0].value == 6.0
+
+
+def test_underscores_in_a_number_are_refused_even_where_float_takes_them() -> None:
+    with pytest.raises(ParseError) as err:
+        parse("want 1_0\n", {"want"})
+    assert str(err.value) == "invalid number in line 'want 1_0'"
+    with pytest.raises(ParseError) as err:
+        parse('want{a="1"} 2 1_000\n', {"want"})
+    assert str(err.value) == "invalid timestamp '1_000' in line 'want{a=\"1\"} 2 1_000'"
+
+
+def test_blanks_before_labels_and_a_label_value_with_a_brace() -> None:
+    page = parse('m  {a="x{y}"} 1\nm\t{b="z"} 2 3000\n', {"m"})
+    assert page["m"] == [Sample("m", {"a": "x{y}"}, 1.0, None), Sample("m", {"b": "z"}, 2.0, 3.0)]

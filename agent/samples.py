@@ -147,6 +147,8 @@ class UsageWindow:
     cached_prompt_tokens: float | None = None  # prompt tokens served from the prefix cache (not computed)
     ttft_delta: Histogram | None = None  # the interval's TTFT observations (bucket deltas), seconds
     itl_delta: Histogram | None = None  # the interval's inter-token latencies (bucket deltas), seconds
+    e2e_delta: Histogram | None = None  # the interval's end-to-end request latencies (bucket deltas), seconds
+    requests_waiting: float | None = None  # requests queued, last value of the gauge
 
     @property
     def duration(self) -> float:

@@ -84,6 +84,15 @@ class ModelState:
     prefix_cache_saved_usd_total: float | None = None  # dollars the cached prompt tokens would have cost
     usd_per_1m_prompt_tokens: float | None = None  # dollars of prefill per 1M prompt tokens (trailing)
     usd_per_1m_output_tokens_decode: float | None = None  # dollars of decode per 1M output tokens (trailing)
+    preemptions_total: float = 0.0  # requests preempted (KV cache full), counter
+    requests_waiting: float | None = None  # requests queued (last value)
+    ttft_p50_seconds: float | None = None  # seconds, trailing window
+    ttft_p95_seconds: float | None = None  # seconds
+    itl_p50_seconds: float | None = None  # seconds
+    itl_p95_seconds: float | None = None  # seconds
+    e2e_p50_seconds: float | None = None  # seconds, end-to-end request latency
+    e2e_p95_seconds: float | None = None  # seconds
+    e2e_p99_seconds: float | None = None  # seconds
     anomaly_score: float | None = None  # > 1 means anomalous
 
 
@@ -109,8 +118,9 @@ class Snapshot:
     python_version: str = platform.python_version()
 
 
-def _merged_p99(deltas: list[Histogram | None]) -> float | None:
-    """p99 of the trailing window's observations: bucket deltas summed (same layout only) first."""
+def _merged_p99(deltas: list[Histogram | None], q: float = 0.99) -> float | None:
+    """A quantile (p99 unless ``q`` says) of the trailing window's observations: bucket deltas
+    summed (same layout only) first."""
     merged: Histogram | None = None
     for h in deltas:
         if h is None:
@@ -123,7 +133,7 @@ def _merged_p99(deltas: list[Histogram | None]) -> float | None:
                 merged.sum + h.sum,
                 merged.count + h.count,
             )
-    return None if merged is None else quantile(merged, 0.99)
+    return None if merged is None else quantile(merged, q)
 
 
 def _add(total: float, delta: float | None) -> float:
@@ -266,6 +276,7 @@ class Ledger:
                     idle_cost_usd_total=_add(prev.idle_cost_usd_total, w.idle_usd),
                     gpu_seconds_total=_add(prev.gpu_seconds_total, u.gpu_seconds),
                     energy_joules_total=_add(prev.energy_joules_total, u.energy_joules),
+                    preemptions_total=_add(prev.preemptions_total, u.preemptions),
                     prompt_cost_usd_total=_add_opt(prev.prompt_cost_usd_total, w.prompt_usd),
                     usage_cost_usd_total=_add_opt(prev.usage_cost_usd_total, w.usage_usd),
                     prefix_cache_saved_usd_total=_add_opt(
@@ -303,6 +314,14 @@ class Ledger:
                 itl_p99_seconds=None,
                 usd_per_1m_prompt_tokens=None,
                 usd_per_1m_output_tokens_decode=None,
+                requests_waiting=None,
+                ttft_p50_seconds=None,
+                ttft_p95_seconds=None,
+                itl_p50_seconds=None,
+                itl_p95_seconds=None,
+                e2e_p50_seconds=None,
+                e2e_p95_seconds=None,
+                e2e_p99_seconds=None,
             )
         secs = sum(w.usage.duration for w in recent)
         cost = sum(w.cost_usd for w in recent)
@@ -331,6 +350,14 @@ class Ledger:
             itl_p99_seconds=_merged_p99([w.usage.itl_delta for w in recent]),
             usd_per_1m_prompt_tokens=prices[0],
             usd_per_1m_output_tokens_decode=prices[1],
+            requests_waiting=last.requests_waiting,
+            ttft_p50_seconds=_merged_p99([w.usage.ttft_delta for w in recent], 0.5),
+            ttft_p95_seconds=_merged_p99([w.usage.ttft_delta for w in recent], 0.95),
+            itl_p50_seconds=_merged_p99([w.usage.itl_delta for w in recent], 0.5),
+            itl_p95_seconds=_merged_p99([w.usage.itl_delta for w in recent], 0.95),
+            e2e_p50_seconds=_merged_p99([w.usage.e2e_delta for w in recent], 0.5),
+            e2e_p95_seconds=_merged_p99([w.usage.e2e_delta for w in recent], 0.95),
+            e2e_p99_seconds=_merged_p99([w.usage.e2e_delta for w in recent]),
         )
 
     def snapshot(self, store_up: bool | None = None) -> Snapshot:

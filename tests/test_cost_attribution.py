@@ -712,3 +712,26 @@ def test_the_ledger_exports_prompt_and_decode_prices_usage_cost_and_savings() ->
     # engine b reports no phase times and no cache: absent, not 0
     assert m["b"].prompt_cost_usd_total is None and m["b"].usd_per_1m_prompt_tokens is None
     assert m["b"].prefix_cache_saved_usd_total is None and m["b"].usage_cost_usd_total == pytest.approx(0.005)
+
+
+def test_the_ledger_exports_latency_quantiles_queue_and_preemptions() -> None:
+    from agent.snapshot import Ledger
+
+    zero = h((0.1, 0), (0.5, 0), (1.0, 0), (INF, 0), total=0.0)
+    delta = h((0.1, 10), (0.5, 60), (1.0, 100), (INF, 100), total=40.0)
+    before = sig("m", 0, ttft_seconds=zero, itl_seconds=zero, e2e_seconds=zero, preemptions_total=5.0)
+    after = sig(
+        "m", 100, ttft_seconds=delta, itl_seconds=delta, e2e_seconds=delta, preemptions_total=8.0,
+        requests_waiting=7.0,
+    )  # fmt: skip
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=(0,)),), BOOK)
+    res = two_ticks(j, {"a": scrape("a", T0, before)}, {"a": scrape("a", T0 + 10, after)})
+    led = Ledger("n1", "test")
+    led.apply(res)
+    (m,) = led.snapshot().models
+    # rank 50 of 100 in (0.1, 0.5] holding 50: 0.1 + 0.4 × 40/50; rank 95 in (0.5, 1] holding 40
+    p50, p95, p99 = 0.1 + 0.4 * 40 / 50, 0.5 + 0.5 * 35 / 40, 0.5 + 0.5 * 39 / 40
+    assert (m.ttft_p50_seconds, m.ttft_p95_seconds, m.ttft_p99_seconds) == pytest.approx((p50, p95, p99))
+    assert (m.itl_p50_seconds, m.itl_p95_seconds) == pytest.approx((p50, p95))
+    assert (m.e2e_p50_seconds, m.e2e_p95_seconds, m.e2e_p99_seconds) == pytest.approx((p50, p95, p99))
+    assert m.requests_waiting == 7.0 and m.preemptions_total == 3.0

@@ -279,6 +279,7 @@ class WindowJoiner:
         g_tok = st.inc("generation_tokens_total") or 0.0
         ttft = _hist_delta(prev.ttft_seconds if prev else None, cur.ttft_seconds if cur else None)
         itl = _hist_delta(prev.itl_seconds if prev else None, cur.itl_seconds if cur else None)
+        e2e = _hist_delta(prev.e2e_seconds if prev else None, cur.e2e_seconds if cur else None)
         usage = UsageWindow(
             node=self.node,
             engine=spec.name,
@@ -300,6 +301,8 @@ class WindowJoiner:
             itl_p99_seconds=_p99(itl),
             ttft_delta=ttft,
             itl_delta=itl,
+            e2e_delta=e2e,
+            requests_waiting=cur.requests_waiting if cur else None,
             prefill_seconds=st.inc("prefill_seconds_total"),
             decode_seconds=st.inc("decode_seconds_total"),
             cached_prompt_tokens=st.inc("cached_prompt_tokens_total"),

@@ -314,6 +314,15 @@ CATALOG: tuple[MetricSpec, ...] = (
         MODEL_LABELS,
     ),
     _m(
+        "model_gpu_info",
+        "gauge",
+        "1",
+        "The GPU model a model version runs on (value 1): join cost and tokens on it to compare GPUs.",
+        "model",
+        "gpu_info",
+        (*MODEL_LABELS, "gpu_model"),
+    ),
+    _m(
         "prompt_cost_usd_total",
         "counter",
         "USD",

@@ -149,6 +149,7 @@ class UsageWindow:
     itl_delta: Histogram | None = None  # the interval's inter-token latencies (bucket deltas), seconds
     e2e_delta: Histogram | None = None  # the interval's end-to-end request latencies (bucket deltas), seconds
     requests_waiting: float | None = None  # requests queued, last value of the gauge
+    gpu_model: str | None = None  # NVML name of the engine's GPUs (sorted, ", "-joined when mixed)
 
     @property
     def duration(self) -> float:

@@ -93,6 +93,7 @@ class ModelState:
     e2e_p50_seconds: float | None = None  # seconds, end-to-end request latency
     e2e_p95_seconds: float | None = None  # seconds
     e2e_p99_seconds: float | None = None  # seconds
+    gpu_model: str | None = None  # the GPUs it runs on, as NVML names them (None: a CPU engine)
     anomaly_score: float | None = None  # > 1 means anomalous
 
 
@@ -351,6 +352,7 @@ class Ledger:
             usd_per_1m_prompt_tokens=prices[0],
             usd_per_1m_output_tokens_decode=prices[1],
             requests_waiting=last.requests_waiting,
+            gpu_model=last.gpu_model,
             ttft_p50_seconds=_merged_p99([w.usage.ttft_delta for w in recent], 0.5),
             ttft_p95_seconds=_merged_p99([w.usage.ttft_delta for w in recent], 0.95),
             itl_p50_seconds=_merged_p99([w.usage.itl_delta for w in recent], 0.5),
@@ -406,6 +408,10 @@ def series(spec: MetricSpec, snap: Snapshot) -> Iterator[tuple[tuple[str, ...], 
             yield labels, getattr(e, spec.field)
     elif spec.source == "model":
         for m in snap.models:
+            if spec.field == "gpu_info":
+                if m.gpu_model is not None:
+                    yield (node, m.engine, m.model, m.model_version, m.gpu_model), 1.0
+                continue
             yield (node, m.engine, m.model, m.model_version), getattr(m, spec.field)
     elif spec.source == "deploy":
         for (engine, model, version), at in sorted(snap.deploys.items()):

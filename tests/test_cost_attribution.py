@@ -735,3 +735,20 @@ def test_the_ledger_exports_latency_quantiles_queue_and_preemptions() -> None:
     assert (m.itl_p50_seconds, m.itl_p95_seconds) == pytest.approx((p50, p95))
     assert (m.e2e_p50_seconds, m.e2e_p95_seconds, m.e2e_p99_seconds) == pytest.approx((p50, p95, p99))
     assert m.requests_waiting == 7.0 and m.preemptions_total == 3.0
+
+
+def test_each_model_version_names_its_gpu_model_for_cost_by_gpu() -> None:
+    from agent.catalog import CATALOG
+    from agent.snapshot import Ledger, series
+
+    engines = (EngineSpec("a", gpus=(0,)), EngineSpec("cpu"))
+    j = WindowJoiner("n1", engines, BOOK)
+    res = two_ticks(
+        j,
+        {"a": scrape("a", T0, sig("m", 0)), "cpu": scrape("cpu", T0, sig("t", 0))},
+        {"a": scrape("a", T0 + 10, sig("m", 1)), "cpu": scrape("cpu", T0 + 10, sig("t", 1))},
+    )
+    led = Ledger("n1", "test")
+    led.apply(res)
+    (spec,) = [s for s in CATALOG if s.name == "model_gpu_info"]
+    assert list(series(spec, led.snapshot())) == [(("n1", "a", "m", "unknown", H100), 1.0)]  # no CPU row

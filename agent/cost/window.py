@@ -303,6 +303,7 @@ class WindowJoiner:
             itl_delta=itl,
             e2e_delta=e2e,
             requests_waiting=cur.requests_waiting if cur else None,
+            gpu_model=", ".join(sorted({charges[u].reading.sample.name for u in mc.gpus})) or None,
             prefill_seconds=st.inc("prefill_seconds_total"),
             decode_seconds=st.inc("decode_seconds_total"),
             cached_prompt_tokens=st.inc("cached_prompt_tokens_total"),

@@ -15,6 +15,15 @@ from dataclasses import dataclass, field
 # ---------------------------------------------------------------------------------------------
 
 
+# NVML clock event reasons (nvmlClocksEventReason*, the former "throttle reasons"): the bits that
+# mean the clocks were held below what the load asked for. GPU idle, application clock settings,
+# sync boost and display clocks are not throttling.
+CLOCKS_POWER = 0x4 | 0x80  # SwPowerCap, HwPowerBrakeSlowdown
+CLOCKS_THERMAL = 0x20 | 0x40  # SwThermalSlowdown, HwThermalSlowdown
+CLOCKS_HW_SLOWDOWN = 0x8  # HwSlowdown
+CLOCKS_THROTTLED = CLOCKS_POWER | CLOCKS_THERMAL | CLOCKS_HW_SLOWDOWN
+
+
 @dataclass(frozen=True, slots=True)
 class GpuSample:
     """One NVML reading of one GPU (or MIG instance) at one instant."""
@@ -37,6 +46,30 @@ class GpuSample:
     mem_clock_hz: float | None = None  # hertz
     temperature_celsius: float | None = None  # degrees Celsius
     error: str | None = None  # why up is False
+    clock_event_reasons: int | None = None  # NVML clock event ("throttle") reasons bitmask
+
+    def _reason(self, mask: int) -> float | None:
+        return None if self.clock_event_reasons is None else float(bool(self.clock_event_reasons & mask))
+
+    @property
+    def power_capped(self) -> float | None:
+        """1 when clocks are held down by the power cap or power brake, 0 when not, None unknown."""
+        return self._reason(CLOCKS_POWER)
+
+    @property
+    def thermal_throttled(self) -> float | None:
+        """1 when clocks are held down by temperature (software or hardware), 0 when not."""
+        return self._reason(CLOCKS_THERMAL)
+
+    @property
+    def hw_slowdown(self) -> float | None:
+        """1 when the hardware slowdown signal (power brake, thermal, supply) is active, 0 when not."""
+        return self._reason(CLOCKS_HW_SLOWDOWN)
+
+    @property
+    def throttled(self) -> float | None:
+        """1 when any of the above holds the clocks down (a cost cause: fewer tokens per dollar)."""
+        return self._reason(CLOCKS_THROTTLED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +183,7 @@ class UsageWindow:
     e2e_delta: Histogram | None = None  # the interval's end-to-end request latencies (bucket deltas), seconds
     requests_waiting: float | None = None  # requests queued, last value of the gauge
     gpu_model: str | None = None  # NVML name of the engine's GPUs (sorted, ", "-joined when mixed)
+    throttled_gpu_seconds: float | None = None  # GPU-seconds with clocks held down (power cap, heat)
 
     @property
     def duration(self) -> float:

@@ -94,6 +94,7 @@ class ModelState:
     e2e_p95_seconds: float | None = None  # seconds
     e2e_p99_seconds: float | None = None  # seconds
     gpu_model: str | None = None  # the GPUs it runs on, as NVML names them (None: a CPU engine)
+    throttled_gpu_seconds_total: float | None = None  # GPU-seconds its GPUs spent throttled
     anomaly_score: float | None = None  # > 1 means anomalous
 
 
@@ -278,6 +279,9 @@ class Ledger:
                     gpu_seconds_total=_add(prev.gpu_seconds_total, u.gpu_seconds),
                     energy_joules_total=_add(prev.energy_joules_total, u.energy_joules),
                     preemptions_total=_add(prev.preemptions_total, u.preemptions),
+                    throttled_gpu_seconds_total=_add_opt(
+                        prev.throttled_gpu_seconds_total, u.throttled_gpu_seconds
+                    ),
                     prompt_cost_usd_total=_add_opt(prev.prompt_cost_usd_total, w.prompt_usd),
                     usage_cost_usd_total=_add_opt(prev.usage_cost_usd_total, w.usage_usd),
                     prefix_cache_saved_usd_total=_add_opt(

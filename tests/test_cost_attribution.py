@@ -752,3 +752,35 @@ def test_each_model_version_names_its_gpu_model_for_cost_by_gpu() -> None:
     led.apply(res)
     (spec,) = [s for s in CATALOG if s.name == "model_gpu_info"]
     assert list(series(spec, led.snapshot())) == [(("n1", "a", "m", "unknown", H100), 1.0)]  # no CPU row
+
+
+def test_gpu_seconds_spent_throttled_are_charged_to_the_model_that_held_the_gpu() -> None:
+    from agent.snapshot import Ledger
+
+    def g(t: float, reasons: int | None) -> GpuSample:
+        return GpuSample(0, "GPU-0", H100, t, util_gpu_ratio=0.9, clock_event_reasons=reasons)
+
+    engines = (EngineSpec("a", gpus=(0,)), EngineSpec("b", gpus=(0,)))
+    j = WindowJoiner("n1", engines, BOOK)
+    j.add_round(rnd(T0, g(T0, 0)))
+    j.close_tick(T0, {"a": scrape("a", T0, sig("m", 0)), "b": scrape("b", T0, sig("x", 0))})
+    j.add_round(rnd(T0 + 5, g(T0 + 5, 0x4)))  # power capped
+    j.add_round(rnd(T0 + 10, g(T0 + 10, 0x1)))  # idle: not throttling
+    res = conserved(
+        j.close_tick(
+            T0 + 10, {"a": scrape("a", T0 + 10, sig("m", 3)), "b": scrape("b", T0 + 10, sig("x", 1))}
+        )
+    )
+    w = {x.usage.engine: x for x in res.windows}
+    # half the tick's readings were throttled: 10 s × 0.5, split equally between the two engines
+    assert w["a"].usage.throttled_gpu_seconds == pytest.approx(2.5)
+    assert w["b"].usage.throttled_gpu_seconds == pytest.approx(2.5)
+    led = Ledger("n1", "test")
+    led.apply(res)
+    assert {m.engine: m.throttled_gpu_seconds_total for m in led.snapshot().models} == pytest.approx(
+        {"a": 2.5, "b": 2.5}
+    )
+    # without reasons from NVML the figure is absent, not 0
+    j2 = WindowJoiner("n1", engines[:1], BOOK)
+    res2 = two_ticks(j2, {"a": scrape("a", T0, sig("m", 0))}, {"a": scrape("a", T0 + 10, sig("m", 1))})
+    assert res2.windows[0].usage.throttled_gpu_seconds is None

@@ -445,3 +445,36 @@ def test_make_backend_auto_and_real_on_this_machine(caplog: pytest.LogCaptureFix
             assert r.up and all(g.name for g in r.gpus)
         finally:
             backend.close()
+
+
+def test_clock_event_reasons_power_cap_thermal_slowdown_and_absent() -> None:
+    full = GpuLoad(util_gpu_ratio=1.0, dram_bw_ratio=1.0, memory_used_bytes=40e9)
+    loads = {0: full, 1: HALF, 2: None}
+    clock = ManualClock()
+    fake = FakeNvml("H100-SXM", 4, lambda i, _t: loads.get(i, HALF), clock=clock.now)
+    fake.set_clock_event_reasons(1, pynvml.nvmlClocksEventReasonHwThermalSlowdown)
+    fake.set_not_supported("nvmlDeviceGetCurrentClocksEventReasons", 3)
+    backend = NvmlBackend(fake)
+    backend.open()
+    g = {s.index: s for s in backend.read_round(clock.now()).gpus}
+    # GPU 0 draws its whole 700 W limit: the power cap holds its clocks
+    assert g[0].clock_event_reasons == 0x4 and g[0].power_capped == 1.0 and g[0].throttled == 1.0
+    assert (g[1].clock_event_reasons, g[1].thermal_throttled, g[1].power_capped) == (0x40, 1.0, 0.0)
+    # an idle GPU reports GpuIdle, which is not throttling
+    assert g[2].clock_event_reasons == 0x1 and g[2].throttled == 0.0 and g[2].hw_slowdown == 0.0
+    assert g[3].clock_event_reasons is None and g[3].throttled is None  # NotSupported: absent
+
+
+def test_clock_event_reasons_fall_back_to_the_throttle_reasons_call() -> None:
+    class OldDriver(FakeNvml):
+        def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: object) -> int:
+            return 0x8  # HwSlowdown, under its pre-535 name
+
+    fake = OldDriver("H100-SXM", 1, constant(HALF), clock=ManualClock().now)
+    fake.set_not_supported(
+        "nvmlDeviceGetCurrentClocksEventReasons", code=pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+    )
+    backend = NvmlBackend(fake)
+    backend.open()
+    (s,) = backend.read_round(0.0).gpus
+    assert s.clock_event_reasons == 0x8 and s.hw_slowdown == 1.0

@@ -53,6 +53,7 @@ class ModelCharge:
     priced: bool  # every GPU read (or remembered) and priced, or the engine has its own price
     estimated: bool  # some GPU was not read this tick (charged from its last reading)
     usage_usd: float | None = None  # dollars weighted by each GPU's busy ratio; None: a ratio unknown
+    throttled_gpu_seconds: float | None = None  # GPU-seconds with clocks held down; None: unknown
 
     @property
     def cost_usd(self) -> float:
@@ -127,11 +128,14 @@ def attribute(
             joules: float | None = None
             watts: float | None = None
             busy: float | None = 0.0 if gpus else None
+            throttled: float | None = None
             for u in gpus:
                 c = charges[u]
                 f = shares[u][e.name] * ms
                 util = c.reading.util_ratio
                 busy = None if busy is None or util is None else busy + c.cost_usd * f * util
+                if c.reading.throttled_ratio is not None:
+                    throttled = (throttled or 0.0) + seconds * f * c.reading.throttled_ratio
                 time_usd += c.time_usd * f
                 energy_usd += c.energy_usd * f
                 gpu_seconds += seconds * f
@@ -159,6 +163,7 @@ def attribute(
                     priced,
                     estimated,
                     busy,
+                    throttled,
                 )
             )
     return Attribution(tuple(out), allocated, used, engine_usd)

@@ -48,6 +48,7 @@ class GpuReading:
     prev_energy_joules: float | None  # the energy counter at the previous tick's close (None: a gap)
     util_ratio: float | None = None  # 0–1, mean utilisation over the tick's readings
     bw_ratio: float | None = None  # 0–1, mean DRAM bandwidth (GPM), else memory-busy ratio
+    throttled_ratio: float | None = None  # 0–1, share of readings with clocks held down (power, heat)
 
 
 @dataclass(frozen=True, slots=True)

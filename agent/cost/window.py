@@ -164,6 +164,7 @@ class WindowJoiner:
                 prev_energy_joules=prev_j,
                 util_ratio=_mean(x.util_gpu_ratio for x in up),
                 bw_ratio=bw if bw is not None else _mean(x.util_memory_ratio for x in up),
+                throttled_ratio=_mean(x.throttled for x in up),
             )
         return out
 
@@ -304,6 +305,7 @@ class WindowJoiner:
             e2e_delta=e2e,
             requests_waiting=cur.requests_waiting if cur else None,
             gpu_model=", ".join(sorted({charges[u].reading.sample.name for u in mc.gpus})) or None,
+            throttled_gpu_seconds=mc.throttled_gpu_seconds,
             prefill_seconds=st.inc("prefill_seconds_total"),
             decode_seconds=st.inc("decode_seconds_total"),
             cached_prompt_tokens=st.inc("cached_prompt_tokens_total"),

@@ -144,6 +144,7 @@ NAMES: Mapping[str, str] = {
     "e2e_p99_seconds": "infercost.request.duration.p99",
     "requests_waiting": "infercost.requests.waiting",
     "preemptions_total": "infercost.preemptions",
+    "throttled_gpu_seconds_total": "infercost.gpu.throttled_time",
     "deploy_timestamp_seconds": "infercost.deploy.time",
     "kv_cache_usage_ratio": "infercost.kv_cache.usage",
     "store_files_recovered_total": "infercost.store.recovered_files",

@@ -343,6 +343,7 @@ class NvmlBackend:
             uuid, "mem_clock", lambda: lib.nvmlDeviceGetClockInfo(handle, lib.NVML_CLOCK_MEM)
         )
         temp = self._call(uuid, "temperature", lambda: self._temperature(handle))
+        reasons = self._call(uuid, "clock_event_reasons", lambda: self._clock_event_reasons(handle))
         dram, sm = self._read_gpm(gpm_key, handle, parent)
         return GpuSample(
             index=index,
@@ -361,7 +362,18 @@ class NvmlBackend:
             sm_clock_hz=sm_mhz * MHZ if sm_mhz is not None else None,
             mem_clock_hz=mem_mhz * MHZ if mem_mhz is not None else None,
             temperature_celsius=float(temp) if temp is not None else None,
+            clock_event_reasons=int(reasons) if reasons is not None else None,
         )
+
+    def _clock_event_reasons(self, handle: Any) -> Any:
+        """The clock event reasons bitmask (drivers ≥ 535 name it so; older ones "throttle reasons")."""
+        lib = self._lib
+        try:
+            return lib.nvmlDeviceGetCurrentClocksEventReasons(handle)
+        except lib.NVMLError as err:
+            if getattr(err, "value", None) != lib.NVML_ERROR_FUNCTION_NOT_FOUND:
+                raise
+        return lib.nvmlDeviceGetCurrentClocksThrottleReasons(handle)
 
     def _temperature(self, handle: Any) -> Any:
         """GPU temperature: the versioned call where the driver has it (probed once, cached),

@@ -131,6 +131,7 @@ class _Device:
     lost_after: int | None = None  # calls left before it is lost (0 = lost now)
     lost_code: int = _nv.NVML_ERROR_GPU_IS_LOST
     not_supported: dict[str, int] = field(default_factory=dict)  # function → NVML error code
+    forced_reasons: int = 0  # clock event reasons a test holds on (thermal, hardware slowdown ...)
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +242,12 @@ class FakeNvml:
             for dev in self._devices:
                 if index is None or dev.index == index:
                     dev.not_supported[function] = code
+
+    def set_clock_event_reasons(self, index: int, reasons: int) -> None:
+        """Hold clock event reasons (an ``nvmlClocksEventReason*`` bitmask) on GPU ``index`` on top
+        of those the load model gives (GpuIdle at rest, SwPowerCap at the power limit)."""
+        with self._lock:
+            self._devices[index].forced_reasons = reasons
 
     def lose_gpu(self, index: int, after_calls: int = 0, code: int = _nv.NVML_ERROR_GPU_IS_LOST) -> None:
         """GPU ``index`` fails every call with ``code`` (GpuIsLost by default) once
@@ -460,6 +467,20 @@ class FakeNvml:
     def nvmlDeviceGetTemperatureV(self, handle: Any, sensor: int) -> int:
         """GPU core temperature in degrees Celsius (the versioned call of newer drivers)."""
         return self._temperature(handle, sensor, "nvmlDeviceGetTemperatureV")
+
+    @_api
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
+        """Why the clocks are where they are (a bitmask): GpuIdle at rest, SwPowerCap when the load
+        model draws the whole power limit, plus whatever a test holds on; per board, not per MIG."""
+        dev = self._device(handle, "nvmlDeviceGetCurrentClocksEventReasons")
+        self._not_on_mig(handle)
+        self._advance(dev)
+        reasons = dev.forced_reasons
+        if dev.load.util_gpu_ratio < IDLE_UTIL:
+            reasons |= _nv.nvmlClocksEventReasonGpuIdle
+        if model_power_watts(dev.profile, dev.load) >= dev.profile.tdp_watts:
+            reasons |= _nv.nvmlClocksEventReasonSwPowerCap
+        return reasons
 
     @_api
     def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:

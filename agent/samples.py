@@ -207,6 +207,8 @@ class CostWindow:
     prompt_usd: float | None = None  # dollars of prefill time (phase-time share); None: no phase times
     usage_usd: float | None = None  # dollars weighted by measured GPU busy time (usage basis)
     prefix_cache_saved_usd: float | None = None  # what the cached prompt tokens would have cost
+    floor_usd_per_1m_output: float | None = None  # $/1M output tokens at the roofline, running batch
+    floor_usd_per_1m_output_max_batch: float | None = None  # at the largest batch the KV cache holds
 
     @property
     def output_usd(self) -> float:

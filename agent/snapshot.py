@@ -95,6 +95,8 @@ class ModelState:
     e2e_p99_seconds: float | None = None  # seconds
     gpu_model: str | None = None  # the GPUs it runs on, as NVML names them (None: a CPU engine)
     throttled_gpu_seconds_total: float | None = None  # GPU-seconds its GPUs spent throttled
+    usd_per_1m_output_tokens_floor: float | None = None  # at the roofline, running batch (trailing)
+    usd_per_1m_output_tokens_floor_max_batch: float | None = None  # at the largest batch the KV holds
     anomaly_score: float | None = None  # > 1 means anomalous
 
 
@@ -327,6 +329,8 @@ class Ledger:
                 e2e_p50_seconds=None,
                 e2e_p95_seconds=None,
                 e2e_p99_seconds=None,
+                usd_per_1m_output_tokens_floor=None,
+                usd_per_1m_output_tokens_floor_max_batch=None,
             )
         secs = sum(w.usage.duration for w in recent)
         cost = sum(w.cost_usd for w in recent)
@@ -357,6 +361,10 @@ class Ledger:
             usd_per_1m_output_tokens_decode=prices[1],
             requests_waiting=last.requests_waiting,
             gpu_model=last.gpu_model,
+            usd_per_1m_output_tokens_floor=_wmean([(w.floor_usd_per_1m_output, d) for w, d in weights]),
+            usd_per_1m_output_tokens_floor_max_batch=_wmean(
+                [(w.floor_usd_per_1m_output_max_batch, d) for w, d in weights]
+            ),
             ttft_p50_seconds=_merged_p99([w.usage.ttft_delta for w in recent], 0.5),
             ttft_p95_seconds=_merged_p99([w.usage.ttft_delta for w in recent], 0.95),
             itl_p50_seconds=_merged_p99([w.usage.itl_delta for w in recent], 0.5),

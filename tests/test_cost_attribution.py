@@ -784,3 +784,27 @@ def test_gpu_seconds_spent_throttled_are_charged_to_the_model_that_held_the_gpu(
     j2 = WindowJoiner("n1", engines[:1], BOOK)
     res2 = two_ticks(j2, {"a": scrape("a", T0, sig("m", 0))}, {"a": scrape("a", T0 + 10, sig("m", 1))})
     assert res2.windows[0].usage.throttled_gpu_seconds is None
+
+
+def test_each_window_carries_its_cost_floor_and_the_ledger_exports_it() -> None:
+    from agent.snapshot import Ledger
+
+    spec = EngineSpec(
+        "a", gpus=(0,), weights_bytes=140e9, kv_bytes_per_token=327_680, kv_capacity_tokens=100_000
+    )
+    before = sig("m", 0)
+    after = sig("m", 500, requests_running=4.0, kv_cache_usage_ratio=0.04)  # 4,000 resident tokens
+    j = WindowJoiner("n1", (spec,), BOOK)
+    res = two_ticks(j, {"a": scrape("a", T0, before)}, {"a": scrape("a", T0 + 10, after)})
+    (w,) = res.windows
+    # $0.001/s; batch 4 at 1,000 tokens each: step = (140e9 + 4,000 × 327,680) / 3.35e12
+    step = (140e9 + 4000 * 327_680) / 3.35e12
+    assert w.floor_usd_per_1m_output == pytest.approx(0.001 / (4 / step) * 1e6)
+    step_full = (140e9 + 100_000 * 327_680) / 3.35e12  # 100 sequences of 1,000 tokens
+    assert w.floor_usd_per_1m_output_max_batch == pytest.approx(0.001 / (100 / step_full) * 1e6)
+    led = Ledger("n1", "test")
+    led.apply(res)
+    (m,) = led.snapshot().models
+    assert m.usd_per_1m_output_tokens_floor == pytest.approx(w.floor_usd_per_1m_output)
+    assert m.usd_per_1m_output_tokens == pytest.approx(20.0)  # paid: $0.01 for 500 tokens
+    assert m.usd_per_1m_output_tokens_floor is not None and m.usd_per_1m_output_tokens_floor < 20.0

@@ -234,3 +234,29 @@ def test_prefix_cache_saved(
     from agent.cost.split import prefix_cache_saved
 
     assert prefix_cache_saved(prompt_usd, prompt_tokens, cached) == expected
+
+
+def test_cost_floor_reference_70b_on_one_h100() -> None:
+    from agent.cost.floor import cost_floor
+
+    # $3.60/h = $0.001/s; one sequence: step = 140e9 / 3.35e12 = 41.79 ms → 23.93 tok/s → $41.79 per 1M
+    f = cost_floor(0.001, 140e9, 3.35e12)
+    assert f is not None and f.usd_per_1m_at_batch == pytest.approx(0.001 * (140e9 / 3.35e12) * 1e6)
+    assert f.usd_per_1m_at_max_batch is None and f.max_batch is None
+
+
+def test_cost_floor_at_the_batch_and_at_the_largest_batch_the_kv_cache_holds() -> None:
+    from agent.cost.floor import cost_floor
+
+    kv = 327_680.0
+    # 16 running over 2 replicas (8 each) on 2 H100s, 8,000 resident tokens per replica (1,000 each)
+    f = cost_floor(0.002, 140e9, 2 * 3.35e12, replicas=2, running=16, resident_kv_tokens=8000,
+                   kv_bytes_per_token=kv, kv_capacity_tokens=100_000)  # fmt: skip
+    assert f is not None
+    step = (140e9 + 8000 * kv) / 3.35e12  # one replica's step
+    assert f.usd_per_1m_at_batch == pytest.approx(0.002 / (2 * 8 / step) * 1e6)
+    # the cache holds 100,000 / 1,000 = 100 sequences per replica; a step then reads it all
+    step_full = (140e9 + 100_000 * kv) / 3.35e12
+    assert f.max_batch == pytest.approx(100.0)
+    assert f.usd_per_1m_at_max_batch == pytest.approx(0.002 / (2 * 100 / step_full) * 1e6)
+    assert cost_floor(0.002, 0.0, 3.35e12) is None and cost_floor(0.002, 140e9, 0.0) is None

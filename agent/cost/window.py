@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from agent.cost.attribution import ModelCharge, ModelTokens, attribute, engine_gpus
 from agent.cost.counters import CounterMemory, counter_increase
 from agent.cost.efficiency import DecodeObservation, ModelFigures, decode_efficiency
+from agent.cost.floor import CostFloor, cost_floor
 from agent.cost.inputs import EngineSpec, PriceTable
 from agent.cost.model import bandwidth_of, usd_per_million
 from agent.cost.pricing import GpuCharge, GpuReading, price_gpus
@@ -314,7 +315,9 @@ class WindowJoiner:
         tokens = p_tok + g_tok
         prompt_usd = prompt_cost(cost, usage.prefill_seconds, usage.decode_seconds) if tokens > 0 else None
         sc_kind = kinds.get(spec.name) or spec.kind
-        roof = _efficiency(usage, cur, sc_kind, spec, [charges[u].reading.sample.name for u in mc.gpus])
+        names = [charges[u].reading.sample.name for u in mc.gpus]
+        roof = _efficiency(usage, cur, sc_kind, spec, names)
+        floor = _floor(usage, cur, spec, names, cost)
         return CostWindow(
             usage=usage,
             gpu_time_usd=mc.time_usd,
@@ -328,6 +331,8 @@ class WindowJoiner:
             prompt_usd=prompt_usd,
             usage_usd=mc.usage_usd,
             prefix_cache_saved_usd=prefix_cache_saved(prompt_usd, p_tok, usage.cached_prompt_tokens),
+            floor_usd_per_1m_output=floor.usd_per_1m_at_batch if floor and mc.priced else None,
+            floor_usd_per_1m_output_max_batch=floor.usd_per_1m_at_max_batch if floor and mc.priced else None,
         )
 
     # ------------------------------------------------------------------ internals
@@ -375,3 +380,25 @@ def _efficiency(
     )
     figures = ModelFigures(spec.weights_bytes, spec.kv_bytes_per_token, spec.kv_capacity_tokens)
     return decode_efficiency(obs, figures)
+
+
+def _floor(
+    usage: UsageWindow, cur: ModelSignals | None, spec: EngineSpec, gpu_names: Sequence[str], cost: float
+) -> CostFloor | None:
+    """The cost floor of one window (:mod:`agent.cost.floor`): the model's dollars per second over
+    the ceiling of its engine's GPUs at the running batch; None without the model's weights."""
+    if cur is None or not spec.weights_bytes or usage.duration <= 0:
+        return None
+    ranks = len(cur.counter_parts.get("generation_tokens_total", {})) or 1
+    capacity = cur.kv_capacity_tokens or spec.kv_capacity_tokens
+    kv = usage.kv_cache_usage_ratio
+    return cost_floor(
+        cost / usage.duration,
+        spec.weights_bytes,
+        sum(bandwidth_of(n) or 0.0 for n in gpu_names),
+        ranks,
+        usage.requests_running,
+        kv * capacity if kv is not None and capacity else 0.0,
+        spec.kv_bytes_per_token,
+        capacity,
+    )

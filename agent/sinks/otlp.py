@@ -145,6 +145,8 @@ NAMES: Mapping[str, str] = {
     "requests_waiting": "infercost.requests.waiting",
     "preemptions_total": "infercost.preemptions",
     "throttled_gpu_seconds_total": "infercost.gpu.throttled_time",
+    "usd_per_1m_output_tokens_floor": "infercost.output_token.cost_floor",
+    "usd_per_1m_output_tokens_floor_max_batch": "infercost.output_token.cost_floor_max_batch",
     "deploy_timestamp_seconds": "infercost.deploy.time",
     "kv_cache_usage_ratio": "infercost.kv_cache.usage",
     "store_files_recovered_total": "infercost.store.recovered_files",
@@ -168,6 +170,8 @@ UNITS_BY_ROW: Mapping[str, str] = {
     "usd_per_1m_tokens": "{USD}/10*6{token}",
     "usd_per_1m_prompt_tokens": "{USD}/10*6{token}",
     "usd_per_1m_output_tokens_decode": "{USD}/10*6{token}",
+    "usd_per_1m_output_tokens_floor": "{USD}/10*6{token}",
+    "usd_per_1m_output_tokens_floor_max_batch": "{USD}/10*6{token}",
 }
 
 

@@ -8,8 +8,8 @@
   serves many requests at once, so this is an allocation, not a measurement of GPU cycles.
   Without both times (SGLang, Triton, TGI without durations) there is **no split** — the prompt
   figure is absent, never guessed — and the all-in ``$ per 1M output tokens`` stands.
-  (OpenCost's LLM cost prices prompt and completion tokens by a list-price ratio per model; here
-  the split comes from what the engine measured.)
+  (Token-priced tools split by fixed per-token rates for prompt and completion tokens; here the
+  split comes from what the engine measured on this hardware.)
 - **Usage basis**: the allocation basis (today's figure) charges every GPU-second held; the usage
   basis weights each GPU's dollars by its measured busy ratio (NVML utilisation), so
   allocation − usage is what was paid for while kernels were not running.

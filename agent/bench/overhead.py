@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from agent.bench.parse import compare
 
@@ -141,13 +143,22 @@ def run(seconds: float = 60.0, print_fn: Callable[[str], Any] = print) -> dict[s
             cpu0, t0 = _cpu_seconds(daemon.pid), time.monotonic()
             next_scrape = t0
             scrapes = 0
-            while time.monotonic() - t0 < seconds:
-                if time.monotonic() >= next_scrape:
-                    with urllib.request.urlopen(metrics_url, timeout=5) as r:
-                        r.read()
-                    scrapes += 1
-                    next_scrape += 15.0
-                time.sleep(0.25)
+            with Progress(
+                TextColumn("measuring the daemon"),
+                BarColumn(),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            ) as bar:
+                task = bar.add_task("measure", total=seconds)
+                while time.monotonic() - t0 < seconds:
+                    if time.monotonic() >= next_scrape:
+                        with urllib.request.urlopen(metrics_url, timeout=5) as r:
+                            r.read()
+                        scrapes += 1
+                        next_scrape += 15.0
+                    bar.update(task, completed=time.monotonic() - t0)
+                    time.sleep(0.25)
             wall = time.monotonic() - t0
             cpu = _cpu_seconds(daemon.pid) - cpu0
             rss = _peak_rss_mb(daemon.pid)

@@ -173,6 +173,10 @@ def test_a_mig_instance_whose_parent_was_not_read_pays_its_profile_share() -> No
         (inst(T0), inst(T0 + 10)),
     )
     assert res.windows[0].cost_usd == pytest.approx(0.01 * 2 / 7)
+    assert res.gpus[0].estimated is False
+    j.add_round(NvmlRound(T0 + 20, False, ()))
+    later = conserved(j.close_tick(T0 + 20, {"one": scrape("one", T0 + 20, sig("m", 9))}))
+    assert later.gpus[0].estimated is True and later.windows[0].cost_usd == pytest.approx(0.01 * 2 / 7)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -812,3 +812,79 @@ def test_each_window_carries_its_cost_floor_and_the_ledger_exports_it() -> None:
     assert m.usd_per_1m_output_tokens_floor == pytest.approx(w.floor_usd_per_1m_output)
     assert m.usd_per_1m_output_tokens == pytest.approx(20.0)  # paid: $0.01 for 500 tokens
     assert m.usd_per_1m_output_tokens_floor is not None and m.usd_per_1m_output_tokens_floor < 20.0
+
+
+def test_the_floor_per_replica_with_the_engines_capacity_and_none_on_an_unknown_gpu() -> None:
+    spec = EngineSpec("a", gpus=(0, 1), weights_bytes=140e9, kv_bytes_per_token=1000.0)
+    parts = lambda a, b: {"generation_tokens_total": {"g,engine=0": a, "g,engine=1": b}}  # noqa: E731
+    before = sig("m", 0, counter_parts=parts(0, 0))
+    after = sig(
+        "m", 20, counter_parts=parts(10, 10), requests_running=8.0, kv_cache_usage_ratio=0.5,
+        kv_capacity_tokens=8000.0,
+    )  # fmt: skip
+    j = WindowJoiner("n1", (spec,), BOOK)
+    res = two_ticks(
+        j, {"a": scrape("a", T0, before)}, {"a": scrape("a", T0 + 5, after)}, (rnd(T0), rnd(T0 + 5)), dt_s=5
+    )
+    (w,) = res.windows
+    # 2 replicas, 4 running each, 4,000 resident per replica (1,000 each): step = (140e9 + 4e6) / 3.35e12
+    step = (140e9 + 4000 * 1000.0) / 3.35e12
+    usd_per_s = 2 * 0.001
+    assert w.floor_usd_per_1m_output == pytest.approx(usd_per_s / (2 * 4 / step) * 1e6)
+    step_full = (140e9 + 8000 * 1000.0) / 3.35e12  # 8 sequences of 1,000 tokens per replica
+    assert w.floor_usd_per_1m_output_max_batch == pytest.approx(usd_per_s / (2 * 8 / step_full) * 1e6)
+    # no KV usage reading: weights only, no max batch
+    res2 = two_ticks(
+        WindowJoiner("n1", (spec,), BOOK), {"a": scrape("a", T0, before)},
+        {"a": scrape("a", T0 + 5, sig("m", 20, counter_parts=parts(10, 10), requests_running=8.0,
+                                      kv_capacity_tokens=8000.0))},
+        (rnd(T0), rnd(T0 + 5)), dt_s=5,
+    )  # fmt: skip
+    assert res2.windows[0].floor_usd_per_1m_output == pytest.approx(
+        usd_per_s / (2 * 4 / (140e9 / 3.35e12)) * 1e6
+    )
+    assert res2.windows[0].floor_usd_per_1m_output_max_batch is None
+    mystery = lambda t: rnd(t, gpu(0, t, name="Mystery GPU"), gpu(1, t, name="Mystery GPU"))  # noqa: E731
+    res3 = two_ticks(
+        WindowJoiner("n1", (spec,), BOOK), {"a": scrape("a", T0, before)}, {"a": scrape("a", T0 + 5, after)},
+        (mystery(T0), mystery(T0 + 5)), dt_s=5,
+    )  # fmt: skip
+    assert res3.windows[0].floor_usd_per_1m_output is None
+
+
+def test_mixed_gpus_are_named_together_and_a_cpu_engine_has_no_usage_cost() -> None:
+    a100 = "NVIDIA A100-SXM4-80GB"
+    book = PriceTable(gpus=(GpuRate("H100", 3.6), GpuRate("A100", 1.8)), engines={"cpu": 0.36})
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=(0, 1)), EngineSpec("cpu")), book)
+    rounds = tuple(rnd(t, gpu(0, t), gpu(1, t, name=a100)) for t in (T0, T0 + 10))
+    res = two_ticks(
+        j,
+        {"a": scrape("a", T0, sig("m", 0)), "cpu": scrape("cpu", T0, sig("t", 0))},
+        {"a": scrape("a", T0 + 10, sig("m", 1)), "cpu": scrape("cpu", T0 + 10, sig("t", 1))},
+        rounds,  # type: ignore[arg-type]
+    )
+    w = {x.usage.engine: x for x in res.windows}
+    assert w["a"].usage.gpu_model == f"{a100}, {H100}"
+    assert w["cpu"].usage.gpu_model is None and w["cpu"].usage_usd is None
+
+
+def test_the_prompt_split_needs_tokens_one_is_enough() -> None:
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=(0,)),), BOOK)
+    b = sig("m", 0, prefill_seconds_total=0.0, decode_seconds_total=0.0)
+    one = sig("m", 1, prefill_seconds_total=1.0, decode_seconds_total=3.0)
+    res = two_ticks(j, {"a": scrape("a", T0, b)}, {"a": scrape("a", T0 + 10, one)})
+    assert res.windows[0].prompt_usd == pytest.approx(0.0025)
+    j2 = WindowJoiner("n1", (EngineSpec("a", gpus=(0,)),), BOOK)
+    none = sig("m", 0, prefill_seconds_total=1.0, decode_seconds_total=3.0)  # phase time, no tokens
+    res2 = two_ticks(j2, {"a": scrape("a", T0, b)}, {"a": scrape("a", T0 + 10, none)})
+    assert res2.windows[0].prompt_usd is None and res2.windows[0].idle_usd == pytest.approx(0.01)
+
+
+def test_decode_efficiency_leaves_the_prefill_share_of_request_time_out() -> None:
+    spec = EngineSpec("a", gpus=(0,), weights_bytes=140e9)
+    before = sig("m", 0, decode_seconds_total=0.0, prefill_seconds_total=0.0)
+    after = sig("m", 428.4, decode_seconds_total=40.0, prefill_seconds_total=2.0)
+    j = WindowJoiner("n1", (spec,), BOOK)
+    res = two_ticks(j, {"a": scrape("a", T0, before)}, {"a": scrape("a", T0 + 10, after)})
+    # prefill took 2 of the window's 10 s: the measured step is 40 / 428.4 × (1 − 0.2)
+    assert res.windows[0].roofline_ratio == pytest.approx((140e9 / 3.35e12) / (40.0 / 428.4 * 0.8))

@@ -240,7 +240,10 @@ def test_cost_floor_reference_70b_on_one_h100() -> None:
     from agent.cost.floor import cost_floor
 
     # $3.60/h = $0.001/s; one sequence: step = 140e9 / 3.35e12 = 41.79 ms → 23.93 tok/s → $41.79 per 1M
-    f = cost_floor(0.001, 140e9, 3.35e12)
+    f = cost_floor(
+        0.001, 140e9, 3.35e12, replicas=1, running=None, resident_kv_tokens=0.0, kv_bytes_per_token=None,
+        kv_capacity_tokens=None,
+    )  # fmt: skip
     assert f is not None and f.usd_per_1m_at_batch == pytest.approx(0.001 * (140e9 / 3.35e12) * 1e6)
     assert f.usd_per_1m_at_max_batch is None and f.max_batch is None
 
@@ -259,4 +262,36 @@ def test_cost_floor_at_the_batch_and_at_the_largest_batch_the_kv_cache_holds() -
     step_full = (140e9 + 100_000 * kv) / 3.35e12
     assert f.max_batch == pytest.approx(100.0)
     assert f.usd_per_1m_at_max_batch == pytest.approx(0.002 / (2 * 100 / step_full) * 1e6)
-    assert cost_floor(0.002, 0.0, 3.35e12) is None and cost_floor(0.002, 140e9, 0.0) is None
+    none = {"replicas": 1, "running": None, "resident_kv_tokens": 0.0, "kv_bytes_per_token": None,
+            "kv_capacity_tokens": None}  # fmt: skip
+    assert cost_floor(0.002, 0.0, 3.35e12, **none) is None and cost_floor(0.002, 140e9, 0.0, **none) is None  # type: ignore[arg-type]
+    # any positive weights and bandwidth count (only ≤ 0 means unknown): 1 byte at 1 B/s is a 1 s step
+    tiny = cost_floor(0.002, 1.0, 1.0, **none)  # type: ignore[arg-type]
+    assert tiny is not None and tiny.usd_per_1m_at_batch == pytest.approx(0.002 * 1e6)
+
+
+@pytest.mark.parametrize(
+    ("resident", "kv", "capacity", "at_batch_bytes", "max_batch"),
+    [
+        (500.0, None, 100_000.0, 140e9, None),  # no KV size: weights only, no max batch
+        (500.0, 10.0, None, 140e9 + 5000.0, None),  # no capacity: no max batch
+        (0.0, 10.0, 100_000.0, 140e9, None),  # nothing resident: no context to size a batch by
+        (0.5, 10.0, 100_000.0, 140e9 + 5.0, 200_000.0),  # half a token resident: 0.5 per sequence
+    ],
+)
+def test_cost_floor_edges(
+    resident: float, kv: float | None, capacity: float | None, at_batch_bytes: float, max_batch: float | None
+) -> None:
+    from agent.cost.floor import cost_floor
+
+    f = cost_floor(0.001, 140e9, 1e12, replicas=1, running=1.0, resident_kv_tokens=resident,
+                   kv_bytes_per_token=kv, kv_capacity_tokens=capacity)  # fmt: skip
+    assert f is not None
+    assert f.usd_per_1m_at_batch == 0.001 / (1 / (at_batch_bytes / 1e12)) * 1e6
+    assert f.max_batch == max_batch
+
+
+def test_prompt_cost_with_less_than_a_second_of_phase_time() -> None:
+    from agent.cost.split import prompt_cost
+
+    assert prompt_cost(10.0, 0.25, 0.25) == 5.0

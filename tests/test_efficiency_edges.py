@@ -52,3 +52,13 @@ def test_batch_seconds_count_running_sequences_per_replica() -> None:
     assert got == pytest.approx(ideal / (0.1 * 1.5))
     # running unknown: one sequence per step
     assert decode_efficiency(obs(engine_kind="tgi"), fig) == pytest.approx(ideal / 0.1)
+
+
+def test_the_prefill_share_needs_a_window() -> None:
+    fig = ModelFigures(W, None, None)
+    ideal = W / H100_BW
+    # a half-second window with 0.1 s of prefill: share 0.2 of the step is prefill
+    assert decode_efficiency(obs(prefill_seconds=0.1, window_seconds=0.5), fig) == pytest.approx(
+        ideal / (0.1 * 0.8)
+    )
+    assert decode_efficiency(obs(prefill_seconds=0.1, window_seconds=0.0), fig) == pytest.approx(ideal / 0.1)

@@ -34,11 +34,12 @@ def cost_floor(
     usd_per_second: float,
     weights_bytes: float,
     bandwidth_bytes_per_s: float,
-    replicas: int = 1,
-    running: float | None = None,
-    resident_kv_tokens: float = 0.0,
-    kv_bytes_per_token: float | None = None,
-    kv_capacity_tokens: float | None = None,
+    *,
+    replicas: int,
+    running: float | None,
+    resident_kv_tokens: float,
+    kv_bytes_per_token: float | None,
+    kv_capacity_tokens: float | None,
 ) -> CostFloor | None:
     """The floor for a window costing ``usd_per_second`` (None without weights or bandwidth).
 
@@ -51,7 +52,7 @@ def cost_floor(
     bw = bandwidth_bytes_per_s / replicas
     batch = max(1.0, (running or 1.0) / replicas)
     kv = kv_bytes_per_token or 0.0
-    step = min_step_seconds(weights_bytes, resident_kv_tokens if kv else 0.0, kv, bw)
+    step = min_step_seconds(weights_bytes, resident_kv_tokens, kv, bw)  # no KV size: weights only
     at_batch = usd_per_second / (replicas * batch / step) * PER_MILLION
     if not (kv and kv_capacity_tokens and resident_kv_tokens > 0):
         return CostFloor(at_batch, None, None)

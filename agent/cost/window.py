@@ -387,7 +387,7 @@ def _floor(
 ) -> CostFloor | None:
     """The cost floor of one window (:mod:`agent.cost.floor`): the model's dollars per second over
     the ceiling of its engine's GPUs at the running batch; None without the model's weights."""
-    if cur is None or not spec.weights_bytes or usage.duration <= 0:
+    if cur is None or not spec.weights_bytes:  # (a tick always has a duration > 0)
         return None
     ranks = len(cur.counter_parts.get("generation_tokens_total", {})) or 1
     capacity = cur.kv_capacity_tokens or spec.kv_capacity_tokens
@@ -396,9 +396,9 @@ def _floor(
         cost / usage.duration,
         spec.weights_bytes,
         sum(bandwidth_of(n) or 0.0 for n in gpu_names),
-        ranks,
-        usage.requests_running,
-        kv * capacity if kv is not None and capacity else 0.0,
-        spec.kv_bytes_per_token,
-        capacity,
+        replicas=ranks,
+        running=usage.requests_running,
+        resident_kv_tokens=kv * capacity if kv is not None and capacity else 0.0,
+        kv_bytes_per_token=spec.kv_bytes_per_token,
+        kv_capacity_tokens=capacity,
     )

@@ -101,6 +101,9 @@ def _take_lock(path: Path) -> IO[str] | None:
             f"state_dir {path} is in use by another infercost agent (pid {_holder_pid(lock_path)}); "
             "fix: stop that agent, or give this one its own state_dir (INFERCOST_STATE_DIR)"
         ) from None
+    except OSError as err:  # a filesystem without locks (some NFS setups): say so, run unlocked
+        logger.warning("state_dir %s cannot be locked (%s); a second agent would not be refused", path, err)
+        return fh
     with contextlib.suppress(OSError, ValueError):
         fh.seek(0)
         fh.truncate()

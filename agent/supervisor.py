@@ -116,11 +116,17 @@ class HistoryGuard:
             self.error = f"{type(err).__name__}: {err}"
             if self.up:
                 self.up = False
+                from agent.store import is_corrupt
+
+                hint = (
+                    " (the file is damaged: it is moved aside at the next start)" if is_corrupt(err) else ""
+                )
                 logger.error(
-                    "history store failed while %s (%s); metrics carry on, history is paused and "
+                    "history store failed while %s (%s)%s; metrics carry on, history is paused and "
                     "retried with backoff",
                     what,
                     self.error,
+                    hint,
                 )
             else:
                 self._delay = min(HISTORY_RETRY_MAX_SECONDS, self._delay * 2)

@@ -575,3 +575,36 @@ def test_steady_clock_ignores_wall_steps_for_intervals() -> None:
     assert steady.now() == 1_003_615.0 and steady.resync() is None  # logged once, not per tick
     base.step_wall(600)  # wall catches up: back in step
     assert steady.resync() is None and steady.now() == base.now()
+
+
+@pytest.mark.slow
+async def test_metrics_answer_while_detection_replays_history(tmp_path: Path) -> None:
+    """Start-up replay runs off the event loop: /metrics answers while it is still going (with the
+    replay on the loop, no request could complete before it ended)."""
+    from agent.bench.report import fill_store
+
+    state = tmp_path / "state"
+    state.mkdir()
+    end = time.time() // 60 * 60
+    await asyncio.to_thread(fill_store, state / "history.sqlite", 24, 3.0, end)
+    cfg = _cfg(
+        tmp_path,
+        intervals=IntervalsConfig(nvml_seconds=0.5, scrape_seconds=0.5, window_seconds=60),
+        store={"retention_days": 5},
+    )
+    agent = await build_agent(cfg, book=BOOK, engines=[], scorer=False)
+    answered_during_replay = 0
+    async with Running(agent) as run:
+
+        async def replay_started() -> bool:
+            return agent._detect_task is not None
+
+        await async_wait_until(replay_started, timeout=30, interval=0.01)
+        task = agent._detect_task
+        assert task is not None
+        while not task.done():
+            status, _ = await _get(run.port)
+            if status == 200 and not task.done():
+                answered_during_replay += 1
+            await asyncio.sleep(0.01)
+    assert answered_during_replay >= 3

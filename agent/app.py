@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["StartupError", "StateDir", "build_agent", "open_state_dir"]
+__all__ = ["StartupError", "StateDir", "build_agent", "open_state_dir", "write_problem"]
 
 LOCK_NAME = "agent.lock"
 HISTORY_NAME = "history.sqlite"
@@ -112,7 +112,7 @@ def _take_lock(path: Path) -> IO[str] | None:
     return fh
 
 
-def _writable(path: Path) -> OSError | None:
+def write_problem(path: Path) -> OSError | None:
     """None when ``path`` takes a small write; else the error (read-only, full, no permission)."""
     try:
         fd, name = tempfile.mkstemp(prefix=".write-probe-", dir=path)
@@ -148,7 +148,7 @@ def open_state_dir(path: Path, now: float, history: bool = True) -> StateDir:
         raise StartupError(f"state_dir {path} is not a directory; fix: point state_dir at a folder")
     state = StateDir(path=path, configured=path)
     state.lock = _take_lock(path)
-    problem = _writable(path)
+    problem = write_problem(path)
     if problem is not None:
         why = errno.errorcode.get(problem.errno or 0, "") if problem.errno else ""
         state.note = (

@@ -113,7 +113,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def _check_state_dir(cfg: Config) -> None:
     """Exit-2 problems with the state dir (cannot be created); a read-only one is a warning."""
-    from agent.app import _writable
+    from agent.app import write_problem
 
     p = cfg.state_dir
     existing = p
@@ -123,7 +123,7 @@ def _check_state_dir(cfg: Config) -> None:
         raise StartupError(f"state_dir {p}: {existing} is not a directory; fix: point state_dir at a folder")
     if p.exists() and not p.is_dir():
         raise StartupError(f"state_dir {p} is not a directory; fix: point state_dir at a folder")
-    problem = _writable(existing)
+    problem = write_problem(existing)
     if problem is not None and existing != p:
         raise StartupError(
             f"state_dir {p}: cannot create it ({problem.strerror}); fix: create it, writable by the "

@@ -847,8 +847,8 @@ def test_the_floor_per_replica_with_the_engines_capacity_and_none_on_an_unknown_
     mystery = lambda t: rnd(t, gpu(0, t, name="Mystery GPU"), gpu(1, t, name="Mystery GPU"))  # noqa: E731
     priced = PriceTable(gpus=(GpuRate("Mystery", 3.6),))  # priced, but of unknown bandwidth
     res3 = two_ticks(
-        WindowJoiner("n1", (spec,), priced), {"a": scrape("a", T0, before)}, {"a": scrape("a", T0 + 5, after)},
-        (mystery(T0), mystery(T0 + 5)), dt_s=5,
+        WindowJoiner("n1", (spec,), priced), {"a": scrape("a", T0, before)},
+        {"a": scrape("a", T0 + 5, after)}, (mystery(T0), mystery(T0 + 5)), dt_s=5,
     )  # fmt: skip
     assert res3.windows[0].priced and res3.windows[0].floor_usd_per_1m_output is None
 

@@ -78,7 +78,9 @@ def label_sets(spec: MetricSpec) -> Iterator[dict[str, str]]:
                 yield {k: {"node": node, "engine": engine, "kind": kind}[k] for k in spec.labels}
         elif spec.source in ("model", "deploy"):
             for engine, _, model, version in MODELS:
-                yield {"node": node, "engine": engine, "model": model, "model_version": version}
+                labels = {"node": node, "engine": engine, "model": model, "model_version": version}
+                labels["gpu_model"] = gpu_model  # infercost_model_gpu_info
+                yield {k: labels[k] for k in spec.labels}
         elif spec.source == "alert":
             yield {"node": node, "rule": "cost_per_token_regression", "severity": "critical"}
         elif spec.source == "outbox":

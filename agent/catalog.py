@@ -368,6 +368,15 @@ CATALOG: tuple[MetricSpec, ...] = (
         MODEL_LABELS,
     ),
     _m(
+        "model_class_info",
+        "gauge",
+        "1",
+        "The priority class of a model version's traffic (value 1), from the engine config: join on it.",
+        "model",
+        "class_info",
+        (*MODEL_LABELS, "priority_class"),
+    ),
+    _m(
         "model_gpu_info",
         "gauge",
         "1",

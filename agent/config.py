@@ -110,6 +110,10 @@ class EngineConfig(_Frozen):
     kv_capacity_tokens: float | None = Field(
         None, gt=0
     )  # KV-cache size in tokens (vLLM: blocks × block size)
+    # Priority class of the traffic this engine serves (real-time vs batch on shared GPUs), per
+    # served model name or for every model; exported as infercost_model_class_info to join on.
+    priority_class: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+$")
+    priority_classes: dict[str, str] = Field(default_factory=dict)  # served model name → class
 
     @field_validator("url")
     @classmethod
@@ -133,6 +137,8 @@ class EngineConfig(_Frozen):
             weights_bytes=self.weights_bytes,
             kv_bytes_per_token=self.kv_bytes_per_token,
             kv_capacity_tokens=self.kv_capacity_tokens,
+            priority_class=self.priority_class,
+            priority_classes=dict(self.priority_classes),
         )
 
 

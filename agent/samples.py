@@ -184,6 +184,7 @@ class UsageWindow:
     requests_waiting: float | None = None  # requests queued, last value of the gauge
     gpu_model: str | None = None  # NVML name of the engine's GPUs (sorted, ", "-joined when mixed)
     throttled_gpu_seconds: float | None = None  # GPU-seconds with clocks held down (power cap, heat)
+    priority_class: str | None = None  # traffic class from the engine config (realtime, batch ...)
 
     @property
     def duration(self) -> float:

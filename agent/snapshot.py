@@ -95,6 +95,7 @@ class ModelState:
     e2e_p99_seconds: float | None = None  # seconds
     gpu_model: str | None = None  # the GPUs it runs on, as NVML names them (None: a CPU engine)
     throttled_gpu_seconds_total: float | None = None  # GPU-seconds its GPUs spent throttled
+    priority_class: str | None = None  # traffic class from the engine config
     usd_per_1m_output_tokens_floor: float | None = None  # at the roofline, running batch (trailing)
     usd_per_1m_output_tokens_floor_max_batch: float | None = None  # at the largest batch the KV holds
     anomaly_score: float | None = None  # > 1 means anomalous
@@ -361,6 +362,7 @@ class Ledger:
             usd_per_1m_output_tokens_decode=prices[1],
             requests_waiting=last.requests_waiting,
             gpu_model=last.gpu_model,
+            priority_class=last.priority_class,
             usd_per_1m_output_tokens_floor=_wmean([(w.floor_usd_per_1m_output, d) for w, d in weights]),
             usd_per_1m_output_tokens_floor_max_batch=_wmean(
                 [(w.floor_usd_per_1m_output_max_batch, d) for w, d in weights]
@@ -423,6 +425,10 @@ def series(spec: MetricSpec, snap: Snapshot) -> Iterator[tuple[tuple[str, ...], 
             if spec.field == "gpu_info":
                 if m.gpu_model is not None:
                     yield (node, m.engine, m.model, m.model_version, m.gpu_model), 1.0
+                continue
+            if spec.field == "class_info":
+                if m.priority_class is not None:
+                    yield (node, m.engine, m.model, m.model_version, m.priority_class), 1.0
                 continue
             yield (node, m.engine, m.model, m.model_version), getattr(m, spec.field)
     elif spec.source == "deploy":

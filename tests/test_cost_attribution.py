@@ -889,3 +889,35 @@ def test_decode_efficiency_leaves_the_prefill_share_of_request_time_out() -> Non
     res = two_ticks(j, {"a": scrape("a", T0, before)}, {"a": scrape("a", T0 + 10, after)})
     # prefill took 2 of the window's 10 s: the measured step is 40 / 428.4 × (1 − 0.2)
     assert res.windows[0].roofline_ratio == pytest.approx((140e9 / 3.35e12) / (40.0 / 428.4 * 0.8))
+
+
+def test_priority_classes_by_engine_or_by_model_are_exported_to_join_on() -> None:
+    from agent.catalog import CATALOG
+    from agent.config import EngineConfig
+    from agent.snapshot import Ledger, series
+
+    cfg = EngineConfig(
+        name="a",
+        url="http://x/metrics",
+        gpus=(0,),
+        priority_class="batch",
+        priority_classes={"chat": "realtime"},
+    )
+    spec = cfg.cost_spec()
+    assert (spec.class_of("chat"), spec.class_of("summarise")) == ("realtime", "batch")
+    j = WindowJoiner("n1", (spec, EngineSpec("b", gpus=(1,))), BOOK)
+    res = two_ticks(
+        j,
+        {"a": scrape("a", T0, sig("chat", 0), sig("summarise", 0)), "b": scrape("b", T0, sig("x", 0))},
+        {
+            "a": scrape("a", T0 + 10, sig("chat", 1), sig("summarise", 1)),
+            "b": scrape("b", T0 + 10, sig("x", 1)),
+        },
+    )
+    led = Ledger("n1", "test")
+    led.apply(res)
+    (row,) = [s for s in CATALOG if s.name == "model_class_info"]
+    assert sorted(series(row, led.snapshot())) == [
+        (("n1", "a", "chat", "unknown", "realtime"), 1.0),
+        (("n1", "a", "summarise", "unknown", "batch"), 1.0),
+    ]  # engine b names no class: no row

@@ -26,10 +26,16 @@ class EngineSpec:
     weights_bytes: float | None = None  # bytes read per decode step (roofline)
     kv_bytes_per_token: float | None = None  # bytes of KV cache per resident token
     kv_capacity_tokens: float | None = None  # tokens the KV cache holds
+    priority_class: str | None = None  # the traffic class of every model it serves (realtime, batch ...)
+    priority_classes: Mapping[str, str] = field(default_factory=dict)  # per served model name
 
     def version_of(self, model: str) -> str:
         """The deployed version of ``model`` from deployment metadata, or "unknown"."""
         return self.model_versions.get(model) or self.model_version or "unknown"
+
+    def class_of(self, model: str) -> str | None:
+        """The priority class of ``model``'s traffic, or None when the config names none."""
+        return self.priority_classes.get(model) or self.priority_class
 
 
 @dataclass(frozen=True, slots=True)

@@ -307,6 +307,7 @@ class WindowJoiner:
             requests_waiting=cur.requests_waiting if cur else None,
             gpu_model=", ".join(sorted({charges[u].reading.sample.name for u in mc.gpus})) or None,
             throttled_gpu_seconds=mc.throttled_gpu_seconds,
+            priority_class=spec.class_of(mc.model),
             prefill_seconds=st.inc("prefill_seconds_total"),
             decode_seconds=st.inc("decode_seconds_total"),
             cached_prompt_tokens=st.inc("cached_prompt_tokens_total"),

@@ -96,6 +96,28 @@ def test_a_rank_missing_for_one_scrape_is_no_reset_and_counts_only_what_it_made(
     assert gens == [400.0, 800.0, 150.0]
 
 
+def test_through_the_adapter_a_lone_rank_is_named_so_its_delta_is_its_own() -> None:
+    """Two vLLM DP ranks (500 and 600 tokens), then only rank 0 at 601, then both again (601, 700).
+    The adapter names even a lone series, so rank 0 made 101 and rank 1 100 — not the 1 a guess by
+    the nearest remembered value (rank 1's 600) would give."""
+    from agent.sources.engines import ADAPTERS
+
+    def page(**ranks: float) -> ModelSignals:
+        lines = ["# TYPE vllm:generation_tokens_total counter"] + [
+            f'vllm:generation_tokens_total{{engine="{r[1:]}",model_name="m"}} {v}' for r, v in ranks.items()
+        ]
+        (m,) = ADAPTERS["vllm"].read("\n".join(lines) + "\n").models
+        return m
+
+    j = WindowJoiner("n1", (EngineSpec("a", gpus=(0,)),), BOOK)
+    gens = []
+    for k, p in enumerate([page(r0=500, r1=600), page(r0=601), page(r0=601, r1=700)]):
+        j.add_round(rnd(T0 + 10 * k))
+        res = j.close_tick(T0 + 10 * k, {"a": scrape("a", T0 + 10 * k, p)})
+        gens.extend(w.usage.generation_tokens for w in conserved(res).windows)
+    assert gens == [101.0, 100.0]
+
+
 def test_a_triton_version_series_missing_for_a_scrape_comes_back_without_a_reset() -> None:
     def page(**versions: float) -> ModelSignals:
         parts = {f"nv_inference_count,version={v}": c for v, c in versions.items()}

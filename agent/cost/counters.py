@@ -13,9 +13,9 @@ including series that are missing from the latest scrape, and:
 - a series missing from this scrape adds nothing, and its last value is kept, so when it comes
   back only what it made meanwhile counts.
 
-Adapters name the series only when there are several; a reading of one unnamed series is matched
-to the remembered series it continues (the one with the largest value not above it), so a
-two-rank counter that shows one rank for a scrape is still differenced per rank.
+The engine adapters name every series of a counter, a lone one too, so each is differenced against
+itself. A reading without names (a source that only gives the sum) is matched to the remembered
+series it continues (the one with the largest value not above it).
 """
 
 from __future__ import annotations

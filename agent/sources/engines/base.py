@@ -209,6 +209,11 @@ def clean_label(value: str) -> str:
     return cleaned
 
 
+def _series_key(name: str, labels: Mapping[str, str], model_label: str | None) -> str:
+    """One series' name in ``counter_parts``: the metric name and its labels other than the model's."""
+    return name + "".join(f",{k}={clean_label(x)}" for k, x in sorted(labels.items()) if k != model_label)
+
+
 def _describe(name: str, labels: Mapping[str, str], why: str) -> str:
     inner = ",".join(f"{k}={clean_label(v)[:40]}" for k, v in sorted(labels.items()))
     return f"{name}{{{inner}}}"[:200] + f" ({why})"
@@ -272,6 +277,8 @@ class _Mapping:
             sample = first[0]
             model = self.fallback if ml is None else self.model_of.get(sample.labels.get(ml))  # type: ignore[arg-type]
             if model is not None and 0.0 <= sample.value <= high:
+                if parts is not None:  # a counter: name its series, so a lone rank is differenced as itself
+                    parts[model] = {_series_key(s.names[0], sample.labels, ml): sample.value * s.scale}
                 return {model: sample.value * s.scale}
         where = s.where
         scale = s.scale
@@ -302,15 +309,11 @@ class _Mapping:
                 if parts is not None:
                     seen.setdefault(model, []).append((name, labels, v))
         if parts is not None:
-            label = self.a.model_label
             for model, items in seen.items():
-                if len(items) > 1:
-                    per = parts.setdefault(model, {})
-                    for wire, wire_labels, v in items:
-                        key = wire + "".join(
-                            f",{k}={clean_label(x)}" for k, x in sorted(wire_labels.items()) if k != label
-                        )
-                        per[key] = per.get(key, 0.0) + v
+                per = parts.setdefault(model, {})
+                for wire, wire_labels, v in items:
+                    key = _series_key(wire, wire_labels, ml)
+                    per[key] = per.get(key, 0.0) + v
         if mean:
             return {m: v / count[m] for m, v in total.items()}
         return total
@@ -411,7 +414,7 @@ class _Mapping:
                     elif signal in got:
                         continue  # an earlier alternative wins
                     got[signal] = v
-                    if parts and len(parts.get(model, ())) > 1:
+                    if parts and parts.get(model):
                         counter_parts.setdefault(model, {})[signal] = parts[model]
         for signal, alternatives in a.histograms.items():
             for s in alternatives:

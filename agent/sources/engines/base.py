@@ -209,6 +209,12 @@ def clean_label(value: str) -> str:
     return cleaned
 
 
+def _ranked(labels: Mapping[str, str], model_label: str | None) -> bool:
+    """True when a series has labels besides the model's (a DP rank, a version): such a series may
+    come and go beside others, so even a lone one is named in ``counter_parts``."""
+    return len(labels) > (1 if model_label in labels else 0)
+
+
 def _series_key(name: str, labels: Mapping[str, str], model_label: str | None) -> str:
     """One series' name in ``counter_parts``: the metric name and its labels other than the model's."""
     return name + "".join(f",{k}={clean_label(x)}" for k, x in sorted(labels.items()) if k != model_label)
@@ -277,7 +283,7 @@ class _Mapping:
             sample = first[0]
             model = self.fallback if ml is None else self.model_of.get(sample.labels.get(ml))  # type: ignore[arg-type]
             if model is not None and 0.0 <= sample.value <= high:
-                if parts is not None:  # a counter: name its series, so a lone rank is differenced as itself
+                if parts is not None and _ranked(sample.labels, ml):  # a lone DP rank or version
                     parts[model] = {_series_key(s.names[0], sample.labels, ml): sample.value * s.scale}
                 return {model: sample.value * s.scale}
         where = s.where
@@ -310,6 +316,8 @@ class _Mapping:
                     seen.setdefault(model, []).append((name, labels, v))
         if parts is not None:
             for model, items in seen.items():
+                if len(items) == 1 and not _ranked(items[0][1], ml):
+                    continue  # one series with no label but the model's: nothing to tell apart
                 per = parts.setdefault(model, {})
                 for wire, wire_labels, v in items:
                     key = _series_key(wire, wire_labels, ml)

@@ -178,6 +178,9 @@ def main() -> int:
             "usd_per_1m_output_measured": measured,
             "usd_per_1m_output_gauge": last.get("infercost_usd_per_1m_output_tokens"),
             "relative_error": (measured / expected - 1) if measured else None,
+            "gpu_power_capped": last.get("infercost_gpu_power_capped"),
+            "gpu_sm_clock_hertz": last.get("infercost_gpu_sm_clock_hertz"),
+            "throttled_gpu_seconds": d.get("infercost_throttled_gpu_seconds_total"),
             "gpu_model_label": None,
         }
         for line in str((out / "metrics_last.txt").read_text()).splitlines():

@@ -209,10 +209,14 @@ def clean_label(value: str) -> str:
     return cleaned
 
 
-def _ranked(labels: Mapping[str, str], model_label: str | None) -> bool:
-    """True when a series has labels besides the model's (a DP rank, a version): such a series may
-    come and go beside others, so even a lone one is named in ``counter_parts``."""
-    return len(labels) > (1 if model_label in labels else 0)
+def _ranked(
+    labels: Mapping[str, str], model_label: str | None, where: Mapping[str, str] | None = None
+) -> bool:
+    """True when a series has labels besides the model's and the ones it was selected by (a DP rank,
+    a version): such a series may come and go beside others, so even a lone one is named in
+    ``counter_parts``."""
+    fixed = (model_label in labels) + (sum(k in labels for k in where) if where else 0)
+    return len(labels) > fixed
 
 
 def _series_key(name: str, labels: Mapping[str, str], model_label: str | None) -> str:
@@ -316,7 +320,7 @@ class _Mapping:
                     seen.setdefault(model, []).append((name, labels, v))
         if parts is not None:
             for model, items in seen.items():
-                if len(items) == 1 and not _ranked(items[0][1], ml):
+                if len(items) == 1 and not _ranked(items[0][1], ml, where):
                     continue  # one series with no label but the model's: nothing to tell apart
                 per = parts.setdefault(model, {})
                 for wire, wire_labels, v in items:

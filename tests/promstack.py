@@ -80,6 +80,7 @@ def label_sets(spec: MetricSpec) -> Iterator[dict[str, str]]:
             for engine, _, model, version in MODELS:
                 labels = {"node": node, "engine": engine, "model": model, "model_version": version}
                 labels["gpu_model"] = gpu_model  # infercost_model_gpu_info
+                labels["priority_class"] = "batch" if "qwen" in model.lower() else "realtime"
                 yield {k: labels[k] for k in spec.labels}
         elif spec.source == "alert":
             yield {"node": node, "rule": "cost_per_token_regression", "severity": "critical"}

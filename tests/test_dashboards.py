@@ -19,7 +19,9 @@ from typing import Any
 
 import pytest
 import yaml
-from promstack import CatalogueExporter, Prometheus, binary, test_copy_of_rules
+from promstack import CatalogueCollector, CatalogueExporter, Prometheus, binary, test_copy_of_rules
+
+from agent.catalog import CATALOG
 
 ROOT = Path(__file__).resolve().parent.parent
 DASH_DIR = ROOT / "dashboards"
@@ -404,3 +406,11 @@ async def test_every_query_returns_data_from_a_real_agent(tmp_path: Path) -> Non
         if prom is not None:
             await asyncio.to_thread(prom.close)
         await sim.stop()
+
+
+def test_the_catalogue_exporter_serves_every_family() -> None:
+    """The stand-in exporter of the Prometheus tests knows every label the catalogue uses: a family
+    with a label it does not fill would make every scrape of it fail (HTTP 500)."""
+    collector = CatalogueCollector({})
+    names = {fam.name for fam in collector.collect()}
+    assert len(names) == len(CATALOG)

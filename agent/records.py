@@ -251,17 +251,6 @@ def load_band(tokens_per_second: float, band_ratio: float) -> int | None:
     return math.floor(math.log(tokens_per_second) / math.log(band_ratio))
 
 
-def quantile_of(values: Sequence[float], q: float) -> float | None:
-    """The q-quantile (0–1) of ``values`` with linear interpolation; None when empty."""
-    if not values:
-        return None
-    vals = sorted(values)
-    pos = q * (len(vals) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(vals) - 1)
-    return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo)
-
-
 # ---------------------------------------------------------------------------------------------
 # Deploy and alert events
 # ---------------------------------------------------------------------------------------------

@@ -78,7 +78,6 @@ OPS: Mapping[str, Callable[[float, float], bool]] = {
     "<": operator.lt,
     "<=": operator.le,
 }
-SEVERITIES = ("critical", "error", "warning", "info")
 
 
 class RuleError(Exception):

@@ -328,24 +328,6 @@ def lognormal_bin_probabilities(bounds: np.ndarray, medians: np.ndarray, sigma: 
 # ---------------------------------------------------------------------------------------------
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
-HISTOGRAMS = (
-    "iteration_tokens_total",
-    "time_to_first_token_seconds",
-    "inter_token_latency_seconds",
-    "request_time_per_output_token_seconds",
-    "e2e_request_latency_seconds",
-    "request_queue_time_seconds",
-    "request_inference_time_seconds",
-    "request_prefill_time_seconds",
-    "request_decode_time_seconds",
-    "request_prompt_tokens",
-    "request_generation_tokens",
-    "request_max_num_generation_tokens",
-    "request_params_n",
-    "request_params_max_tokens",
-    "request_prefill_kv_computed_tokens",
-    "request_num_preemptions",
-)
 
 KV_BLOCK_TOKENS = 16  # tokens per KV-cache block (vLLM's default block_size)
 _POOL_SIZE = 8192  # requests pre-drawn per engine; lengths are drawn from this pool (cheap, exact mean)

@@ -42,7 +42,6 @@ from agent.sim.workload import (
     HOUR,
     MINUTE,
     PREEMPT_THRASH,
-    PREEMPTIONS_PER_REQUEST,
     UNROUTED_QUEUE,
     Drivers,
     NodePhysics,
@@ -163,16 +162,7 @@ def azure_law(drv: Drivers, physics: NodePhysics, rng: np.random.Generator) -> N
             served_r, waiting = lam_r, 0.0
         per_token = (b + b_half) / pk / (1.0 - f)  # seconds between a sequence's tokens
         served = served_r * replicas
-        out.generation_tokens[t] = served * o_len * MINUTE
-        out.prompt_tokens[t] = served * p_len * MINUTE
-        out.running[t] = b * replicas
-        out.waiting[t] = waiting
-        out.kv_usage[t] = min(1.0, b * ctx / cap)
-        out.kv_capacity_tokens[t] = cap
-        out.preemptions[t] = served * MINUTE * PREEMPTIONS_PER_REQUEST if kv_bound else 0.0
-        out.decode_seconds[t] = b * replicas * MINUTE
-        out.prefill_seconds[t] = served * MINUTE * prefill_s
-        out.finished[t] = served * MINUTE
+        out.record_served(t, served, p_len, o_len, b, replicas, waiting, ctx, cap, kv_bound, prefill_s)
         out.ttft_median[t] = waiting / max(served, 1e-3) + 2.0 * prefill_s + per_token
         out.itl_median[t] = per_token
         busy = 1.0 - math.exp(-b / 2.0)

@@ -182,6 +182,33 @@ class NodeTrace:
     dram_bw: np.ndarray  # 0–1, GPM DRAM bandwidth per GPU
     price: np.ndarray  # $ per GPU-hour in effect
 
+    def record_served(
+        self,
+        t: int,
+        served: float,
+        prompt_len: float,
+        output_len: float,
+        running_per_replica: float,
+        replicas: int,
+        waiting: float,
+        ctx: float,
+        kv_capacity: float,
+        kv_bound: bool,
+        prefill_s: float,
+    ) -> None:
+        """Minute ``t``'s engine counters from what the node served (requests/s over all replicas):
+        the bookkeeping both traffic models share, whatever law decided ``served``."""
+        self.generation_tokens[t] = served * output_len * MINUTE
+        self.prompt_tokens[t] = served * prompt_len * MINUTE
+        self.running[t] = running_per_replica * replicas
+        self.waiting[t] = waiting
+        self.kv_usage[t] = min(1.0, running_per_replica * ctx / kv_capacity)
+        self.kv_capacity_tokens[t] = kv_capacity
+        self.preemptions[t] = served * MINUTE * PREEMPTIONS_PER_REQUEST if kv_bound else 0.0
+        self.decode_seconds[t] = running_per_replica * replicas * MINUTE
+        self.prefill_seconds[t] = served * MINUTE * prefill_s
+        self.finished[t] = served * MINUTE
+
 
 @dataclass(frozen=True, slots=True)
 class SimulatedNode:
@@ -508,16 +535,7 @@ def core_law(drv: Drivers, physics: NodePhysics, rng: np.random.Generator) -> No
             waiting = 0.0
         st = step(b) / (1.0 - f)  # seconds per token of a sequence (chunked prefill stretches steps)
         served = served_r * replicas
-        out.generation_tokens[t] = served * o_len * MINUTE
-        out.prompt_tokens[t] = served * p_len * MINUTE
-        out.running[t] = b * replicas
-        out.waiting[t] = waiting
-        out.kv_usage[t] = min(1.0, b * ctx / cap)
-        out.kv_capacity_tokens[t] = cap
-        out.preemptions[t] = served * MINUTE * PREEMPTIONS_PER_REQUEST if kv_bound else 0.0
-        out.decode_seconds[t] = b * replicas * MINUTE
-        out.prefill_seconds[t] = served * MINUTE * prefill_s
-        out.finished[t] = served * MINUTE
+        out.record_served(t, served, p_len, o_len, b, replicas, waiting, ctx, cap, kv_bound, prefill_s)
         wait_s = waiting / max(served, 1e-3)
         out.ttft_median[t] = wait_s + 1.5 * prefill_s + st
         out.itl_median[t] = st

@@ -552,6 +552,10 @@ TrafficFn = Callable[
     [np.random.Generator, int, float, NodePhysics], tuple[np.ndarray, np.ndarray, np.ndarray]
 ]
 GENERATORS: dict[str, tuple[TrafficFn, Generator]] = {"core": (core_traffic, core_law)}
+# Each traffic model's random stream, fixed: a node's draw must not depend on which models happen to
+# be imported (it did: the index in the sorted registry, so "core" drew differently once "azure" had
+# registered). The values are the ones the benchmark has always used (both models registered).
+GENERATOR_STREAMS: dict[str, int] = {"azure": 0, "core": 1}
 
 
 def simulate_node(
@@ -570,7 +574,7 @@ def simulate_node(
 
         del azure
     traffic, law = GENERATORS[generator]
-    rng = np.random.default_rng([seed, sorted(GENERATORS).index(generator) if generator in GENERATORS else 0])
+    rng = np.random.default_rng([seed, GENERATOR_STREAMS[generator]])
     physics = random_physics(rng)
     minutes = int(weeks * WEEK / MINUTE)
     demand, prompt, output = traffic(rng, minutes, start, physics)

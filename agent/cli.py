@@ -97,16 +97,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
         print(describe_kubernetes(cfg))
     _check_state_dir(cfg)
-    if cfg.exporters.prometheus.enabled:
-        wc = cfg.exporters.prometheus.web_config_file
-        if wc is not None:
-            from agent.sinks.webconfig import load_web_config
-
-            web = load_web_config(wc)
-            tls = "TLS" if web.ssl_context else "no TLS"
-            auth = "basic" if web.basic_auth_users else "bearer" if web.bearer_tokens else "no auth"
-            print(f"web config {wc}: ok — {tls}, {auth}")
-        check_port(cfg.exporters.prometheus.host, cfg.exporters.prometheus.port)
+    if _check_exporter(cfg):
         print(f"port {cfg.exporters.prometheus.host}:{cfg.exporters.prometheus.port}: ok — free")
     return EXIT_OK
 
@@ -149,19 +140,26 @@ async def _run(cfg: Config) -> int:
     return EXIT_OK
 
 
+def _check_exporter(cfg: Config) -> bool:
+    """Load the /metrics web config (TLS, auth) and check the port is free; False when disabled."""
+    if not cfg.exporters.prometheus.enabled:
+        return False
+    wc = cfg.exporters.prometheus.web_config_file
+    if wc is not None:
+        from agent.sinks.webconfig import load_web_config
+
+        web = load_web_config(wc)
+        tls = "TLS" if web.ssl_context else "no TLS"
+        auth = "basic" if web.basic_auth_users else "bearer" if web.bearer_tokens else "no auth"
+        print(f"web config {wc}: ok — {tls}, {auth}")
+    check_port(cfg.exporters.prometheus.host, cfg.exporters.prometheus.port)
+    return True
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Run the daemon until SIGTERM."""
     cfg = load_config(args.config)
-    if cfg.exporters.prometheus.enabled:
-        wc = cfg.exporters.prometheus.web_config_file
-        if wc is not None:
-            from agent.sinks.webconfig import load_web_config
-
-            web = load_web_config(wc)
-            tls = "TLS" if web.ssl_context else "no TLS"
-            auth = "basic" if web.basic_auth_users else "bearer" if web.bearer_tokens else "no auth"
-            print(f"web config {wc}: ok — {tls}, {auth}")
-        check_port(cfg.exporters.prometheus.host, cfg.exporters.prometheus.port)
+    _check_exporter(cfg)
     return asyncio.run(_run(cfg))
 
 

@@ -38,7 +38,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -175,17 +175,24 @@ class FaultyEngine:
 
     async def start(self) -> None:
         """Serve on a free loopback port."""
-        app = web.Application()
-        app.router.add_get("/metrics", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        self.port = int(self._runner.addresses[0][1])
+        self._runner, self.port = await _serve("get", "/metrics", self._handle)
 
     async def stop(self) -> None:
         """Stop serving."""
         if self._runner is not None:
             await self._runner.cleanup()
+
+
+async def _serve(
+    method: str, path: str, handler: Callable[[web.Request], Awaitable[web.Response]]
+) -> tuple[web.AppRunner, int]:
+    """One route on a free loopback port: (runner to clean up, port)."""
+    app = web.Application()
+    app.router.add_route(method.upper(), path, handler)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, int(runner.addresses[0][1])
 
 
 @dataclass
@@ -212,12 +219,7 @@ class Receiver:
 
     async def start(self) -> None:
         """Serve on a free loopback port."""
-        app = web.Application()
-        app.router.add_post("/hook", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        self.port = int(self._runner.addresses[0][1])
+        self._runner, self.port = await _serve("post", "/hook", self._handle)
 
     async def stop(self) -> None:
         """Stop serving."""

@@ -97,7 +97,63 @@ def model_sums(cw: CostWindow) -> dict[str, float]:
     for short, attr in MODEL_GAUGES.items():
         _gauge(sums, short, getattr(u, attr), secs)
     _gauge(sums, "roofline", cw.roofline_ratio, secs)
+    sums.update(split_sums(cw))
     return sums
+
+
+# The sums of split_sums, in order (the store's model_minutes columns since schema 5).
+SPLIT_SUMS = (
+    "prompt_usd",
+    "split_usd",
+    "split_prompt_tokens",
+    "split_generation_tokens",
+    "usage_usd",
+    "usage_alloc_usd",
+    "cache_saved_usd",
+    "floor_usd",
+    "floor_cost_usd",
+    "floor_tokens",
+    "floor_max_usd",
+    "floor_max_cost_usd",
+    "floor_max_tokens",
+)
+
+
+def split_sums(cw: CostWindow) -> dict[str, float]:
+    """Where the window's dollars went, as sums (each paired with the dollars and tokens it covers,
+    so a longer range is a ratio of sums over only the windows that had the figure):
+
+    - prompt vs output: ``prompt_usd`` (prefill-time share), with ``split_usd`` /
+      ``split_prompt_tokens`` / ``split_generation_tokens`` the cost and tokens of windows with a
+      split (0 without phase times); the output share is ``cost_usd − prompt_usd``;
+    - usage basis: ``usage_usd`` (GPU busy time) and ``usage_alloc_usd`` (the allocation dollars of
+      the same windows), so allocation − usage (paid while no kernel ran) is their difference;
+    - ``cache_saved_usd``: what prefix-cache hits would have cost;
+    - cost floor: ``floor_usd`` = the window's output tokens at the floor's $ per 1M, with
+      ``floor_cost_usd`` / ``floor_tokens`` the actual dollars and output tokens of those windows
+      (``floor_max_*`` the same at the largest batch the KV cache holds).
+    """
+    u = cw.usage
+    cost, gen = cw.cost_usd, u.generation_tokens
+    split = cw.prompt_usd is not None
+    usage = cw.usage_usd is not None
+    floor = cw.floor_usd_per_1m_output is not None and gen > 0
+    floor_max = cw.floor_usd_per_1m_output_max_batch is not None and gen > 0
+    return {
+        "prompt_usd": cw.prompt_usd or 0.0,
+        "split_usd": cost if split else 0.0,
+        "split_prompt_tokens": u.prompt_tokens if split else 0.0,
+        "split_generation_tokens": gen if split else 0.0,
+        "usage_usd": cw.usage_usd or 0.0,
+        "usage_alloc_usd": cost if usage else 0.0,
+        "cache_saved_usd": cw.prefix_cache_saved_usd or 0.0,
+        "floor_usd": (cw.floor_usd_per_1m_output or 0.0) * gen / 1e6 if floor else 0.0,
+        "floor_cost_usd": cost if floor else 0.0,
+        "floor_tokens": gen if floor else 0.0,
+        "floor_max_usd": (cw.floor_usd_per_1m_output_max_batch or 0.0) * gen / 1e6 if floor_max else 0.0,
+        "floor_max_cost_usd": cost if floor_max else 0.0,
+        "floor_max_tokens": gen if floor_max else 0.0,
+    }
 
 
 def record_from_cost_window(cw: CostWindow) -> MinuteRecord:
@@ -142,6 +198,13 @@ def window_from_record(r: MinuteRecord) -> CostWindow:
         usd_per_1m_total=cost / (gen + prompt) * 1e6 if gen + prompt > 0 else None,
         idle_usd=s.get("idle_usd", 0.0),
         roofline_ratio=mean_of(s, "roofline"),
+        prompt_usd=s.get("prompt_usd") if s.get("split_usd", 0.0) > 0 else None,
+        usage_usd=s.get("usage_usd") if s.get("usage_alloc_usd", 0.0) > 0 else None,
+        prefix_cache_saved_usd=s.get("cache_saved_usd") or None,
+        floor_usd_per_1m_output=_per_1m((s.get("floor_usd", 0.0), s.get("floor_tokens", 0.0))),
+        floor_usd_per_1m_output_max_batch=_per_1m(
+            (s.get("floor_max_usd", 0.0), s.get("floor_max_tokens", 0.0))
+        ),
     )
 
 
@@ -180,6 +243,15 @@ def _per_hour(s: Sequence[float]) -> float | None:
 
 def _total(s: Sequence[float]) -> float | None:
     return s[0]
+
+
+def _share_per_1m(s: Sequence[float]) -> float | None:
+    """(whole − part) per 1M tokens: the output share of a split's dollars."""
+    return (s[0] - s[1]) / s[2] * 1e6 if s[2] > 0 else None
+
+
+def _difference(s: Sequence[float]) -> float | None:
+    return s[0] - s[1]
 
 
 def _mean(name: str, kind: Kind, short: str, unit: str) -> Signal:
@@ -228,6 +300,27 @@ _SIGNAL_LIST: tuple[Signal, ...] = (
     _mean("gpu_sm_active_ratio", "gpu", "sm_active", "ratio"),
     _mean("gpu_power_watts", "gpu", "power", "watts"),
     Signal("gpu_cost_usd", "gpu", ("cost_usd",), _total, "USD"),
+    # where the dollars went (split_sums): prompt vs output, usage basis, prefix cache, cost floor
+    Signal("usd_per_1m_prompt_tokens", "model", ("prompt_usd", "split_prompt_tokens"), _per_1m, "USD"),
+    Signal(
+        "usd_per_1m_output_tokens_decode",
+        "model",
+        ("split_usd", "prompt_usd", "split_generation_tokens"),
+        _share_per_1m,
+        "USD",
+    ),
+    Signal("prompt_cost_usd", "model", ("prompt_usd",), _total, "USD"),
+    Signal("usage_cost_usd", "model", ("usage_usd",), _total, "USD"),
+    Signal("allocation_waste_usd", "model", ("usage_alloc_usd", "usage_usd"), _difference, "USD"),
+    Signal("prefix_cache_saved_usd", "model", ("cache_saved_usd",), _total, "USD"),
+    Signal("usd_per_1m_output_tokens_floor", "model", ("floor_usd", "floor_tokens"), _per_1m, "USD"),
+    Signal(
+        "usd_per_1m_output_tokens_floor_max_batch",
+        "model",
+        ("floor_max_usd", "floor_max_tokens"),
+        _per_1m,
+        "USD",
+    ),
     Signal("gpu_idle_cost_usd", "gpu", ("idle_usd",), _total, "USD"),
 )
 SIGNALS: Mapping[str, Signal] = {s.name: s for s in _SIGNAL_LIST}

@@ -8,7 +8,9 @@ Rollups (one row per series and minute; a window belongs to the minute it *start
 - ``model_minutes`` per (node, engine, model, model_version): seconds, tokens, dollars
   (GPU time, energy, idle), GPU-seconds, joules, preemptions, and time-weighted gauges stored as
   ``<name>_s`` (value × seconds) / ``<name>_w`` (seconds with a value): utilisation, bandwidth,
-  power, requests running, KV cache, p99 TTFT / ITL, roofline, anomaly score.
+  power, requests running, KV cache, p99 TTFT / ITL, roofline, anomaly score; and where the
+  dollars went (:data:`SPLIT_SUMS`, :func:`agent.records.split_sums`): prompt vs output, usage
+  basis, prefix-cache savings, the cost floor.
 - ``gpu_minutes`` per (node, gpu): NVML samples, sample-weighted gauges, first/last energy, and
   the GPU's dollars (cost, idle, unallocated) from the window join.
 - ``engine_minutes`` per (node, engine): scrapes up / total, scrape duration.
@@ -42,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from agent.clock import Clock, SystemClock
 from agent.records import (
     MINUTE,
+    SPLIT_SUMS,
     DeployEvent,
     Kind,
     MinuteRecord,
@@ -54,7 +57,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Why 1 GiB: 35 days of 1-minute rows for ~50 series is ~150 MB; the cap only guards a runaway
 # label set from filling the node's disk.
 DEFAULT_MAX_BYTES = 1 << 30
@@ -84,7 +87,8 @@ def _gauge_cols(names: Sequence[str]) -> list[str]:
     return [c for n in names for c in (f"{n}_s", f"{n}_w")]
 
 
-MODEL_COLS = list(MODEL_SUMS) + _gauge_cols(MODEL_GAUGES)
+MODEL_COLS_V1 = list(MODEL_SUMS) + _gauge_cols(MODEL_GAUGES)  # as migration 1 made them
+MODEL_COLS = [*MODEL_COLS_V1, *SPLIT_SUMS]  # schema 5 added where the dollars went
 GPU_COLS_V1 = [*_gauge_cols(GPU_GAUGES), "energy_first", "energy_last"]  # as migration 1 made them
 GPU_COST_SUMS = ("cost_usd", "idle_usd", "unallocated_usd")  # dollars per GPU (schema 4)
 GPU_COLS = [*GPU_COLS_V1, *GPU_COST_SUMS]
@@ -124,7 +128,7 @@ def _create(t: _Table, extra: Sequence[str] = ()) -> str:
 # Each entry moves the schema from version i to i + 1. Never edit a released entry: append one.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
-        _create(TABLES["model"]),
+        _create(_Table("model_minutes", "model", TABLES["model"].keys, tuple(MODEL_COLS_V1))),
         f"CREATE INDEX model_minutes_minute ON {TABLES['model'].name} (minute)",
         _create(
             _Table("gpu_minutes", "gpu", ("node", "gpu"), tuple(GPU_COLS_V1)), ["uuid TEXT", "gpu_model TEXT"]
@@ -152,6 +156,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # coverage mark: a tick's [start, end) and instantaneous samples are merged independently
         *(f"ALTER TABLE gpu_minutes ADD COLUMN {c} REAL NOT NULL DEFAULT 0" for c in GPU_COST_SUMS),
         "ALTER TABLE gpu_minutes ADD COLUMN cost_covered_until REAL NOT NULL DEFAULT 0",
+    ),
+    (  # where each model minute's dollars went: prompt vs output, usage basis, cache, cost floor
+        *(f"ALTER TABLE model_minutes ADD COLUMN {c} REAL NOT NULL DEFAULT 0" for c in SPLIT_SUMS),
     ),
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION
@@ -551,7 +558,8 @@ class Store:
 
         Rows: (node, engine, model, model_version, bucket start, seconds, prompt_tokens,
         generation_tokens, cost_usd, idle_usd, gpu_seconds, idle GPU-seconds (minutes without
-        tokens), gpu_util_s, gpu_util_w, running_s, running_w, roofline_s, roofline_w)."""
+        tokens), gpu_util_s, gpu_util_w, running_s, running_w, roofline_s, roofline_w, then the
+        sums of :data:`SPLIT_SUMS` in their order)."""
         sql = (
             "SELECT node, engine, model, model_version, "
             "? + CAST((minute - ?) / ? AS INTEGER) * ? AS bucket, "
@@ -559,7 +567,7 @@ class Store:
             "SUM(gpu_seconds), "
             "SUM(CASE WHEN generation_tokens + prompt_tokens > 0 THEN 0 ELSE gpu_seconds END), "
             "SUM(gpu_util_s), SUM(gpu_util_w), SUM(running_s), SUM(running_w), "
-            "SUM(roofline_s), SUM(roofline_w) "
+            "SUM(roofline_s), SUM(roofline_w), " + ", ".join(f"SUM({c})" for c in SPLIT_SUMS) + " "
             # "+minute": a sequential scan in primary-key order beats the minute index here (the
             # index visits rows in time order, each a separate b-tree lookup): measured 1.4 s vs
             # 3.4 s on a 35-day store of 24 series (agent/bench/report.py)

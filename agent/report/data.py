@@ -21,6 +21,7 @@ engine (what a deploy changed); the model's other versions.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import math
@@ -29,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.records import DeployEvent
+from agent.records import SPLIT_SUMS, DeployEvent, split_sums
 from agent.samples import CostWindow
 
 logger = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ class HourRow:
     gpu_util_ratio: float | None = None  # 0–1, time-weighted mean
     requests_running: float | None = None  # mean requests in flight
     roofline_ratio: float | None = None  # observed decode tok/s ÷ bandwidth ceiling, mean
+    split: DollarSplit | None = None  # where the hour's dollars went (None: not known at all)
 
     @property
     def series(self) -> SeriesKey:
@@ -106,6 +108,99 @@ class HourRow:
 
 def _band(v: float) -> int:
     return math.floor(math.log(v) / math.log(BAND_RATIO))
+
+
+@dataclass(frozen=True, slots=True)
+class DollarSplit:
+    """Where a series' dollars went over some hours, as additive sums (the store's
+    :data:`agent.store.SPLIT_SUMS`; see :func:`agent.records.split_sums`). Each figure is paired
+    with the dollars and tokens it covers, so a ratio is taken over only the hours that had it."""
+
+    prompt_usd: float = 0.0  # dollars of prefill time (phase-time share)
+    split_usd: float = 0.0  # dollars of the windows with a prompt/output split
+    split_prompt_tokens: float = 0.0  # prompt tokens of those windows
+    split_generation_tokens: float = 0.0  # output tokens of those windows
+    usage_usd: float = 0.0  # usage basis: dollars weighted by GPU busy time
+    usage_alloc_usd: float = 0.0  # allocation dollars of the windows with a usage figure
+    cache_saved_usd: float = 0.0  # what prefix-cache hits would have cost
+    floor_usd: float = 0.0  # the output tokens priced at the cost floor (running batch)
+    floor_cost_usd: float = 0.0  # what those windows actually cost
+    floor_tokens: float = 0.0  # their output tokens
+    floor_max_usd: float = 0.0  # the same at the largest batch the KV cache holds
+    floor_max_cost_usd: float = 0.0  # dollars
+    floor_max_tokens: float = 0.0  # tokens
+
+    def __add__(self, other: DollarSplit) -> DollarSplit:
+        return DollarSplit(*(a + b for a, b in zip(_fields(self), _fields(other), strict=True)))
+
+
+def _fields(d: DollarSplit) -> tuple[float, ...]:
+    return tuple(getattr(d, f.name) for f in dataclasses.fields(d))
+
+
+# the fields are the store's columns, in the same order (one list: agent.records.SPLIT_SUMS)
+assert tuple(f.name for f in dataclasses.fields(DollarSplit)) == SPLIT_SUMS
+
+
+def split_from_sums(sums: Mapping[str, float]) -> DollarSplit:
+    """A :class:`DollarSplit` from sums named as :func:`agent.records.split_sums` names them."""
+    return DollarSplit(*(float(sums.get(name, 0.0)) for name in SPLIT_SUMS))
+
+
+def _per_1m(usd: float, tokens: float) -> float | None:
+    return usd / tokens * 1e6 if tokens > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class WhereDollarsWent:
+    """One model version's (or the week's) dollars split four ways, from a :class:`DollarSplit`.
+
+    - **prompt vs output**: ``prompt_usd + output_usd == cost_usd`` (windows without phase times
+      count wholly as output, as the all-in $ per 1M output does); the $ per 1M prompt and decode
+      figures are over the windows with a split only (None without any);
+    - **allocation − usage** (``waste_usd``): paid while no kernel ran, over windows with a usage
+      figure (None without any);
+    - **cost floor**: $ per 1M output at the bandwidth roofline (running batch; at the largest
+      batch the KV cache holds), and the most the hardware could save: what those tokens cost
+      less the floor's price of them.
+    """
+
+    cost_usd: float  # dollars (allocation basis, the report's figure)
+    prompt_usd: float  # dollars of prefill time
+    output_usd: float  # cost − prompt
+    usd_per_1m_prompt: float | None  # dollars per 1M prompt tokens (windows with a split)
+    usd_per_1m_output_decode: float | None  # dollars of decode time per 1M output tokens (same windows)
+    split_share: float | None  # 0–1: share of the dollars with a split (None: no dollars)
+    usage_usd: float | None  # usage basis; None where no window had a usage figure
+    waste_usd: float | None  # allocation − usage over the windows with a usage figure
+    cache_saved_usd: float  # dollars
+    floor_usd_per_1m: float | None  # dollars per 1M output at the roofline, running batch
+    floor_max_batch_usd_per_1m: float | None  # at the largest batch the KV cache holds
+    floor_saving_usd: float | None  # actual − floor for the same tokens (running batch)
+    floor_max_batch_saving_usd: float | None  # actual − floor at the largest batch
+
+    @staticmethod
+    def of(cost_usd: float, d: DollarSplit) -> WhereDollarsWent:
+        """The figures of ``d`` for a total of ``cost_usd`` dollars."""
+        return WhereDollarsWent(
+            cost_usd=cost_usd,
+            prompt_usd=d.prompt_usd,
+            output_usd=cost_usd - d.prompt_usd,
+            usd_per_1m_prompt=_per_1m(d.prompt_usd, d.split_prompt_tokens) if d.split_usd > 0 else None,
+            usd_per_1m_output_decode=(
+                _per_1m(d.split_usd - d.prompt_usd, d.split_generation_tokens) if d.split_usd > 0 else None
+            ),
+            split_share=d.split_usd / cost_usd if cost_usd > 0 else None,
+            usage_usd=d.usage_usd if d.usage_alloc_usd > 0 else None,
+            waste_usd=d.usage_alloc_usd - d.usage_usd if d.usage_alloc_usd > 0 else None,
+            cache_saved_usd=d.cache_saved_usd,
+            floor_usd_per_1m=_per_1m(d.floor_usd, d.floor_tokens),
+            floor_max_batch_usd_per_1m=_per_1m(d.floor_max_usd, d.floor_max_tokens),
+            floor_saving_usd=d.floor_cost_usd - d.floor_usd if d.floor_tokens > 0 else None,
+            floor_max_batch_saving_usd=(
+                d.floor_max_cost_usd - d.floor_max_usd if d.floor_max_tokens > 0 else None
+            ),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +234,12 @@ class ModelWeek:
     gpu_util_ratio: float | None = None  # 0–1, mean over the week
     roofline_ratio: float | None = None  # 0–1, mean decode efficiency (None: unknown)
     trend: VersionTrend | None = None
+    split: DollarSplit = field(default_factory=DollarSplit)  # where this week's dollars went
+
+    @property
+    def dollars(self) -> WhereDollarsWent:
+        """This week's dollars: prompt vs output, allocation − usage, cost floor."""
+        return WhereDollarsWent.of(self.cost_usd, self.split)
 
     @property
     def usd_per_1m_output(self) -> float | None:
@@ -174,7 +275,11 @@ class ModelWeek:
 
     @property
     def cost_floor_usd_per_1m(self) -> float | None:
-        """$/1M output at the bandwidth ceiling (this week's $/1M × decode efficiency); None unknown."""
+        """$/1M output at the bandwidth ceiling for the running batch: the agent's per-window floor
+        (:mod:`agent.cost.floor`) where it was known; else this week's $/1M × decode efficiency
+        (the same ratio seen from the other side); None when neither is known."""
+        if (floor := self.dollars.floor_usd_per_1m) is not None:
+            return floor
         p, r = self.usd_per_1m_output, self.roofline_ratio
         return p * min(1.0, r) if p is not None and r is not None and r > 0 else None
 
@@ -239,6 +344,14 @@ class WeeklyReport:
         return cost / tokens * 1e6 if tokens > 0 else None
 
     @property
+    def dollars(self) -> WhereDollarsWent:
+        """The week's model dollars split (all versions): prompt vs output, waste, cost floor."""
+        total = DollarSplit()
+        for m in self.models:
+            total = total + m.split
+        return WhereDollarsWent.of(sum(m.cost_usd for m in self.models), total)
+
+    @property
     def regressions(self) -> tuple[ModelWeek, ...]:
         """Versions whose $/1M output rose ≥ REGRESSION_RATIO × their baseline (at like load where
         comparable, see :attr:`ModelWeek.regression_ratio`), biggest excess in dollars first."""
@@ -269,8 +382,11 @@ class _Sums:
     util_w: float = 0.0  # seconds with a util reading
     roof_s: float = 0.0  # Σ roofline × seconds
     roof_w: float = 0.0  # seconds with a roofline reading
+    split: DollarSplit = field(default_factory=DollarSplit)
 
     def add(self, r: HourRow) -> None:
+        if r.split is not None:
+            self.split = self.split + r.split
         self.cost_usd += r.cost_usd
         self.output_tokens += r.output_tokens
         self.prompt_tokens += r.prompt_tokens
@@ -463,6 +579,7 @@ def assemble(
                 gpu_util_ratio=t.util_s / t.util_w if t.util_w > 0 else None,
                 roofline_ratio=t.roof_s / t.roof_w if t.roof_w > 0 else None,
                 trend=_trend(rs, like_rows, start),
+                split=t.split,
             )
         )
     models.sort(key=lambda m: (-m.cost_usd, m.model, m.model_version))
@@ -596,13 +713,16 @@ def rows_from_windows(windows: Iterable[CostWindow], end: float) -> list[HourRow
     hour bucket holding its start, as a store row belongs to its minute)."""
     first = end - 2 * WEEK_SECONDS
     acc: dict[tuple[SeriesKey, int], list[float]] = {}
+    splits: dict[tuple[SeriesKey, int], DollarSplit] = {}
     for w in windows:
         u = w.usage
         if not first <= u.start < end:
             continue
         i = int((u.start - first) // HOUR_SECONDS)
         secs = u.end - u.start
-        a = acc.setdefault(((u.node, u.engine, u.model, u.model_version), i), [0.0] * 13)
+        key = ((u.node, u.engine, u.model, u.model_version), i)
+        a = acc.setdefault(key, [0.0] * 13)
+        splits[key] = splits.get(key, DollarSplit()) + split_from_sums(split_sums(w))
         a[0] += secs
         a[1] += u.prompt_tokens
         a[2] += u.generation_tokens
@@ -632,6 +752,7 @@ def rows_from_windows(windows: Iterable[CostWindow], end: float) -> list[HourRow
             gpu_util_ratio=a[7] / a[8] if a[8] > 0 else None,
             requests_running=a[9] / a[10] if a[10] > 0 else None,
             roofline_ratio=a[11] / a[12] if a[12] > 0 else None,
+            split=splits[(key, i)],
         )
         for (key, i), a in acc.items()
     ]
@@ -666,6 +787,7 @@ def rows_from_store_sums(sums: Iterable[Sequence[object]]) -> list[HourRow]:
                 gpu_util_ratio=v[8] / v[9] if v[9] > 0 else None,
                 requests_running=v[10] / v[11] if v[11] > 0 else None,
                 roofline_ratio=v[12] / v[13] if v[13] > 0 else None,
+                split=DollarSplit(*v[14 : 14 + len(SPLIT_SUMS)]) if len(v) > 14 else None,
             )
         )
     return out

@@ -30,6 +30,7 @@ from agent.records import DeployEvent
 from agent.report.data import (
     HOUR_SECONDS,
     WEEK_SECONDS,
+    DollarSplit,
     HourRow,
     ReportError,
     UtilRow,
@@ -51,6 +52,12 @@ HOURLY: Mapping[str, str] = {
     "gpu_util_ratio": "avg by ({by}) (avg_over_time(infercost_model_gpu_utilization_ratio[1h]))",
     "requests_running": "avg by ({by}) (avg_over_time(infercost_requests_running[1h]))",
     "roofline_ratio": "avg by ({by}) (avg_over_time(infercost_roofline_efficiency_ratio[1h]))",
+    # where the dollars went (agent.report.data.DollarSplit, see _split)
+    "prompt_usd": "sum by ({by}) (increase(infercost_prompt_cost_usd_total[1h]))",
+    "usage_usd": "sum by ({by}) (increase(infercost_usage_cost_usd_total[1h]))",
+    "cache_saved_usd": "sum by ({by}) (increase(infercost_prefix_cache_saved_usd_total[1h]))",
+    "floor": "avg by ({by}) (avg_over_time(infercost_usd_per_1m_output_tokens_floor[1h]))",
+    "floor_max": "avg by ({by}) (avg_over_time(infercost_usd_per_1m_output_tokens_floor_max_batch[1h]))",
 }
 # Attach gpu_model to per-GPU series from infercost_gpu_info (any GPU seen during the week).
 GPU_MODEL_JOIN = (
@@ -167,6 +174,32 @@ def _num(v: Any) -> float | None:
     return None if math.isnan(x) or math.isinf(x) else x
 
 
+def _split(f: Mapping[str, float]) -> DollarSplit:
+    """One series-hour's dollars split from the exported series. An hour with a prompt-cost (or
+    usage-cost) increase counts its whole cost and tokens as covered by the split (or the usage
+    basis); the floor gauges' hourly mean prices the hour's output tokens. Both are exact when
+    the figure is known for the whole hour (the agent exports it from the first window that has it)."""
+    cost, gen = f.get("cost_usd", 0.0), f.get("output_tokens", 0.0)
+    split, usage = "prompt_usd" in f, "usage_usd" in f
+    floor = f.get("floor") if gen > 0 else None
+    floor_max = f.get("floor_max") if gen > 0 else None
+    return DollarSplit(
+        prompt_usd=f.get("prompt_usd", 0.0),
+        split_usd=cost if split else 0.0,
+        split_prompt_tokens=f.get("prompt_tokens", 0.0) if split else 0.0,
+        split_generation_tokens=gen if split else 0.0,
+        usage_usd=f.get("usage_usd", 0.0),
+        usage_alloc_usd=cost if usage else 0.0,
+        cache_saved_usd=f.get("cache_saved_usd", 0.0),
+        floor_usd=0.0 if floor is None else floor * gen / 1e6,
+        floor_cost_usd=0.0 if floor is None else cost,
+        floor_tokens=0.0 if floor is None else gen,
+        floor_max_usd=0.0 if floor_max is None else floor_max * gen / 1e6,
+        floor_max_cost_usd=0.0 if floor_max is None else cost,
+        floor_max_tokens=0.0 if floor_max is None else gen,
+    )
+
+
 def hourly_rows(api: PromApi, end: float) -> list[HourRow]:
     """The two weeks before ``end`` as hourly rows (a point at t is the hour (t − 1 h, t])."""
     first = end - 2 * WEEK_SECONDS
@@ -202,6 +235,7 @@ def hourly_rows(api: PromApi, end: float) -> list[HourRow]:
                 gpu_util_ratio=f.get("gpu_util_ratio"),
                 requests_running=f.get("requests_running"),
                 roofline_ratio=f.get("roofline_ratio"),
+                split=_split(f),
             )
         )
     return rows

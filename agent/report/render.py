@@ -31,6 +31,7 @@ from agent.report.data import (
     ModelWeek,
     Saving,
     WeeklyReport,
+    WhereDollarsWent,
 )
 
 CSV_COLUMNS = (
@@ -52,6 +53,17 @@ CSV_COLUMNS = (
     "idle_gpu_hours",
     "gpu_util_ratio",
     "cost_floor_usd_per_1m_output",
+    # where the dollars went (agent.report.data.WhereDollarsWent)
+    "prompt_usd",
+    "output_usd",
+    "usd_per_1m_prompt",
+    "usd_per_1m_output_decode",
+    "usage_usd",
+    "waste_usd",
+    "prefix_cache_saved_usd",
+    "cost_floor_max_batch_usd_per_1m_output",
+    "floor_saving_usd",
+    "floor_max_batch_saving_usd",
 )
 MAX_CHARTS = 12  # model versions charted (by cost); the tables list every version
 SLACK_MAX_LINES = 5  # regressions and savings listed in the Slack summary
@@ -187,6 +199,7 @@ def render_markdown(r: WeeklyReport) -> str:
         ]
     else:
         out.append("None found in this week's data.")
+    out += _dollars_markdown(r)
     days = [_day(r.start + (i + 1) * DAY_SECONDS)[:10] for i in range(len(r.daily_usd))]
     out += ["", "## Cost per day", "", "| day | cost | idle |", "|---|---:|---:|"]
     idle = list(r.daily_idle_usd) or [None] * len(days)
@@ -202,6 +215,99 @@ def render_markdown(r: WeeklyReport) -> str:
     out += ["|---|---:|---:|"]
     out += [f"| {esc.md(u.group)} | {ratio(u.gpu_util_ratio)} | {usd(u.cost_usd)} |" for u in r.utilization]
     return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the dollars went: prompt vs output, allocation − usage (waste), the cost floor
+# ---------------------------------------------------------------------------------------------
+
+DOLLARS_TITLE = "Where the dollars went"
+DOLLARS_NOTE = (
+    "Prompt vs output by prefill vs decode request time (engines without phase times count as output); "
+    "waste = allocation − usage: dollars of GPU time held while no kernel ran (NVML busy time); "
+    "the cost floor prices the same output tokens at the bandwidth roofline, so 'saving at the floor' "
+    "is the most faster kernels or bigger batches could save on this hardware (a bound that overlaps "
+    "the savings above, not added to them)."
+)
+DOLLARS_HEAD = (
+    "model",
+    "version",
+    "cost",
+    "prompt",
+    "output",
+    "$/1M prompt",
+    "$/1M output (decode)",
+    "waste (alloc − usage)",
+    "$/1M output",
+    "floor $/1M",
+    "floor at max batch $/1M",
+    "saving at the floor",
+    "at max batch",
+)
+
+
+def _dollars_row(d: WhereDollarsWent, usd_per_1m_output: float | None, floor: float | None) -> list[str]:
+    return [
+        usd(d.cost_usd),
+        usd(d.prompt_usd),
+        usd(d.output_usd),
+        usd(d.usd_per_1m_prompt, 4),
+        usd(d.usd_per_1m_output_decode, 4),
+        usd(d.waste_usd),
+        usd(usd_per_1m_output, 4),
+        usd(floor, 4),
+        usd(d.floor_max_batch_usd_per_1m, 4),
+        usd(d.floor_saving_usd),
+        usd(d.floor_max_batch_saving_usd),
+    ]
+
+
+def _dollars_summary(r: WeeklyReport) -> str:
+    d = r.dollars
+    share = f" ({d.prompt_usd / d.cost_usd * 100:.1f} %)" if d.cost_usd > 0 else ""
+    text = f"Prompt {usd(d.prompt_usd)}{share}, output {usd(d.output_usd)}"
+    if d.waste_usd is not None:
+        text += f"; waste (allocation − usage) {usd(d.waste_usd)}"
+    if d.floor_saving_usd is not None:
+        text += f"; at the cost floor the same output tokens would cost {usd(d.floor_saving_usd)} less"
+        if d.floor_max_batch_saving_usd is not None:
+            text += f" ({usd(d.floor_max_batch_saving_usd)} less at the largest batch the KV cache holds)"
+    return text + "."
+
+
+def _dollars_markdown(r: WeeklyReport) -> list[str]:
+    """The "where the dollars went" section (Markdown lines)."""
+    out = ["", f"## {DOLLARS_TITLE}", "", _dollars_summary(r), "", DOLLARS_NOTE, ""]
+    out.append("| " + " | ".join(DOLLARS_HEAD) + " |")
+    out.append("|---|---|" + "---:|" * (len(DOLLARS_HEAD) - 2))
+    for m in r.models:
+        cells = _dollars_row(m.dollars, m.usd_per_1m_output, m.dollars.floor_usd_per_1m)
+        out.append(f"| {esc.md(m.model)} | {esc.md(m.model_version)} | " + " | ".join(cells) + " |")
+    d = r.dollars
+    out.append("| (all) | | " + " | ".join(_dollars_row(d, r.usd_per_1m_output, d.floor_usd_per_1m)) + " |")
+    return out
+
+
+def _dollars_html(r: WeeklyReport) -> list[str]:
+    """The "where the dollars went" section (HTML lines)."""
+    h = [
+        f"<h2>{escape(DOLLARS_TITLE)}</h2>",
+        f"<p>{escape(_dollars_summary(r))}</p>",
+        f'<p class="muted">{escape(DOLLARS_NOTE)}</p>',
+        "<table><tr>" + "".join(f"<th>{escape(c)}</th>" for c in DOLLARS_HEAD) + "</tr>",
+    ]
+    for m in r.models:
+        cells = _dollars_row(m.dollars, m.usd_per_1m_output, m.dollars.floor_usd_per_1m)
+        h.append(
+            f"<tr><td{_nw(m.model)}>{escape(m.model)}</td><td{_nw(m.model_version)}>{escape(m.model_version)}</td>"
+            + "".join(f'<td class="n">{escape(c)}</td>' for c in cells)
+            + "</tr>"
+        )
+    d = r.dollars
+    cells = _dollars_row(d, r.usd_per_1m_output, d.floor_usd_per_1m)
+    h.append("<tr><td><b>all</b></td><td></td>" + "".join(f'<td class="n">{escape(c)}</td>' for c in cells))
+    h.append("</tr></table>")
+    return h
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,6 +397,7 @@ def render_csv(r: WeeklyReport) -> str:
                 _num(m.idle_gpu_hours),
                 _num(m.gpu_util_ratio),
                 _num(m.cost_floor_usd_per_1m),
+                *_dollar_cells(m.dollars),
             ]
         )
     prompt = sum(m.prompt_tokens for m in r.models)
@@ -305,10 +412,30 @@ def render_csv(r: WeeklyReport) -> str:
             f"{r.idle_usd:.6f}",
             _num(r.usd_per_1m_output),
             _num(r.total_usd / total_tokens * 1e6 if total_tokens > 0 else None),
-            *[""] * (len(CSV_COLUMNS) - 8),
+            *[""] * (len(CSV_COLUMNS) - 8 - len(_DOLLAR_CSV)),
+            *_dollar_cells(r.dollars),
         ]
     )
     return buf.getvalue()
+
+
+_DOLLAR_CSV = CSV_COLUMNS[CSV_COLUMNS.index("prompt_usd") :]
+
+
+def _dollar_cells(d: WhereDollarsWent) -> list[str]:
+    """The CSV cells of :data:`_DOLLAR_CSV` (empty where absent)."""
+    return [
+        _num(d.prompt_usd),
+        _num(d.output_usd),
+        _num(d.usd_per_1m_prompt),
+        _num(d.usd_per_1m_output_decode),
+        _num(d.usage_usd),
+        _num(d.waste_usd),
+        _num(d.cache_saved_usd),
+        _num(d.floor_max_batch_usd_per_1m),
+        _num(d.floor_saving_usd),
+        _num(d.floor_max_batch_saving_usd),
+    ]
 
 
 def report_dict(r: WeeklyReport) -> dict[str, Any]:
@@ -321,6 +448,7 @@ def report_dict(r: WeeklyReport) -> dict[str, Any]:
             usd_per_1m_total=m.usd_per_1m_total,
             change_ratio=m.change_ratio,
             cost_floor_usd_per_1m_output=m.cost_floor_usd_per_1m,
+            dollars=asdict(m.dollars),
         )
         models.append(d)
     return {
@@ -333,6 +461,7 @@ def report_dict(r: WeeklyReport) -> dict[str, Any]:
         "last_idle_usd": r.last_idle_usd,
         "usd_per_1m_output": r.usd_per_1m_output,
         "output_tokens": r.output_tokens,
+        "dollars": asdict(r.dollars),
         "daily_usd": list(r.daily_usd),
         "daily_idle_usd": list(r.daily_idle_usd),
         "models": models,
@@ -663,6 +792,7 @@ def render_html(r: WeeklyReport) -> str:
         h.append("</table>")
     else:
         h.append("<p>None found in this week's data.</p>")
+    h += _dollars_html(r)
     h += [
         "<h2>Week over week by model and version</h2>",
         "<table><tr><th>model</th><th>version</th><th>cost</th><th>output tokens</th><th>$/1M output</th>"

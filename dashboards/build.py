@@ -379,6 +379,143 @@ def _per_1m(cost: str, tokens: str, filters: str, by: str, window: str) -> str:
     return f"{_sum_rate(cost, filters, by, window)}\n  / ({_sum_rate(tokens, filters, by, window)} > 0) * 1e6"
 
 
+SERIES_ON = "on (node, engine, model, model_version)"  # one model version's series on one node
+
+
+def _sum_rate_where(metric: str, filters: str, by: str, has: str, window: str) -> str:
+    """Σ rate of ``metric`` over only the series that also export ``has`` (e.g. the tokens of the
+    model versions whose engine reports phase times), so a ratio covers the same series."""
+    grouping = f"sum by ({by}) " if by else "sum "
+    return f"{grouping}(rate({metric}{{{filters}}}[{window}])\n    and {SERIES_ON} {has}{{{filters}}})"
+
+
+def dollar_panels_fleet(m: str, mv: str, by_mv: str) -> list[Panel]:
+    """Where the dollars went, fleet-wide: prompt vs output, allocation − usage (waste), the cost
+    floor, prefix-cache savings (raw counters: ratios of sums over the selection)."""
+    cost, gen = "infercost_cost_usd_total", "infercost_generation_tokens_total"
+    prompt, pcost = "infercost_prompt_tokens_total", "infercost_prompt_cost_usd_total"
+    usage = "infercost_usage_cost_usd_total"
+    floor = "infercost_usd_per_1m_output_tokens_floor"
+    floor_max = "infercost_usd_per_1m_output_tokens_floor_max_batch"
+    w = "1h"
+
+    def floor_weighted(gauge: str) -> str:  # the floor weighted by each series' output tokens
+        return (
+            f"sum by ({mv}) ({gauge}{{{m}}} * {SERIES_ON} rate({gen}{{{m}}}[{w}]))\n"
+            f"  / ({_sum_rate_where(gen, m, mv, gauge, w)} > 0)"
+        )
+
+    return [
+        row("Where the dollars went"),
+        timeseries(
+            "$ per 1M prompt tokens and output tokens (decode share) by model and version (1h)",
+            [
+                (
+                    f"{_sum_rate(pcost, m, mv, w)}\n"
+                    f"  / ({_sum_rate_where(prompt, m, mv, pcost, w)} > 0) * 1e6",
+                    "prompt " + by_mv,
+                ),
+                (
+                    f"({_sum_rate_where(cost, m, mv, pcost, w)} - {_sum_rate(pcost, m, mv, w)})\n"
+                    f"  / ({_sum_rate_where(gen, m, mv, pcost, w)} > 0) * 1e6",
+                    "output " + by_mv,
+                ),
+            ],
+            USD_PER_1M,
+            desc="Cost split by prefill vs decode request time, over the model versions whose engine "
+            "reports both (absent otherwise); the all-in $ per 1M output tokens is above.",
+        ),
+        timeseries(
+            "Cost per hour: prompt vs output by model and version",
+            [
+                (f"{_sum_rate(pcost, m, mv)} * 3600", "prompt " + by_mv),
+                (
+                    f"({_sum_rate(cost, m, mv)}\n"
+                    f"  - ({_sum_rate(pcost, m, mv)} or {_sum_rate(cost, m, mv)} * 0)) * 3600",
+                    "output " + by_mv,
+                ),
+            ],
+            USD,
+            desc="prompt + output = the model's cost; without phase times all of it is output.",
+        ),
+        stat(
+            "Waste per hour (allocation − usage)",
+            f"({_sum_rate_where(cost, m, '', usage, w)}\n  - {_sum_rate(usage, m, '', w)}) * 3600",
+            USD,
+            desc="Dollars of GPU time held while no kernel ran (NVML busy time), over the last hour.",
+        ),
+        timeseries(
+            "Waste per hour (allocation − usage) by model and version",
+            [
+                (
+                    f"({_sum_rate_where(cost, m, mv, usage, '$__rate_interval')}\n"
+                    f"  - {_sum_rate(usage, m, mv)}) * 3600",
+                    by_mv,
+                )
+            ],
+            USD,
+            w=18,
+        ),
+        timeseries(
+            "You pay vs the cost floor: $ per 1M output tokens (1h)",
+            [
+                (_per_1m(cost, gen, m, mv, w), "pay " + by_mv),
+                (floor_weighted(floor), "floor at this batch " + by_mv),
+                (floor_weighted(floor_max), "floor at the largest batch " + by_mv),
+            ],
+            USD_PER_1M,
+            desc="The floor: the same dollars per second at the bandwidth roofline's tokens/s, for the "
+            "running batch and for the largest batch the KV cache holds (weighted by output tokens).",
+        ),
+        timeseries(
+            "Prefix-cache savings per hour by model and version",
+            [(f"{_sum_rate('infercost_prefix_cache_saved_usd_total', m, mv)} * 3600", by_mv)],
+            USD,
+            desc="What the prompt tokens served from the prefix cache would have cost to compute.",
+        ),
+    ]
+
+
+def dollar_panels_node(m: str, by_model: str) -> list[Panel]:
+    """Where the dollars went on one node: the agent's trailing gauges and counters."""
+    floor_max = "infercost_usd_per_1m_output_tokens_floor_max_batch"
+    return [
+        row("Where the dollars went"),
+        timeseries(
+            "$ per 1M: prompt, output (decode share), all-in output",
+            [
+                (f"infercost_usd_per_1m_prompt_tokens{m}", "prompt " + by_model),
+                (f"infercost_usd_per_1m_output_tokens_decode{m}", "output (decode) " + by_model),
+                (f"infercost_usd_per_1m_output_tokens{m}", "output all-in " + by_model),
+            ],
+            USD_PER_1M,
+            w=8,
+        ),
+        timeseries(
+            "You pay vs the cost floor ($ per 1M output tokens)",
+            [
+                (f"infercost_usd_per_1m_output_tokens{m}", "pay " + by_model),
+                (f"infercost_usd_per_1m_output_tokens_floor{m}", "floor at this batch " + by_model),
+                (f"{floor_max}{m}", "floor at the largest batch " + by_model),
+            ],
+            USD_PER_1M,
+            w=8,
+        ),
+        timeseries(
+            "Waste per hour (allocation − usage)",
+            [
+                (
+                    f"(rate(infercost_cost_usd_total{m}[$__rate_interval])\n"
+                    f"  - rate(infercost_usage_cost_usd_total{m}[$__rate_interval])) * 3600",
+                    by_model,
+                )
+            ],
+            USD,
+            w=8,
+        ),
+    ]
+
+
 def fleet() -> dict[str, Any]:
     """The fleet dashboard: $ per token by model and version, idle cost, GPU use, alerts."""
     m = F_MODEL
@@ -454,6 +591,7 @@ def fleet() -> dict[str, Any]:
             ],
             IDLE_SHARE,
         ),
+        *dollar_panels_fleet(m, mv, by_mv),
         row("Throughput"),
         timeseries(
             "Output tokens per second by model",
@@ -567,6 +705,7 @@ def node() -> dict[str, Any]:
             [(f"rate(infercost_gpu_idle_cost_usd_total{g}[$__rate_interval]) * 3600", by_gpu)],
             USD,
         ),
+        *dollar_panels_node(m, by_model),
         row("Throughput and latency"),
         timeseries(
             "Tokens per second",

@@ -870,7 +870,7 @@ export const infercost_fleet: Checked = {
     },
     {
       "type": "row",
-      "title": "Throughput",
+      "title": "Where the dollars went",
       "collapsed": false,
       "panels": [],
       "id": 12,
@@ -879,6 +879,444 @@ export const infercost_fleet: Checked = {
         "w": 24,
         "x": 0,
         "y": 29
+      }
+    },
+    {
+      "type": "timeseries",
+      "title": "$ per 1M prompt tokens and output tokens (decode share) by model and version (1h)",
+      "description": "Cost split by prefill vs decode request time, over the model versions whose engine reports both (absent otherwise); the all-in $ per 1M output tokens is above.",
+      "datasource": {
+        "type": "prometheus",
+        "uid": "${datasource}"
+      },
+      "targets": [
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "A",
+          "expr": "sum by (model, model_version) (rate(infercost_prompt_cost_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[1h]))\n  / (sum by (model, model_version) (rate(infercost_prompt_tokens_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[1h])\n    and on (node, engine, model, model_version) infercost_prompt_cost_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}) > 0) * 1e6",
+          "legendFormat": "prompt {{model}} {{model_version}}",
+          "range": true
+        },
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "B",
+          "expr": "(sum by (model, model_version) (rate(infercost_cost_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[1h])\n    and on (node, engine, model, model_version) infercost_prompt_cost_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}) - sum by (model, model_version) (rate(infercost_prompt_cost_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[1h])))\n  / (sum by (model, model_version) (rate(infercost_generation_tokens_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[1h])\n    and on (node, engine, model, model_version) infercost_prompt_cost_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}) > 0) * 1e6",
+          "legendFormat": "output {{model}} {{model_version}}",
+          "range": true
+        }
+      ],
+      "fieldConfig": {
+        "defaults": {
+          "unit": "currencyUSD",
+          "thresholds": {
+            "mode": "absolute",
+            "steps": [
+              {
+                "value": null,
+                "color": "text"
+              }
+            ]
+          },
+          "custom": {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 10,
+            "spanNulls": false,
+            "thresholdsStyle": {
+              "mode": "off"
+            }
+          }
+        },
+        "overrides": []
+      },
+      "options": {
+        "legend": {
+          "displayMode": "table",
+          "placement": "bottom",
+          "calcs": [
+            "mean",
+            "lastNotNull"
+          ]
+        },
+        "tooltip": {
+          "mode": "multi",
+          "sort": "desc"
+        }
+      },
+      "id": 13,
+      "gridPos": {
+        "h": 8,
+        "w": 12,
+        "x": 0,
+        "y": 30
+      }
+    },
+    {
+      "type": "timeseries",
+      "title": "Cost per hour: prompt vs output by model and version",
+      "description": "prompt + output = the model's cost; without phase times all of it is output.",
+      "datasource": {
+        "type": "prometheus",
+        "uid": "${datasource}"
+      },
+      "targets": [
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "A",
+          "expr": "sum by (model, model_version) (rate(infercost_prompt_cost_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval])) * 3600",
+          "legendFormat": "prompt {{model}} {{model_version}}",
+          "range": true
+        },
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "B",
+          "expr": "(sum by (model, model_version) (rate(infercost_cost_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval]))\n  - (sum by (model, model_version) (rate(infercost_prompt_cost_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval])) or sum by (model, model_version) (rate(infercost_cost_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval])) * 0)) * 3600",
+          "legendFormat": "output {{model}} {{model_version}}",
+          "range": true
+        }
+      ],
+      "fieldConfig": {
+        "defaults": {
+          "unit": "currencyUSD",
+          "thresholds": {
+            "mode": "absolute",
+            "steps": [
+              {
+                "value": null,
+                "color": "text"
+              }
+            ]
+          },
+          "custom": {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 10,
+            "spanNulls": false,
+            "thresholdsStyle": {
+              "mode": "off"
+            }
+          }
+        },
+        "overrides": []
+      },
+      "options": {
+        "legend": {
+          "displayMode": "table",
+          "placement": "bottom",
+          "calcs": [
+            "mean",
+            "lastNotNull"
+          ]
+        },
+        "tooltip": {
+          "mode": "multi",
+          "sort": "desc"
+        }
+      },
+      "id": 14,
+      "gridPos": {
+        "h": 8,
+        "w": 12,
+        "x": 12,
+        "y": 30
+      }
+    },
+    {
+      "type": "stat",
+      "title": "Waste per hour (allocation − usage)",
+      "description": "Dollars of GPU time held while no kernel ran (NVML busy time), over the last hour.",
+      "datasource": {
+        "type": "prometheus",
+        "uid": "${datasource}"
+      },
+      "targets": [
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "A",
+          "expr": "(sum (rate(infercost_cost_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[1h])\n    and on (node, engine, model, model_version) infercost_usage_cost_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"})\n  - sum (rate(infercost_usage_cost_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[1h]))) * 3600",
+          "legendFormat": "",
+          "range": true
+        }
+      ],
+      "fieldConfig": {
+        "defaults": {
+          "unit": "currencyUSD",
+          "thresholds": {
+            "mode": "absolute",
+            "steps": [
+              {
+                "value": null,
+                "color": "text"
+              }
+            ]
+          },
+          "decimals": 2
+        },
+        "overrides": []
+      },
+      "options": {
+        "reduceOptions": {
+          "calcs": [
+            "lastNotNull"
+          ],
+          "fields": "",
+          "values": false
+        },
+        "colorMode": "none",
+        "graphMode": "none"
+      },
+      "id": 15,
+      "gridPos": {
+        "h": 4,
+        "w": 6,
+        "x": 0,
+        "y": 38
+      }
+    },
+    {
+      "type": "timeseries",
+      "title": "Waste per hour (allocation − usage) by model and version",
+      "description": "",
+      "datasource": {
+        "type": "prometheus",
+        "uid": "${datasource}"
+      },
+      "targets": [
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "A",
+          "expr": "(sum by (model, model_version) (rate(infercost_cost_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval])\n    and on (node, engine, model, model_version) infercost_usage_cost_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"})\n  - sum by (model, model_version) (rate(infercost_usage_cost_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval]))) * 3600",
+          "legendFormat": "{{model}} {{model_version}}",
+          "range": true
+        }
+      ],
+      "fieldConfig": {
+        "defaults": {
+          "unit": "currencyUSD",
+          "thresholds": {
+            "mode": "absolute",
+            "steps": [
+              {
+                "value": null,
+                "color": "text"
+              }
+            ]
+          },
+          "custom": {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 10,
+            "spanNulls": false,
+            "thresholdsStyle": {
+              "mode": "off"
+            }
+          }
+        },
+        "overrides": []
+      },
+      "options": {
+        "legend": {
+          "displayMode": "table",
+          "placement": "bottom",
+          "calcs": [
+            "mean",
+            "lastNotNull"
+          ]
+        },
+        "tooltip": {
+          "mode": "multi",
+          "sort": "desc"
+        }
+      },
+      "id": 16,
+      "gridPos": {
+        "h": 8,
+        "w": 18,
+        "x": 6,
+        "y": 38
+      }
+    },
+    {
+      "type": "timeseries",
+      "title": "You pay vs the cost floor: $ per 1M output tokens (1h)",
+      "description": "The floor: the same dollars per second at the bandwidth roofline's tokens/s, for the running batch and for the largest batch the KV cache holds (weighted by output tokens).",
+      "datasource": {
+        "type": "prometheus",
+        "uid": "${datasource}"
+      },
+      "targets": [
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "A",
+          "expr": "sum by (model, model_version) (rate(infercost_cost_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[1h]))\n  / (sum by (model, model_version) (rate(infercost_generation_tokens_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[1h])) > 0) * 1e6",
+          "legendFormat": "pay {{model}} {{model_version}}",
+          "range": true
+        },
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "B",
+          "expr": "sum by (model, model_version) (infercost_usd_per_1m_output_tokens_floor{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"} * on (node, engine, model, model_version) rate(infercost_generation_tokens_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[1h]))\n  / (sum by (model, model_version) (rate(infercost_generation_tokens_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[1h])\n    and on (node, engine, model, model_version) infercost_usd_per_1m_output_tokens_floor{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}) > 0)",
+          "legendFormat": "floor at this batch {{model}} {{model_version}}",
+          "range": true
+        },
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "C",
+          "expr": "sum by (model, model_version) (infercost_usd_per_1m_output_tokens_floor_max_batch{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"} * on (node, engine, model, model_version) rate(infercost_generation_tokens_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[1h]))\n  / (sum by (model, model_version) (rate(infercost_generation_tokens_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[1h])\n    and on (node, engine, model, model_version) infercost_usd_per_1m_output_tokens_floor_max_batch{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}) > 0)",
+          "legendFormat": "floor at the largest batch {{model}} {{model_version}}",
+          "range": true
+        }
+      ],
+      "fieldConfig": {
+        "defaults": {
+          "unit": "currencyUSD",
+          "thresholds": {
+            "mode": "absolute",
+            "steps": [
+              {
+                "value": null,
+                "color": "text"
+              }
+            ]
+          },
+          "custom": {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 10,
+            "spanNulls": false,
+            "thresholdsStyle": {
+              "mode": "off"
+            }
+          }
+        },
+        "overrides": []
+      },
+      "options": {
+        "legend": {
+          "displayMode": "table",
+          "placement": "bottom",
+          "calcs": [
+            "mean",
+            "lastNotNull"
+          ]
+        },
+        "tooltip": {
+          "mode": "multi",
+          "sort": "desc"
+        }
+      },
+      "id": 17,
+      "gridPos": {
+        "h": 8,
+        "w": 12,
+        "x": 0,
+        "y": 46
+      }
+    },
+    {
+      "type": "timeseries",
+      "title": "Prefix-cache savings per hour by model and version",
+      "description": "What the prompt tokens served from the prefix cache would have cost to compute.",
+      "datasource": {
+        "type": "prometheus",
+        "uid": "${datasource}"
+      },
+      "targets": [
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "A",
+          "expr": "sum by (model, model_version) (rate(infercost_prefix_cache_saved_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval])) * 3600",
+          "legendFormat": "{{model}} {{model_version}}",
+          "range": true
+        }
+      ],
+      "fieldConfig": {
+        "defaults": {
+          "unit": "currencyUSD",
+          "thresholds": {
+            "mode": "absolute",
+            "steps": [
+              {
+                "value": null,
+                "color": "text"
+              }
+            ]
+          },
+          "custom": {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 10,
+            "spanNulls": false,
+            "thresholdsStyle": {
+              "mode": "off"
+            }
+          }
+        },
+        "overrides": []
+      },
+      "options": {
+        "legend": {
+          "displayMode": "table",
+          "placement": "bottom",
+          "calcs": [
+            "mean",
+            "lastNotNull"
+          ]
+        },
+        "tooltip": {
+          "mode": "multi",
+          "sort": "desc"
+        }
+      },
+      "id": 18,
+      "gridPos": {
+        "h": 8,
+        "w": 12,
+        "x": 12,
+        "y": 46
+      }
+    },
+    {
+      "type": "row",
+      "title": "Throughput",
+      "collapsed": false,
+      "panels": [],
+      "id": 19,
+      "gridPos": {
+        "h": 1,
+        "w": 24,
+        "x": 0,
+        "y": 54
       }
     },
     {
@@ -940,12 +1378,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 13,
+      "id": 20,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 0,
-        "y": 30
+        "y": 55
       }
     },
     {
@@ -1007,12 +1445,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 14,
+      "id": 21,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 12,
-        "y": 30
+        "y": 55
       }
     },
     {
@@ -1020,12 +1458,12 @@ export const infercost_fleet: Checked = {
       "title": "GPUs",
       "collapsed": false,
       "panels": [],
-      "id": 15,
+      "id": 22,
       "gridPos": {
         "h": 1,
         "w": 24,
         "x": 0,
-        "y": 38
+        "y": 63
       }
     },
     {
@@ -1092,12 +1530,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 16,
+      "id": 23,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 0,
-        "y": 39
+        "y": 64
       }
     },
     {
@@ -1160,12 +1598,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 17,
+      "id": 24,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 8,
-        "y": 39
+        "y": 64
       }
     },
     {
@@ -1227,12 +1665,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 18,
+      "id": 25,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 16,
-        "y": 39
+        "y": 64
       }
     },
     {
@@ -1294,12 +1732,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 19,
+      "id": 26,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 0,
-        "y": 47
+        "y": 72
       }
     },
     {
@@ -1376,12 +1814,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 20,
+      "id": 27,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 12,
-        "y": 47
+        "y": 72
       }
     },
     {
@@ -1389,12 +1827,12 @@ export const infercost_fleet: Checked = {
       "title": "Alerts and delivery",
       "collapsed": false,
       "panels": [],
-      "id": 21,
+      "id": 28,
       "gridPos": {
         "h": 1,
         "w": 24,
         "x": 0,
-        "y": 55
+        "y": 80
       }
     },
     {
@@ -1457,12 +1895,12 @@ export const infercost_fleet: Checked = {
           }
         }
       ],
-      "id": 22,
+      "id": 29,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 0,
-        "y": 56
+        "y": 81
       }
     },
     {
@@ -1516,12 +1954,12 @@ export const infercost_fleet: Checked = {
           }
         }
       ],
-      "id": 23,
+      "id": 30,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 12,
-        "y": 56
+        "y": 81
       }
     }
   ]
@@ -2291,7 +2729,7 @@ export const infercost_node: Checked = {
     },
     {
       "type": "row",
-      "title": "Throughput and latency",
+      "title": "Where the dollars went",
       "collapsed": false,
       "panels": [],
       "id": 10,
@@ -2300,6 +2738,257 @@ export const infercost_node: Checked = {
         "w": 24,
         "x": 0,
         "y": 21
+      }
+    },
+    {
+      "type": "timeseries",
+      "title": "$ per 1M: prompt, output (decode share), all-in output",
+      "description": "",
+      "datasource": {
+        "type": "prometheus",
+        "uid": "${datasource}"
+      },
+      "targets": [
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "A",
+          "expr": "infercost_usd_per_1m_prompt_tokens{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}",
+          "legendFormat": "prompt {{engine}} {{model}} {{model_version}}",
+          "range": true
+        },
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "B",
+          "expr": "infercost_usd_per_1m_output_tokens_decode{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}",
+          "legendFormat": "output (decode) {{engine}} {{model}} {{model_version}}",
+          "range": true
+        },
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "C",
+          "expr": "infercost_usd_per_1m_output_tokens{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}",
+          "legendFormat": "output all-in {{engine}} {{model}} {{model_version}}",
+          "range": true
+        }
+      ],
+      "fieldConfig": {
+        "defaults": {
+          "unit": "currencyUSD",
+          "thresholds": {
+            "mode": "absolute",
+            "steps": [
+              {
+                "value": null,
+                "color": "text"
+              }
+            ]
+          },
+          "custom": {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 10,
+            "spanNulls": false,
+            "thresholdsStyle": {
+              "mode": "off"
+            }
+          }
+        },
+        "overrides": []
+      },
+      "options": {
+        "legend": {
+          "displayMode": "table",
+          "placement": "bottom",
+          "calcs": [
+            "mean",
+            "lastNotNull"
+          ]
+        },
+        "tooltip": {
+          "mode": "multi",
+          "sort": "desc"
+        }
+      },
+      "id": 11,
+      "gridPos": {
+        "h": 8,
+        "w": 8,
+        "x": 0,
+        "y": 22
+      }
+    },
+    {
+      "type": "timeseries",
+      "title": "You pay vs the cost floor ($ per 1M output tokens)",
+      "description": "",
+      "datasource": {
+        "type": "prometheus",
+        "uid": "${datasource}"
+      },
+      "targets": [
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "A",
+          "expr": "infercost_usd_per_1m_output_tokens{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}",
+          "legendFormat": "pay {{engine}} {{model}} {{model_version}}",
+          "range": true
+        },
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "B",
+          "expr": "infercost_usd_per_1m_output_tokens_floor{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}",
+          "legendFormat": "floor at this batch {{engine}} {{model}} {{model_version}}",
+          "range": true
+        },
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "C",
+          "expr": "infercost_usd_per_1m_output_tokens_floor_max_batch{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}",
+          "legendFormat": "floor at the largest batch {{engine}} {{model}} {{model_version}}",
+          "range": true
+        }
+      ],
+      "fieldConfig": {
+        "defaults": {
+          "unit": "currencyUSD",
+          "thresholds": {
+            "mode": "absolute",
+            "steps": [
+              {
+                "value": null,
+                "color": "text"
+              }
+            ]
+          },
+          "custom": {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 10,
+            "spanNulls": false,
+            "thresholdsStyle": {
+              "mode": "off"
+            }
+          }
+        },
+        "overrides": []
+      },
+      "options": {
+        "legend": {
+          "displayMode": "table",
+          "placement": "bottom",
+          "calcs": [
+            "mean",
+            "lastNotNull"
+          ]
+        },
+        "tooltip": {
+          "mode": "multi",
+          "sort": "desc"
+        }
+      },
+      "id": 12,
+      "gridPos": {
+        "h": 8,
+        "w": 8,
+        "x": 8,
+        "y": 22
+      }
+    },
+    {
+      "type": "timeseries",
+      "title": "Waste per hour (allocation − usage)",
+      "description": "",
+      "datasource": {
+        "type": "prometheus",
+        "uid": "${datasource}"
+      },
+      "targets": [
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "A",
+          "expr": "(rate(infercost_cost_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval])\n  - rate(infercost_usage_cost_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval])) * 3600",
+          "legendFormat": "{{engine}} {{model}} {{model_version}}",
+          "range": true
+        }
+      ],
+      "fieldConfig": {
+        "defaults": {
+          "unit": "currencyUSD",
+          "thresholds": {
+            "mode": "absolute",
+            "steps": [
+              {
+                "value": null,
+                "color": "text"
+              }
+            ]
+          },
+          "custom": {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 10,
+            "spanNulls": false,
+            "thresholdsStyle": {
+              "mode": "off"
+            }
+          }
+        },
+        "overrides": []
+      },
+      "options": {
+        "legend": {
+          "displayMode": "table",
+          "placement": "bottom",
+          "calcs": [
+            "mean",
+            "lastNotNull"
+          ]
+        },
+        "tooltip": {
+          "mode": "multi",
+          "sort": "desc"
+        }
+      },
+      "id": 13,
+      "gridPos": {
+        "h": 8,
+        "w": 8,
+        "x": 16,
+        "y": 22
+      }
+    },
+    {
+      "type": "row",
+      "title": "Throughput and latency",
+      "collapsed": false,
+      "panels": [],
+      "id": 14,
+      "gridPos": {
+        "h": 1,
+        "w": 24,
+        "x": 0,
+        "y": 30
       }
     },
     {
@@ -2371,12 +3060,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 11,
+      "id": 15,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 0,
-        "y": 22
+        "y": 31
       }
     },
     {
@@ -2448,12 +3137,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 12,
+      "id": 16,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 12,
-        "y": 22
+        "y": 31
       }
     },
     {
@@ -2515,12 +3204,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 13,
+      "id": 17,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 0,
-        "y": 30
+        "y": 39
       }
     },
     {
@@ -2587,12 +3276,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 14,
+      "id": 18,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 8,
-        "y": 30
+        "y": 39
       }
     },
     {
@@ -2658,12 +3347,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 15,
+      "id": 19,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 16,
-        "y": 30
+        "y": 39
       }
     },
     {
@@ -2671,12 +3360,12 @@ export const infercost_node: Checked = {
       "title": "GPUs",
       "collapsed": false,
       "panels": [],
-      "id": 16,
+      "id": 20,
       "gridPos": {
         "h": 1,
         "w": 24,
         "x": 0,
-        "y": 38
+        "y": 47
       }
     },
     {
@@ -2743,12 +3432,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 17,
+      "id": 21,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 0,
-        "y": 39
+        "y": 48
       }
     },
     {
@@ -2821,12 +3510,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 18,
+      "id": 22,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 8,
-        "y": 39
+        "y": 48
       }
     },
     {
@@ -2889,12 +3578,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 19,
+      "id": 23,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 16,
-        "y": 39
+        "y": 48
       }
     },
     {
@@ -2966,12 +3655,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 20,
+      "id": 24,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 0,
-        "y": 47
+        "y": 56
       }
     },
     {
@@ -3034,12 +3723,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 21,
+      "id": 25,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 8,
-        "y": 47
+        "y": 56
       }
     },
     {
@@ -3100,12 +3789,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 22,
+      "id": 26,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 16,
-        "y": 47
+        "y": 56
       }
     },
     {
@@ -3113,12 +3802,12 @@ export const infercost_node: Checked = {
       "title": "Models on the GPUs",
       "collapsed": false,
       "panels": [],
-      "id": 23,
+      "id": 27,
       "gridPos": {
         "h": 1,
         "w": 24,
         "x": 0,
-        "y": 55
+        "y": 64
       }
     },
     {
@@ -3180,12 +3869,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 24,
+      "id": 28,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 0,
-        "y": 56
+        "y": 65
       }
     },
     {
@@ -3262,12 +3951,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 25,
+      "id": 29,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 8,
-        "y": 56
+        "y": 65
       }
     },
     {
@@ -3329,12 +4018,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 26,
+      "id": 30,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 16,
-        "y": 56
+        "y": 65
       }
     },
     {
@@ -3342,12 +4031,12 @@ export const infercost_node: Checked = {
       "title": "Engines and delivery",
       "collapsed": false,
       "panels": [],
-      "id": 27,
+      "id": 31,
       "gridPos": {
         "h": 1,
         "w": 24,
         "x": 0,
-        "y": 64
+        "y": 73
       }
     },
     {
@@ -3428,12 +4117,12 @@ export const infercost_node: Checked = {
           }
         }
       ],
-      "id": 28,
+      "id": 32,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 0,
-        "y": 65
+        "y": 74
       }
     },
     {
@@ -3495,12 +4184,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 29,
+      "id": 33,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 8,
-        "y": 65
+        "y": 74
       }
     },
     {
@@ -3563,12 +4252,12 @@ export const infercost_node: Checked = {
           }
         }
       ],
-      "id": 30,
+      "id": 34,
       "gridPos": {
         "h": 8,
         "w": 4,
         "x": 16,
-        "y": 65
+        "y": 74
       }
     },
     {
@@ -3622,12 +4311,12 @@ export const infercost_node: Checked = {
           }
         }
       ],
-      "id": 31,
+      "id": 35,
       "gridPos": {
         "h": 8,
         "w": 4,
         "x": 20,
-        "y": 65
+        "y": 74
       }
     }
   ]

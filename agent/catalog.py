@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Kind = Literal["gauge", "counter"]
+Kind = Literal["gauge", "counter", "histogram"]
 Source = Literal["node", "build", "gpu", "engine", "model", "deploy", "alert", "outbox"]
 
 NAMESPACE = "infercost"
@@ -674,5 +674,42 @@ CATALOG: tuple[MetricSpec, ...] = (
         "outbox",
         "count",
         ("node", "sink"),
+    ),
+)
+
+# The engines' latency histograms re-based under infercost's labels (agent.cost.latency): each is
+# a Prometheus histogram (``_bucket`` by ``le``, ``_sum``, ``_count``) with the engine's own bucket
+# bounds, cumulative since the agent started and never decreasing across engine restarts. Kept
+# apart from CATALOG, whose rows are one number per label set.
+HISTOGRAMS: tuple[MetricSpec, ...] = (
+    _m(
+        "ttft_seconds",
+        "histogram",
+        "s",
+        "Time to first token, the engine's histogram re-based (its own le bounds; cumulative, "
+        "monotonic across engine restarts).",
+        "model",
+        "ttft_histogram",
+        MODEL_LABELS,
+    ),
+    _m(
+        "itl_seconds",
+        "histogram",
+        "s",
+        "Inter-token latency, the engine's histogram re-based (its own le bounds; cumulative, "
+        "monotonic across engine restarts).",
+        "model",
+        "itl_histogram",
+        MODEL_LABELS,
+    ),
+    _m(
+        "e2e_seconds",
+        "histogram",
+        "s",
+        "End-to-end request latency, the engine's histogram re-based (its own le bounds; "
+        "cumulative, monotonic across engine restarts).",
+        "model",
+        "e2e_histogram",
+        MODEL_LABELS,
     ),
 )

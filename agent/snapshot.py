@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent.catalog import MetricSpec
+from agent.cost.latency import accumulate
 from agent.cost.model import usd_per_million
 from agent.cost.quantiles import quantile
 from agent.cost.window import TickResult
@@ -99,6 +100,11 @@ class ModelState:
     usd_per_1m_output_tokens_floor: float | None = None  # at the roofline, running batch (trailing)
     usd_per_1m_output_tokens_floor_max_batch: float | None = None  # at the largest batch the KV holds
     anomaly_score: float | None = None  # > 1 means anomalous
+    # the engines' latency histograms re-based (agent.cost.latency): cumulative since the agent
+    # started, never decreasing, the engine's own le bounds; seconds
+    ttft_histogram: Histogram | None = None
+    itl_histogram: Histogram | None = None
+    e2e_histogram: Histogram | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,6 +296,9 @@ class Ledger:
                     prefix_cache_saved_usd_total=_add_opt(
                         prev.prefix_cache_saved_usd_total, w.prefix_cache_saved_usd
                     ),
+                    ttft_histogram=accumulate(prev.ttft_histogram, u.ttft_delta),
+                    itl_histogram=accumulate(prev.itl_histogram, u.itl_delta),
+                    e2e_histogram=accumulate(prev.e2e_histogram, u.e2e_delta),
                 ),
                 recent,
             )

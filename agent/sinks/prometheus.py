@@ -27,11 +27,12 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CollectorRegistry, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.utils import floatToGoString
 
-from agent.catalog import CATALOG
+from agent.catalog import CATALOG, HISTOGRAMS, MetricSpec
+from agent.samples import Histogram
 from agent.sinks.webconfig import Authenticator, WebConfig
 from agent.snapshot import Snapshot, series
 
@@ -95,7 +96,20 @@ def families(snap: Snapshot) -> list[Metric]:
                 continue
             fam.add_metric(list(labels), float(value))
         out.append(fam)
+    for spec in HISTOGRAMS:
+        hist = HistogramMetricFamily(spec.full_name, spec.help, labels=spec.labels)
+        for labels, h in series(spec, snap):
+            if h is not None:
+                hist.add_metric(list(labels), _le_counts(h), h.sum)
+        out.append(hist)
     return out
+
+
+def _le_counts(h: Histogram) -> list[tuple[str, float]]:
+    """A re-based histogram's buckets as (``le`` text, cumulative count): the bound written as
+    Prometheus' Go clients write it, so engines that spell one bound differently (``1`` and
+    ``1.0``) meet on one ``le`` value in a fleet's ``sum by (le)``."""
+    return [(floatToGoString(le), float(c)) for le, c in h.buckets]
 
 
 class SnapshotCollector:
@@ -140,7 +154,32 @@ def render_catalogue(snap: Snapshot) -> bytes:
                 inner = ",".join(f'{keys[i]}="{_escape_label(values[i])}"' for i in order)
                 text = labelled[lk] = "{" + inner + "}" if inner else ""
             out.append(f"{name}{text} {floatToGoString(value)}\n")
+    for spec in HISTOGRAMS:
+        _render_histograms(spec, snap, out)
     return "".join(out).encode()
+
+
+def _render_histograms(spec: MetricSpec, snap: Snapshot, out: list[str]) -> None:
+    """One re-based histogram family as prometheus_client writes a HistogramMetricFamily: per label
+    set the ``_bucket`` lines (``le`` sorted among the labels), then ``_count`` (the ``+Inf``
+    bucket) and ``_sum``."""
+    name = spec.full_name
+    help_ = spec.help.replace("\\", "\\\\").replace("\n", "\\n")
+    out.append(f"# HELP {name} {help_}\n# TYPE {name} histogram\n")
+    keys = spec.labels
+    with_le = (*keys, "le")
+    order = sorted(range(len(with_le)), key=with_le.__getitem__)
+    plain = sorted(range(len(keys)), key=keys.__getitem__)
+    for values, h in series(spec, snap):
+        if h is None:
+            continue
+        inner = ",".join(f'{keys[i]}="{_escape_label(values[i])}"' for i in plain)
+        for le, count in _le_counts(h):
+            v = (*values, le)
+            bucket = ",".join(f'{with_le[i]}="{_escape_label(v[i])}"' for i in order)
+            out.append(f"{name}_bucket{{{bucket}}} {floatToGoString(count)}\n")
+        out.append(f"{name}_count{{{inner}}} {floatToGoString(h.buckets[-1][1])}\n")
+        out.append(f"{name}_sum{{{inner}}} {floatToGoString(h.sum)}\n")
 
 
 def render(snap: Snapshot, process: bool = True) -> bytes:

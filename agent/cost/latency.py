@@ -1,0 +1,84 @@
+"""Engine latency histograms re-based under infercost's labels: cumulative and never decreasing (pure).
+
+The engines' TTFT, inter-token and end-to-end histograms carry the engine's own labels and start
+again from zero when the engine restarts. The agent re-exports them per (node, engine, model,
+model_version) as its own cumulative histograms, so a fleet can aggregate them with
+``histogram_quantile(0.99, sum by (model, model_version, le) (rate(infercost_ttft_seconds_bucket[5m])))``.
+
+Each tick the window join hands over what a histogram observed in the window
+(:func:`agent.cost.quantiles.histogram_delta`: bucket differences; after an engine restart, what
+the engine counted since it started). :func:`accumulate` adds that to the running total:
+
+- a restart is read for the *whole* histogram, never bucket by bucket: if each bucket were
+  differenced on its own (a counter reset per bucket), a bucket that went down would count its new
+  value while a higher one that did not would count only its difference, and the total could end
+  up with a lower bucket above a higher one — not a histogram any more. Reading the reset once
+  keeps every bucket, ``_sum`` and ``_count`` monotonic in time *and* cumulative in ``le``;
+- the engine's own ``le`` bounds are kept (never re-bucketed); a window whose bounds differ from
+  the total's (the engine came back with another layout) carries the total over to the new
+  bounds: a bound in both layouts continues where it was, a new bound starts from the total of the
+  largest old bound below it (observations known to be at or below it), ``_sum`` and ``_count``
+  continue. So no series ever goes down; a bound the engine dropped is no longer exported;
+- a window that is not a histogram (a NaN or negative count or sum, buckets that decrease in
+  ``le``, no ``+Inf`` bucket) adds nothing: that histogram is absent for the window, as the engine
+  adapter already makes a hostile scrape absent. A total that would overflow to infinity stops.
+
+``count`` of the result is its ``+Inf`` bucket (the Prometheus exposition's ``_count``).
+"""
+
+from __future__ import annotations
+
+import math
+
+from agent.samples import Histogram
+
+
+def is_histogram(h: Histogram) -> bool:
+    """True when ``h`` is one window's valid observations: finite non-negative counts and sum,
+    counts non-decreasing in strictly increasing ``le`` bounds that are not negative (a latency),
+    the last bound ``+Inf``."""
+    if not h.buckets or h.buckets[-1][0] != math.inf:
+        return False
+    if not (0.0 <= h.sum < math.inf and 0.0 <= h.count < math.inf):
+        return False
+    if not h.buckets[0][0] >= 0.0:
+        return False
+    last_le = -math.inf
+    last_count = 0.0
+    for le, c in h.buckets:
+        if not le > last_le or not last_count <= c < math.inf:  # also False for NaN
+            return False
+        last_le, last_count = le, c
+    return True
+
+
+def carry_over(total: Histogram, bounds: tuple[float, ...]) -> Histogram:
+    """``total`` on other ``le`` bounds: each bound gets the total's count at the largest old bound
+    not above it (0 below the first), ``+Inf`` the whole count; ``sum`` and ``count`` unchanged."""
+    old = total.buckets
+    out: list[tuple[float, float]] = []
+    i = 0
+    below = 0.0
+    for le in bounds:
+        while i < len(old) and old[i][0] <= le:
+            below = old[i][1]
+            i += 1
+        out.append((le, below))
+    return Histogram(buckets=tuple(out), sum=total.sum, count=total.count)
+
+
+def accumulate(total: Histogram | None, delta: Histogram | None) -> Histogram | None:
+    """The re-based cumulative histogram after one window's observations ``delta`` (see the
+    module docstring); ``total`` unchanged when the window has none or they are not a histogram."""
+    if delta is None or not is_histogram(delta):
+        return total
+    if total is None:
+        return Histogram(buckets=delta.buckets, sum=delta.sum, count=delta.buckets[-1][1])
+    bounds = tuple(le for le, _ in delta.buckets)
+    if tuple(le for le, _ in total.buckets) != bounds:
+        total = carry_over(total, bounds)
+    buckets = tuple((le, a + b) for (le, a), (_, b) in zip(total.buckets, delta.buckets, strict=True))
+    new_sum = total.sum + delta.sum
+    if buckets[-1][1] == math.inf or new_sum == math.inf:
+        return total
+    return Histogram(buckets=buckets, sum=new_sum, count=buckets[-1][1])

@@ -89,6 +89,7 @@ def test_count_is_the_inf_bucket() -> None:
         (H((0.1, 1.0), (INF, 3.0), n=-1.0), "negative count"),
         (H((0.1, 1.0), (INF, 3.0), n=INF), "infinite count"),
         (H((0.1, 1.0), (INF, INF)), "infinite bucket"),
+        (H((0.1, 1.0), (INF, INF), n=3.0), "infinite +Inf bucket beside a finite count"),
         (H((0.1, 1.0), (0.1, 2.0), (INF, 3.0)), "a bound twice"),
         (H((0.5, 1.0), (0.1, 2.0), (INF, 3.0)), "bounds out of order"),
         (H((-0.1, 1.0), (INF, 3.0)), "a negative latency bound"),
@@ -117,6 +118,8 @@ def test_edge_windows_are_histograms(delta: Histogram) -> None:
 def test_a_total_that_would_overflow_stops() -> None:
     total = H((0.1, 1.0), (INF, 1.7e308), s=1.0)
     assert accumulate(total, H((0.1, 0.0), (INF, 1.7e308), s=1.0)) is total  # +Inf bucket → inf
+    total = H((0.1, 1.0), (1.0, 1.0), (INF, 1.7e308), s=1.0)  # the +Inf bucket is the last, not the second
+    assert accumulate(total, H((0.1, 0.0), (1.0, 0.0), (INF, 1.7e308), s=1.0)) is total
     total = H((0.1, 1.0), (INF, 2.0), s=1.7e308)
     assert accumulate(total, H((0.1, 0.0), (INF, 1.0), s=1.7e308)) is total  # sum → inf
 
@@ -466,3 +469,57 @@ async def test_real_prometheus_histogram_quantile_over_the_rebased_buckets(tmp_p
         stop.set()
         await asyncio.wait_for(task, 10)
         await pages.stop()
+
+
+async def test_otlp_carries_the_histograms_with_the_engines_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_otlp import HttpReceiver
+
+    from agent.config import OtlpExporterConfig
+    from agent.sinks.otlp import otlp_exporter
+
+    for var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
+        monkeypatch.delenv(var, raising=False)
+    rx = HttpReceiver()
+    await rx.start()
+    snap = _small_snapshot()
+    cfg = OtlpExporterConfig(endpoint=f"http://127.0.0.1:{rx.port}/v1/metrics", interval_seconds=3600)
+    exp = otlp_exporter(lambda: snap, cfg, snap.node)
+    assert exp is not None
+    try:
+        assert await asyncio.to_thread(exp.flush, 10.0)
+    finally:
+        await asyncio.to_thread(exp.shutdown)
+        await rx.close()
+    _, _, msg = rx.got[0]
+    hists = {
+        m.name: m
+        for rm in msg.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.WhichOneof("data") == "histogram"
+    }
+    assert set(hists) == {
+        "infercost.time_to_first_token",
+        "infercost.time_per_output_token",
+        "infercost.request.duration",
+    }
+    ttft = hists["infercost.time_to_first_token"]
+    assert ttft.unit == "s"
+    assert ttft.histogram.aggregation_temporality == 2  # AGGREGATION_TEMPORALITY_CUMULATIVE
+    (dp,) = ttft.histogram.data_points
+    attrs = {a.key: a.value.string_value for a in dp.attributes}
+    assert attrs == {
+        "gen_ai.request.model": LLAMA,
+        "infercost.model.version": "2024-06",
+        "infercost.engine": "e0",
+    }
+    # the sglang page's 20 finite bounds; per-bucket counts: 10 in (0.04, 0.06], 30 in (0.06, 0.08],
+    # 60 in (1, 2.5], none above (the +Inf bucket is the 21st count)
+    assert list(dp.explicit_bounds) == [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
+                                        0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 15.0, 20.0, 25.0, 30.0]  # fmt: skip
+    want = [0] * 21
+    want[5], want[6], want[12] = 10, 30, 60
+    assert list(dp.bucket_counts) == want
+    assert dp.count == 100 and dp.sum == pytest.approx(122.6)
+    assert not dp.HasField("min") and not dp.HasField("max")  # unknown: unset, not 0
+    assert dp.start_time_unix_nano < dp.time_unix_nano

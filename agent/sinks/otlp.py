@@ -21,6 +21,14 @@ not requests. So tokens go out as one counter, ``infercost.token.usage``, with t
 ``gen_ai.token.type`` (``input`` / ``output``) and ``gen_ai.request.model`` attributes — the
 same split a backend would query on the histogram's sum.
 
+Latency histograms: the engines' TTFT, inter-token and end-to-end histograms re-based under the
+agent's labels (``HISTOGRAMS`` in the catalogue) go out as explicit-bucket histograms with the
+engine's own bounds, cumulative temporality, start time = when the agent started. The SDK has no
+observable histogram instrument, so the exporter is wrapped (:class:`HistogramExporter`) and adds
+them to each batch the reader hands it. Names are ``infercost.*``: the conventions'
+``gen_ai.server.*`` histograms require attributes (operation, provider) an agent reading engine
+counters does not know.
+
 Configuration: ``exporters.otlp`` fields, else the standard ``OTEL_EXPORTER_OTLP_*`` variables
 (an endpoint alone enables export; headers, protocol, timeout, compression and certificates are
 the SDK's own handling of those variables; ``OTEL_RESOURCE_ATTRIBUTES`` is merged).
@@ -30,15 +38,28 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Histogram,
+    HistogramDataPoint,
+    Metric,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    PeriodicExportingMetricReader,
+    ResourceMetrics,
+    ScopeMetrics,
+)
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as genai
 from opentelemetry.semconv._incubating.attributes import host_attributes as host
 from opentelemetry.semconv._incubating.attributes import hw_attributes as hw
@@ -48,7 +69,7 @@ from opentelemetry.semconv.attributes import service_attributes as service
 from opentelemetry.semconv.schemas import Schemas
 
 from agent import __version__
-from agent.catalog import CATALOG, MetricSpec
+from agent.catalog import CATALOG, HISTOGRAMS, MetricSpec
 from agent.config import ConfigError, OtlpExporterConfig
 from agent.snapshot import Snapshot, series
 
@@ -320,6 +341,102 @@ def _table() -> tuple[OtelMetric, ...]:
 OTEL: tuple[OtelMetric, ...] = _table()
 
 
+# Re-based latency histograms (catalogue HISTOGRAMS) → OTLP name.
+HISTOGRAM_NAMES: Mapping[str, str] = {
+    "ttft_seconds": "infercost.time_to_first_token",
+    "itl_seconds": "infercost.time_per_output_token",
+    "e2e_seconds": "infercost.request.duration",
+}
+
+
+def histogram_metrics(snap: Snapshot, start_ns: int, now_ns: int) -> list[Metric]:
+    """The re-based latency histograms of a snapshot as OTLP explicit-bucket histograms: the
+    engine's finite ``le`` bounds as ``explicit_bounds``, per-bucket (not cumulative) counts with
+    the ``+Inf`` bucket last, cumulative since ``start_ns``; min and max unknown (left unset).
+    A family without a point is left out."""
+    out: list[Metric] = []
+    for spec in HISTOGRAMS:
+        points: list[HistogramDataPoint] = []
+        for labels, h in series(spec, snap):
+            if h is None:
+                continue
+            counts: list[int] = []
+            below = 0.0
+            for _, c in h.buckets:
+                counts.append(round(c - below))
+                below = c
+            points.append(
+                HistogramDataPoint(
+                    attributes=_attrs(spec, labels),
+                    start_time_unix_nano=start_ns,
+                    time_unix_nano=now_ns,
+                    count=round(h.buckets[-1][1]),
+                    sum=h.sum,
+                    bucket_counts=counts,
+                    explicit_bounds=[le for le, _ in h.buckets[:-1]],
+                    min=None,  # type: ignore[arg-type]  # unknown: unset in OTLP
+                    max=None,  # type: ignore[arg-type]
+                )
+            )
+        if points:
+            data = Histogram(points, AggregationTemporality.CUMULATIVE)
+            out.append(Metric(HISTOGRAM_NAMES[spec.name], spec.help, "s", data))
+    return out
+
+
+class HistogramExporter(MetricExporter):
+    """Wraps the SDK's exporter: each batch also carries the snapshot's re-based latency histograms
+    (under the agent's Resource and scope), which no observable instrument can produce."""
+
+    def __init__(
+        self,
+        inner: MetricExporter,
+        get: Callable[[], Snapshot],
+        res: Resource,
+        clock_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        super().__init__(inner._preferred_temporality, inner._preferred_aggregation)
+        self._inner = inner
+        self._get = get
+        self._resource = res
+        self._clock_ns = clock_ns
+        self._start_ns = clock_ns()  # the histograms are cumulative since the agent started
+        self._scope = InstrumentationScope("infercost", __version__, SCHEMA_URL)
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        """Add the histograms to the batch, then hand it to the wrapped exporter."""
+        extra = histogram_metrics(self._get(), self._start_ns, self._clock_ns())
+        if extra:
+            metrics_data = _with_metrics(metrics_data, extra, self._resource, self._scope)
+        return self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        """Flush the wrapped exporter."""
+        return self._inner.force_flush(timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        """Shut the wrapped exporter down."""
+        self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+
+def _with_metrics(
+    data: MetricsData, extra: list[Metric], res: Resource, scope: InstrumentationScope
+) -> MetricsData:
+    """``data`` with ``extra`` added to the agent's scope (or a new Resource/scope when absent)."""
+    rms = list(data.resource_metrics)
+    for i, rm in enumerate(rms):
+        for j, sm in enumerate(rm.scope_metrics):
+            if sm.scope.name == scope.name:
+                sms = list(rm.scope_metrics)
+                sms[j] = replace(sm, metrics=[*sm.metrics, *extra])
+                rms[i] = replace(rm, scope_metrics=sms)
+                return replace(data, resource_metrics=rms)
+    rms.append(ResourceMetrics(res, [ScopeMetrics(scope, extra, SCHEMA_URL)], SCHEMA_URL))
+    return replace(data, resource_metrics=rms)
+
+
 def resource(node: str, environ: Mapping[str, str]) -> Resource:
     """service.*, host.name and, on Kubernetes, k8s.node.name / k8s.pod.name;
     ``OTEL_RESOURCE_ATTRIBUTES`` / ``OTEL_SERVICE_NAME`` are merged by the SDK.
@@ -403,12 +520,13 @@ class OtlpExporter:
         self._get = get
         if exporter is None:
             exporter = make_exporter(cfg, env)
+        res = resource(node, env)
         self._reader = PeriodicExportingMetricReader(
-            exporter,
+            HistogramExporter(exporter, get, res),
             export_interval_millis=cfg.interval_seconds * 1000,
             export_timeout_millis=cfg.timeout_seconds * 1000,
         )
-        self._provider = MeterProvider(resource=resource(node, env), metric_readers=[self._reader])
+        self._provider = MeterProvider(resource=res, metric_readers=[self._reader])
         meter = self._provider.get_meter("infercost", __version__, schema_url=SCHEMA_URL)
         for m in OTEL:
             cb = self._callback(m)

@@ -47,6 +47,12 @@ class GpuSample:
     temperature_celsius: float | None = None  # degrees Celsius
     error: str | None = None  # why up is False
     clock_event_reasons: int | None = None  # NVML clock event ("throttle") reasons bitmask
+    tensor_active_ratio: float | None = None  # 0–1, GPM tensor-core activity (ANY_TENSOR_UTIL, Hopper+)
+    sm_occupancy_ratio: float | None = None  # 0–1, GPM resident warps of the maximum (SM_OCCUPANCY)
+    pcie_rx_bytes_per_s: float | None = None  # bytes/s, GPM PCIe receive throughput (whole GPUs only)
+    pcie_tx_bytes_per_s: float | None = None  # bytes/s, GPM PCIe transmit throughput
+    nvlink_rx_bytes_per_s: float | None = None  # bytes/s, GPM NVLink receive throughput, all links
+    nvlink_tx_bytes_per_s: float | None = None  # bytes/s, GPM NVLink transmit throughput, all links
 
     def _reason(self, mask: int) -> float | None:
         return None if self.clock_event_reasons is None else float(bool(self.clock_event_reasons & mask))
@@ -90,6 +96,11 @@ class GpuLoad:
     util_gpu_ratio: float  # 0–1
     dram_bw_ratio: float  # 0–1
     memory_used_bytes: float  # bytes
+    tensor_active_ratio: float | None = None  # 0–1; None: the fake's model (see agent.sources.nvml.fake)
+    pcie_rx_bytes_per_s: float = 0.0  # bytes/s
+    pcie_tx_bytes_per_s: float = 0.0  # bytes/s
+    nvlink_rx_bytes_per_s: float = 0.0  # bytes/s
+    nvlink_tx_bytes_per_s: float = 0.0  # bytes/s
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,6 +221,10 @@ class CostWindow:
     prefix_cache_saved_usd: float | None = None  # what the cached prompt tokens would have cost
     floor_usd_per_1m_output: float | None = None  # $/1M output tokens at the roofline, running batch
     floor_usd_per_1m_output_max_batch: float | None = None  # at the largest batch the KV cache holds
+    # where GPU time went (agent.cost.bound): bound (compute, memory, communication, idle) → GPU-seconds
+    # and → GPU dollars; None where GPM does not measure every GPU of the window (absent, not guessed)
+    bound_gpu_seconds: Mapping[str, float] | None = None
+    bound_usd: Mapping[str, float] | None = None
 
     @property
     def output_usd(self) -> float:

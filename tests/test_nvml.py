@@ -103,6 +103,16 @@ def test_idle_gpu_draws_a_tenth_of_tdp(profile: str) -> None:
 
 # -- NotSupported and friends: absent, never 0 / NaN ----------------------------------------------
 
+GPM_FIELDS = {
+    "dram_bw_ratio",
+    "sm_active_ratio",
+    "tensor_active_ratio",
+    "sm_occupancy_ratio",
+    "pcie_rx_bytes_per_s",
+    "pcie_tx_bytes_per_s",
+    "nvlink_rx_bytes_per_s",
+    "nvlink_tx_bytes_per_s",
+}
 NOT_SUPPORTED_TABLE = [
     ("nvmlDeviceGetPowerUsage", {"power_watts"}),
     ("nvmlDeviceGetTotalEnergyConsumption", {"energy_joules"}),
@@ -110,8 +120,8 @@ NOT_SUPPORTED_TABLE = [
     ("nvmlDeviceGetMemoryInfo", {"memory_used_bytes", "memory_total_bytes"}),
     ("nvmlDeviceGetClockInfo", {"sm_clock_hz", "mem_clock_hz"}),
     ("nvmlDeviceGetTemperatureV", {"temperature_celsius"}),
-    ("nvmlGpmQueryDeviceSupport", {"dram_bw_ratio", "sm_active_ratio"}),
-    ("nvmlGpmSampleGet", {"dram_bw_ratio", "sm_active_ratio"}),
+    ("nvmlGpmQueryDeviceSupport", GPM_FIELDS),
+    ("nvmlGpmSampleGet", GPM_FIELDS),
 ]
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from agent.cost.bound import add_split, split_by_shares
 from agent.cost.inputs import EngineSpec, PriceTable
 from agent.cost.model import gpu_time_cost, split_shares
 from agent.cost.pricing import GpuCharge
@@ -54,6 +55,8 @@ class ModelCharge:
     estimated: bool  # some GPU was not read this tick (charged from its last reading)
     usage_usd: float | None = None  # dollars weighted by each GPU's busy ratio; None: a ratio unknown
     throttled_gpu_seconds: float | None = None  # GPU-seconds with clocks held down; None: unknown
+    bound_gpu_seconds: Mapping[str, float] | None = None  # bound → GPU-seconds (agent.cost.bound)
+    bound_usd: Mapping[str, float] | None = None  # bound → GPU dollars; None: a GPU not measured
 
     @property
     def cost_usd(self) -> float:
@@ -93,11 +96,14 @@ def attribute(
     prices: PriceTable,
     share_policy: str,
     seconds: float,
+    bounds: Mapping[str, Mapping[str, float] | None] | None = None,
 ) -> Attribution:
     """Split the GPUs' charges among engines and models (see the module docstring).
 
     ``held``: every engine → UUIDs of its GPUs (from :func:`engine_gpus`); ``tokens``: every
     engine → its models this tick (an engine with none gets no window: its GPUs stay unallocated).
+    ``bounds``: GPU UUID → its bound shares this tick (:func:`agent.cost.bound.bound_shares`); a
+    model gets a bound split only when every one of its GPUs has one.
     """
     eng_tokens = {e.name: sum(m.tokens for m in tokens[e.name]) for e in engines}
     users: dict[str, list[str]] = {}
@@ -129,6 +135,9 @@ def attribute(
             watts: float | None = None
             busy: float | None = 0.0 if gpus else None
             throttled: float | None = None
+            bsec: dict[str, float] | None = None
+            busd: dict[str, float] | None = None
+            measured = bool(gpus) and bounds is not None
             for u in gpus:
                 c = charges[u]
                 f = shares[u][e.name] * ms
@@ -144,6 +153,12 @@ def attribute(
                 if c.reading.mean_power_watts is not None:
                     watts = (watts or 0.0) + c.reading.mean_power_watts * f
                 allocated[u] += c.cost_usd * f
+                sh = bounds.get(u) if bounds is not None else None
+                if sh is None:
+                    measured = False
+                else:
+                    bsec = add_split(bsec, split_by_shares(seconds * f, sh))
+                    busd = add_split(busd, split_by_shares(c.cost_usd * f, sh))
                 if m.tokens > 0:
                     used[u] += c.cost_usd * f
             if cpu_price is not None:
@@ -164,6 +179,8 @@ def attribute(
                     estimated,
                     busy,
                     throttled,
+                    bsec if measured else None,
+                    busd if measured else None,
                 )
             )
     return Attribution(tuple(out), allocated, used, engine_usd)

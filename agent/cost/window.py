@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from agent.cost.attribution import ModelCharge, ModelTokens, attribute, engine_gpus
+from agent.cost.bound import GpmActivity, bound_shares
 from agent.cost.counters import CounterMemory, counter_increase
 from agent.cost.efficiency import DecodeObservation, ModelFigures, decode_efficiency
 from agent.cost.floor import CostFloor, cost_floor
@@ -30,6 +31,7 @@ from agent.cost.model import bandwidth_of, usd_per_million
 from agent.cost.pricing import GpuCharge, GpuReading, price_gpus
 from agent.cost.quantiles import histogram_delta, quantile
 from agent.cost.split import prefix_cache_saved, prompt_cost
+from agent.hardware import gpu_spec
 from agent.samples import CostWindow, EngineScrape, GpuSample, Histogram, ModelSignals, NvmlRound, UsageWindow
 
 logger = logging.getLogger(__name__)
@@ -236,7 +238,8 @@ class WindowJoiner:
             ]
             for name, models in steps.items()
         }
-        att = attribute(self.engines, held, tokens, charges, self.prices, self.share_policy, dt)
+        bounds = {u: _bound_of(self._acc.get(u, [])) if r.seen else None for u, r in readings.items()}
+        att = attribute(self.engines, held, tokens, charges, self.prices, self.share_policy, dt, bounds)
 
         specs = {e.name: e for e in self.engines}
         kinds = {name: sc.kind for name, sc in scrapes.items()}
@@ -334,6 +337,8 @@ class WindowJoiner:
             prefix_cache_saved_usd=prefix_cache_saved(prompt_usd, p_tok, usage.cached_prompt_tokens),
             floor_usd_per_1m_output=floor.usd_per_1m_at_batch if floor and mc.priced else None,
             floor_usd_per_1m_output_max_batch=floor.usd_per_1m_at_max_batch if floor and mc.priced else None,
+            bound_gpu_seconds=mc.bound_gpu_seconds,
+            bound_usd=mc.bound_usd,
         )
 
     # ------------------------------------------------------------------ internals
@@ -358,6 +363,28 @@ class WindowJoiner:
             if samples[-1].energy_joules is not None:
                 self._last_energy[uuid] = (samples[-1].energy_joules, now)
         self._acc = {}
+
+
+def _bound_of(samples: Sequence[GpuSample]) -> dict[str, float] | None:
+    """Where one GPU's time went this tick (:mod:`agent.cost.bound`), from the means of its GPM
+    readings; None for a MIG instance (links are per board), a GPU not in the hardware table, or
+    one whose GPM did not answer."""
+    up = [s for s in samples if s.up]
+    if not up or up[-1].mig_parent_uuid is not None:
+        return None
+    spec = gpu_spec(up[-1].name)
+    if spec is None:
+        return None
+    gpm = GpmActivity(
+        sm_active_ratio=_mean(s.sm_active_ratio for s in up),
+        tensor_active_ratio=_mean(s.tensor_active_ratio for s in up),
+        dram_bw_ratio=_mean(s.dram_bw_ratio for s in up),
+        pcie_rx_bytes_per_s=_mean(s.pcie_rx_bytes_per_s for s in up),
+        pcie_tx_bytes_per_s=_mean(s.pcie_tx_bytes_per_s for s in up),
+        nvlink_rx_bytes_per_s=_mean(s.nvlink_rx_bytes_per_s for s in up),
+        nvlink_tx_bytes_per_s=_mean(s.nvlink_tx_bytes_per_s for s in up),
+    )
+    return bound_shares(gpm, spec.pcie_bytes_per_s, spec.nvlink_bytes_per_s)
 
 
 def _efficiency(

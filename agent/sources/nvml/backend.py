@@ -38,6 +38,7 @@ T = TypeVar("T")
 MHZ = 1e6  # hertz per megahertz
 MILLI = 1e-3  # milliwatts → watts, millijoules → joules
 PERCENT = 0.01  # NVML percentages (0–100) → ratios (0–1)
+MIB = 1024 * 1024  # bytes; GPM reports PCIe and NVLink throughput in MiB/s
 
 # Codes that mean "this device does not expose this": the field is absent.
 _ABSENT_CODES = frozenset(
@@ -129,6 +130,7 @@ class NvmlBackend:
         self._names: dict[int, tuple[str, str]] = {}  # index → (uuid, name), for down devices
         self._round_error: str | None = None  # last round-level error (for transition logs)
         self._temperature_v: bool | None = None  # versioned temperature call present (None: not probed)
+        self._ids = _GpmIds.of(self._lib)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -344,7 +346,8 @@ class NvmlBackend:
         )
         temp = self._call(uuid, "temperature", lambda: self._temperature(handle))
         reasons = self._call(uuid, "clock_event_reasons", lambda: self._clock_event_reasons(handle))
-        dram, sm = self._read_gpm(gpm_key, handle, parent)
+        gpm = self._read_gpm(gpm_key, handle, parent)
+        ids = self._ids
         return GpuSample(
             index=index,
             uuid=uuid,
@@ -353,8 +356,14 @@ class NvmlBackend:
             mig_parent_uuid=parent[0] if parent else None,
             util_gpu_ratio=util.gpu * PERCENT if util is not None else None,
             util_memory_ratio=util.memory * PERCENT if util is not None else None,
-            dram_bw_ratio=dram,
-            sm_active_ratio=sm,
+            dram_bw_ratio=gpm.get(ids.dram),
+            sm_active_ratio=gpm.get(ids.sm),
+            tensor_active_ratio=gpm.get(ids.tensor),
+            sm_occupancy_ratio=gpm.get(ids.occupancy),
+            pcie_rx_bytes_per_s=gpm.get(ids.pcie_rx),
+            pcie_tx_bytes_per_s=gpm.get(ids.pcie_tx),
+            nvlink_rx_bytes_per_s=gpm.get(ids.nvlink_rx),
+            nvlink_tx_bytes_per_s=gpm.get(ids.nvlink_tx),
             power_watts=power_mw * MILLI if power_mw is not None else None,
             energy_joules=energy_mj * MILLI if energy_mj is not None else None,
             memory_used_bytes=float(mem.used) if mem is not None else None,
@@ -420,10 +429,12 @@ class NvmlBackend:
 
     def _read_gpm(
         self, key: str, handle: Any, parent: tuple[str, Any, int | None] | None
-    ) -> tuple[float | None, float | None]:
-        """(DRAM bandwidth ratio, SM active ratio) between the previous round's sample and now."""
+    ) -> dict[int, float]:
+        """GPM metric id → value between the previous round's sample and now: ratios (0–1) for
+        activity metrics, bytes/s for throughput (PCIe and NVLink: whole GPUs only, they are per
+        board); a metric that failed is left out."""
         if not self._gpm_supported(key, handle, parent):
-            return None, None
+            return {}
         lib = self._lib
         state = self._gpm[key]
 
@@ -444,19 +455,20 @@ class NvmlBackend:
         if previous is None or current is None:
             if previous is not None:
                 self._free_sample(previous)
-            return None, None
+            return {}
+        ids = self._ids
+        wanted = ids.activity if parent is not None else ids.activity + ids.throughput
         try:
-            values = self._call(key, "gpm_metrics", lambda: self._gpm_metrics(previous, current))
+            values = self._call(key, "gpm_metrics", lambda: self._gpm_metrics(previous, current, wanted))
         finally:
             self._free_sample(previous)
-        if values is None:
-            return None, None
-        return values.get(lib.NVML_GPM_METRIC_DRAM_BW_UTIL), values.get(lib.NVML_GPM_METRIC_SM_UTIL)
+        return values or {}
 
-    def _gpm_metrics(self, older: Any, newer: Any) -> dict[int, float]:
-        """Run nvmlGpmMetricsGet over two samples; metric id → ratio (metrics that failed left out)."""
+    def _gpm_metrics(self, older: Any, newer: Any, wanted: tuple[int, ...]) -> dict[int, float]:
+        """Run nvmlGpmMetricsGet over two samples; metric id → ratio (percentages) or bytes/s
+        (MiB/s metrics); metrics that failed are left out."""
         lib = self._lib
-        wanted = (lib.NVML_GPM_METRIC_DRAM_BW_UTIL, lib.NVML_GPM_METRIC_SM_UTIL)
+        throughput = set(self._ids.throughput)
         mg = lib.c_nvmlGpmMetricsGet_t()
         mg.version = lib.NVML_GPM_METRICS_GET_VERSION
         mg.numMetrics = len(wanted)
@@ -468,9 +480,55 @@ class NvmlBackend:
         out: dict[int, float] = {}
         for i in range(len(wanted)):
             m = mg.metrics[i]
-            if m.nvmlReturn == lib.NVML_SUCCESS:
+            if m.nvmlReturn != lib.NVML_SUCCESS:
+                continue
+            if int(m.metricId) in throughput:
+                out[int(m.metricId)] = max(0.0, float(m.value) * MIB)
+            else:
                 out[int(m.metricId)] = min(1.0, max(0.0, float(m.value) * PERCENT))
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class _GpmIds:
+    """The GPM metric ids the agent reads (pynvml's constants, looked up on the library in use)."""
+
+    dram: int
+    sm: int
+    tensor: int
+    occupancy: int
+    pcie_rx: int
+    pcie_tx: int
+    nvlink_rx: int
+    nvlink_tx: int
+
+    @classmethod
+    def of(cls, lib: Any) -> _GpmIds:
+        """The ids as ``lib`` (pynvml or the fake) names them."""
+
+        def c(name: str) -> int:
+            return int(getattr(lib, f"NVML_GPM_METRIC_{name}"))
+
+        return cls(
+            c("DRAM_BW_UTIL"),
+            c("SM_UTIL"),
+            c("ANY_TENSOR_UTIL"),
+            c("SM_OCCUPANCY"),
+            c("PCIE_RX_PER_SEC"),
+            c("PCIE_TX_PER_SEC"),
+            c("NVLINK_TOTAL_RX_PER_SEC"),
+            c("NVLINK_TOTAL_TX_PER_SEC"),
+        )
+
+    @property
+    def activity(self) -> tuple[int, ...]:
+        """Percent metrics, readable on whole GPUs and MIG instances."""
+        return (self.dram, self.sm, self.tensor, self.occupancy)
+
+    @property
+    def throughput(self) -> tuple[int, ...]:
+        """MiB/s metrics of the board's links."""
+        return (self.pcie_rx, self.pcie_tx, self.nvlink_rx, self.nvlink_tx)
 
 
 def _text(value: Any) -> str:

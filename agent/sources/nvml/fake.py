@@ -16,6 +16,13 @@ the injected ``clock``); ``None`` means idle. Power follows a simple model (``ID
 of TDP at rest, TDP at full load), the energy counter integrates that power over time, and GPM
 ratios are the time-average of the load between two samples.
 
+GPM model (what a test can check by hand): between two samples each metric is the time-average
+of the load — SM_UTIL = ``util_gpu_ratio``; DRAM_BW_UTIL = ``dram_bw_ratio``; ANY_TENSOR_UTIL =
+``tensor_active_ratio``, or where the load gives none ``util × (1 − dram)`` (the SM time not spent
+on memory traffic ran on the tensor cores); SM_OCCUPANCY = ``OCCUPANCY_PER_ACTIVE × util``;
+PCIE_RX/TX_PER_SEC and NVLINK_TOTAL_RX/TX_PER_SEC = the load's bytes/s in MiB/s (whole GPUs only:
+NotSupported on a MIG instance's sample, as they are per board).
+
 Faults: :meth:`FakeNvml.set_not_supported` (per device, per function), :meth:`FakeNvml.lose_gpu` /
 :meth:`FakeNvml.restore_gpu`, ``driver="missing" | "not_loaded"`` and
 :meth:`FakeNvml.unload_driver` / :meth:`FakeNvml.load_driver`, and MIG with ``mig_instances``.
@@ -53,6 +60,8 @@ AMBIENT_CELSIUS = 30.0  # degrees Celsius at rest
 HOT_CELSIUS = 45.0  # degrees Celsius added at full TDP
 ENERGY_AT_START_MJ = 1_000_000_000.0  # millijoules; the counter counts from driver load, not 0
 DRIVER_VERSION = "550.54.15"
+OCCUPANCY_PER_ACTIVE = 0.5  # why: LLM kernels keep about half the warps resident while SMs are active
+# (the real H200 capture: a copy kernel 0.81 at 0.995 active, a GEMM 0.12 at 0.82)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +117,14 @@ def model_power_watts(profile: DeviceProfile, load: GpuLoad) -> float:
     return profile.tdp_watts * (IDLE_POWER_FRACTION + (1.0 - IDLE_POWER_FRACTION) * max(0.0, activity))
 
 
+def model_tensor_ratio(load: GpuLoad) -> float:
+    """Tensor-core activity (0–1) of the fake GPU under ``load``: the load's own figure, else the
+    SM time not spent on DRAM traffic, ``util × (1 − dram)``."""
+    if load.tensor_active_ratio is not None:
+        return load.tensor_active_ratio
+    return load.util_gpu_ratio * (1.0 - load.dram_bw_ratio)
+
+
 @dataclass(frozen=True, slots=True)
 class _Handle:
     """An opaque device handle: a GPU (``mig_slot`` None) or one of its MIG instances."""
@@ -127,6 +144,11 @@ class _Device:
     energy_mj: float = ENERGY_AT_START_MJ  # millijoules
     dram_busy_s: float = 0.0  # seconds × ratio, integral of the DRAM bandwidth ratio
     sm_busy_s: float = 0.0  # seconds × ratio, integral of the SM activity ratio
+    tensor_busy_s: float = 0.0  # seconds × ratio, integral of the tensor-core activity ratio
+    pcie_rx_bytes: float = 0.0  # bytes received over PCIe since the fake started
+    pcie_tx_bytes: float = 0.0  # bytes
+    nvlink_rx_bytes: float = 0.0  # bytes
+    nvlink_tx_bytes: float = 0.0  # bytes
     calls: int = 0  # NVML calls that touched this device
     lost_after: int | None = None  # calls left before it is lost (0 = lost now)
     lost_code: int = _nv.NVML_ERROR_GPU_IS_LOST
@@ -140,6 +162,11 @@ class _GpmSnapshot:
     t: float  # seconds
     dram_busy_s: float
     sm_busy_s: float
+    tensor_busy_s: float = 0.0
+    pcie_rx_bytes: float = 0.0
+    pcie_tx_bytes: float = 0.0
+    nvlink_rx_bytes: float = 0.0
+    nvlink_tx_bytes: float = 0.0
 
 
 def _api(method: Callable[Concatenate[FakeNvml, P], R]) -> Callable[Concatenate[FakeNvml, P], R]:
@@ -311,6 +338,11 @@ class FakeNvml:
         dev.energy_mj += model_power_watts(dev.profile, load) * dt * 1000.0
         dev.dram_busy_s += load.dram_bw_ratio * dt
         dev.sm_busy_s += load.util_gpu_ratio * dt
+        dev.tensor_busy_s += model_tensor_ratio(load) * dt
+        dev.pcie_rx_bytes += load.pcie_rx_bytes_per_s * dt
+        dev.pcie_tx_bytes += load.pcie_tx_bytes_per_s * dt
+        dev.nvlink_rx_bytes += load.nvlink_rx_bytes_per_s * dt
+        dev.nvlink_tx_bytes += load.nvlink_tx_bytes_per_s * dt
         dev.t = t
         dev.load = load
 
@@ -318,10 +350,16 @@ class FakeNvml:
         load = self._load(index, t) if self._load is not None else None
         if load is None:
             return IDLE
+        tensor = load.tensor_active_ratio
         return GpuLoad(
             util_gpu_ratio=min(1.0, max(0.0, load.util_gpu_ratio)),
             dram_bw_ratio=min(1.0, max(0.0, load.dram_bw_ratio)),
             memory_used_bytes=min(float(self.profile.memory_total_bytes), max(0.0, load.memory_used_bytes)),
+            tensor_active_ratio=None if tensor is None else min(1.0, max(0.0, tensor)),
+            pcie_rx_bytes_per_s=max(0.0, load.pcie_rx_bytes_per_s),
+            pcie_tx_bytes_per_s=max(0.0, load.pcie_tx_bytes_per_s),
+            nvlink_rx_bytes_per_s=max(0.0, load.nvlink_rx_bytes_per_s),
+            nvlink_tx_bytes_per_s=max(0.0, load.nvlink_tx_bytes_per_s),
         )
 
     def _not_on_mig(self, handle: _Handle) -> None:
@@ -542,7 +580,17 @@ class FakeNvml:
         if addr not in self._gpm_samples:
             raise _nv.NVMLError(_nv.NVML_ERROR_INVALID_ARGUMENT)
         self._advance(dev)
-        snap = _GpmSnapshot((dev.index, gpu_instance), dev.t or 0.0, dev.dram_busy_s, dev.sm_busy_s)
+        snap = _GpmSnapshot(
+            (dev.index, gpu_instance),
+            dev.t or 0.0,
+            dev.dram_busy_s,
+            dev.sm_busy_s,
+            dev.tensor_busy_s,
+            dev.pcie_rx_bytes,
+            dev.pcie_tx_bytes,
+            dev.nvlink_rx_bytes,
+            dev.nvlink_tx_bytes,
+        )
         self._gpm_samples[addr] = (self._gpm_samples[addr][0], snap)
         return sample
 
@@ -574,18 +622,37 @@ class FakeNvml:
         dev = self._devices[first.key[0]]
         self._touch(dev)
         dt = second.t - first.t
+        mig = first.key[1] is not None
+
+        def pct(attr: str) -> float:
+            return 100.0 * (getattr(second, attr) - getattr(first, attr)) / dt
+
+        def mib_s(attr: str) -> float:
+            return (getattr(second, attr) - getattr(first, attr)) / dt / MIB
+
+        metrics: dict[int, Callable[[], float]] = {
+            _nv.NVML_GPM_METRIC_DRAM_BW_UTIL: lambda: pct("dram_busy_s"),
+            _nv.NVML_GPM_METRIC_SM_UTIL: lambda: pct("sm_busy_s"),
+            _nv.NVML_GPM_METRIC_ANY_TENSOR_UTIL: lambda: pct("tensor_busy_s"),
+            _nv.NVML_GPM_METRIC_SM_OCCUPANCY: lambda: OCCUPANCY_PER_ACTIVE * pct("sm_busy_s"),
+        }
+        if not mig:  # link throughput is per board
+            metrics |= {
+                _nv.NVML_GPM_METRIC_PCIE_RX_PER_SEC: lambda: mib_s("pcie_rx_bytes"),
+                _nv.NVML_GPM_METRIC_PCIE_TX_PER_SEC: lambda: mib_s("pcie_tx_bytes"),
+                _nv.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: lambda: mib_s("nvlink_rx_bytes"),
+                _nv.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: lambda: mib_s("nvlink_tx_bytes"),
+            }
         for i in range(metrics_get.numMetrics):
             m = metrics_get.metrics[i]
+            fn = metrics.get(int(m.metricId))
             if dt <= 0:
                 m.nvmlReturn = _nv.NVML_ERROR_INVALID_ARGUMENT
-            elif m.metricId == _nv.NVML_GPM_METRIC_DRAM_BW_UTIL:
-                m.value = 100.0 * (second.dram_busy_s - first.dram_busy_s) / dt
-                m.nvmlReturn = _nv.NVML_SUCCESS
-            elif m.metricId == _nv.NVML_GPM_METRIC_SM_UTIL:
-                m.value = 100.0 * (second.sm_busy_s - first.sm_busy_s) / dt
-                m.nvmlReturn = _nv.NVML_SUCCESS
-            else:
+            elif fn is None:
                 m.nvmlReturn = _nv.NVML_ERROR_NOT_SUPPORTED
+            else:
+                m.value = fn()
+                m.nvmlReturn = _nv.NVML_SUCCESS
         return metrics_get
 
 

@@ -105,6 +105,10 @@ class ModelState:
     ttft_histogram: Histogram | None = None
     itl_histogram: Histogram | None = None
     e2e_histogram: Histogram | None = None
+    # where GPU time went (agent.cost.bound): bound → GPU-seconds / GPU dollars since the agent
+    # started; None until a window of this model version had every GPU measured by GPM
+    bound_gpu_seconds_total: Mapping[str, float] | None = None
+    bound_cost_usd_total: Mapping[str, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +176,16 @@ def _phase_prices(recent: deque[CostWindow]) -> tuple[float | None, float | None
     )
     output = usd_per_million(sum(w.output_usd for w in split), sum(w.usage.generation_tokens for w in split))
     return prompt, output
+
+
+def _add_bounds(
+    total: Mapping[str, float] | None, delta: Mapping[str, float] | None
+) -> Mapping[str, float] | None:
+    """Per-bound counters: each bound as :func:`_add`; absent until the first measured window."""
+    if delta is None:
+        return total
+    base = total or {}
+    return {b: _add(base.get(b, 0.0), delta.get(b)) for b in {**base, **delta}}
 
 
 def _wmean(pairs: list[tuple[float | None, float]]) -> float | None:
@@ -299,6 +313,8 @@ class Ledger:
                     ttft_histogram=accumulate(prev.ttft_histogram, u.ttft_delta),
                     itl_histogram=accumulate(prev.itl_histogram, u.itl_delta),
                     e2e_histogram=accumulate(prev.e2e_histogram, u.e2e_delta),
+                    bound_gpu_seconds_total=_add_bounds(prev.bound_gpu_seconds_total, w.bound_gpu_seconds),
+                    bound_cost_usd_total=_add_bounds(prev.bound_cost_usd_total, w.bound_usd),
                 ),
                 recent,
             )
@@ -434,6 +450,10 @@ def series(spec: MetricSpec, snap: Snapshot) -> Iterator[tuple[tuple[str, ...], 
             if spec.field == "gpu_info":
                 if m.gpu_model is not None:
                     yield (node, m.engine, m.model, m.model_version, m.gpu_model), 1.0
+                continue
+            if "bound" in spec.labels:  # one series per bound (agent.cost.bound)
+                for bound, v in (getattr(m, spec.field) or {}).items():
+                    yield (node, m.engine, m.model, m.model_version, bound), v
                 continue
             if spec.field == "class_info":
                 if m.priority_class is not None:

@@ -81,6 +81,7 @@ def label_sets(spec: MetricSpec) -> Iterator[dict[str, str]]:
                 labels = {"node": node, "engine": engine, "model": model, "model_version": version}
                 labels["gpu_model"] = gpu_model  # infercost_model_gpu_info
                 labels["priority_class"] = "batch" if "qwen" in model.lower() else "realtime"
+                labels["bound"] = "memory"  # infercost_gpu_time_bound_seconds_total, _cost_bound_usd_total
                 yield {k: labels[k] for k in spec.labels}
         elif spec.source == "alert":
             yield {"node": node, "rule": "cost_per_token_regression", "severity": "critical"}

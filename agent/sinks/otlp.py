@@ -171,6 +171,14 @@ NAMES: Mapping[str, str] = {
     "deploy_timestamp_seconds": "infercost.deploy.time",
     "kv_cache_usage_ratio": "infercost.kv_cache.usage",
     "store_files_recovered_total": "infercost.store.recovered_files",
+    "gpu_tensor_active_ratio": "infercost.gpu.tensor.active",
+    "gpu_sm_occupancy_ratio": "infercost.gpu.sm.occupancy",
+    "gpu_pcie_rx_bytes_per_second": "infercost.gpu.pcie.receive.rate",
+    "gpu_pcie_tx_bytes_per_second": "infercost.gpu.pcie.transmit.rate",
+    "gpu_nvlink_rx_bytes_per_second": "infercost.gpu.nvlink.receive.rate",
+    "gpu_nvlink_tx_bytes_per_second": "infercost.gpu.nvlink.transmit.rate",
+    "gpu_time_bound_seconds_total": "infercost.gpu.time.by_bound",
+    "cost_bound_usd_total": "infercost.cost.by_bound",
 }
 # Not sent over OTLP: identity and build go as attributes / the Resource; gpu_up is hw.status;
 # temperature is hw.temperature; token rows are infercost.token.usage / .rate (built below).

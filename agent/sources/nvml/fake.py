@@ -270,6 +270,11 @@ class FakeNvml:
                 if index is None or dev.index == index:
                     dev.not_supported[function] = code
 
+    def set_gpm_metric_not_supported(self, metric_id: int, index: int | None = None) -> None:
+        """Make one GPM metric (``NVML_GPM_METRIC_*``) answer NotSupported in nvmlGpmMetricsGet on
+        device ``index`` or on all (None), as an NVLink metric does on a board without NVLink."""
+        self.set_not_supported(f"gpm_metric:{metric_id}", index)
+
     def set_clock_event_reasons(self, index: int, reasons: int) -> None:
         """Hold clock event reasons (an ``nvmlClocksEventReason*`` bitmask) on GPU ``index`` on top
         of those the load model gives (GpuIdle at rest, SwPowerCap at the power limit)."""
@@ -646,6 +651,8 @@ class FakeNvml:
         for i in range(metrics_get.numMetrics):
             m = metrics_get.metrics[i]
             fn = metrics.get(int(m.metricId))
+            if f"gpm_metric:{int(m.metricId)}" in dev.not_supported:
+                fn = None
             if dt <= 0:
                 m.nvmlReturn = _nv.NVML_ERROR_INVALID_ARGUMENT
             elif fn is None:

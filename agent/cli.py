@@ -221,6 +221,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from agent.bench.report import run as run_report_bench
 
         run_report_bench(series=args.series, days=args.days, store=args.store)
+    elif args.what == "bound":
+        from agent.bench.bound import run as run_bound
+
+        run_bound()
     return EXIT_OK
 
 
@@ -330,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = add("bench", "benchmarks (print figures)")
     b.add_argument(
         "what",
-        choices=["overhead", "parse", "detection", "exposition", "report", "soak", "startup"],
+        choices=["overhead", "parse", "detection", "exposition", "report", "soak", "startup", "bound"],
         help="which benchmark",
     )
     b.add_argument("--seconds", type=float, default=60.0, help="overhead: wall seconds measured")

@@ -44,7 +44,7 @@ from agent.config import (
 )
 from agent.sim.node import SimNode
 from agent.sim.scenario import Rollout, Scenario
-from agent.snapshot import Snapshot
+from agent.snapshot import ModelState, Snapshot
 from agent.sources.prices import PriceBook, load_price_book
 from agent.supervisor import Agent
 
@@ -152,7 +152,43 @@ def render_view(
         f"metrics: http://127.0.0.1:{port}/metrics",
     )
     msgs = [Text(_slack_line(m)) for m in inbox.messages[-4:]] or [Text("(no alert yet)", style="dim")]
-    return Group(head, t, Panel(Group(*msgs), title="Slack (local receiver)", border_style="magenta"))
+    slack = Panel(Group(*msgs), title="Slack (local receiver)", border_style="magenta")
+    return Group(head, t, floor_panel(snap), slack)
+
+
+def max_batch(requests_running: float | None, kv_cache_usage_ratio: float | None) -> float | None:
+    """Sequences the KV cache would hold at the current mean context: the running batch over the
+    share of the cache it fills (the same arithmetic as :mod:`agent.cost.floor`: capacity ÷
+    (resident tokens ÷ batch)); None without a running batch or a KV reading."""
+    if not requests_running or not kv_cache_usage_ratio or kv_cache_usage_ratio <= 0:
+        return None
+    return requests_running / kv_cache_usage_ratio
+
+
+def floor_line(m: ModelState) -> str | None:
+    """ "you pay $X per 1M; the floor at this batch is $Y; at batch B it would be $Z" for one model
+    version (None without a price or a floor: the engine's model weights are not configured)."""
+    pay, floor = m.usd_per_1m_output_tokens, m.usd_per_1m_output_tokens_floor
+    if pay is None or floor is None:
+        return None
+    text = f"{m.engine} {m.model_version}: you pay ${pay:.3f} per 1M output tokens; the floor at this batch"
+    if m.requests_running:
+        text += f" ({m.requests_running:,.0f} running)"
+    text += f" is ${floor:.3f}"
+    at_max, batch = (
+        m.usd_per_1m_output_tokens_floor_max_batch,
+        max_batch(m.requests_running, m.kv_cache_usage_ratio),
+    )
+    if at_max is not None and batch is not None:
+        text += f"; at batch {batch:,.0f} (a full KV cache) it would be ${at_max:.3f}"
+    return text
+
+
+def floor_panel(snap: Snapshot) -> Panel:
+    """The cost floor of every served model version (bandwidth roofline, :mod:`agent.cost.floor`)."""
+    lines = [Text(t) for m in snap.models if (t := floor_line(m)) is not None]
+    body = Group(*lines) if lines else Text("(no floor yet: needs a price and the model's size)", style="dim")
+    return Panel(body, title="Cost floor (memory-bandwidth roofline)", border_style="cyan")
 
 
 def _slack_line(msg: dict[str, Any]) -> str:

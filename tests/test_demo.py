@@ -48,6 +48,44 @@ def test_demo_shows_costs_per_model_version_and_the_regression_alert_naming_the_
     assert "[FIRING] cost_per_token_regression (demo-node llama-70b-canary" in flat
     assert "2024-09 → 2024-10" in flat
     assert "cost_per_token_regression (demo-node llama-70b " not in flat  # the unchanged engine stays quiet
+    # the cost floor of each served version: what it pays, the floor at this batch and at a full KV cache
+    floors = re.findall(
+        r"(\S+) (\S+): you pay \$([\d.]+) per 1M output tokens; the floor at this batch \(([\d,]+) running\) "
+        r"is \$([\d.]+); at batch ([\d,]+) \(a full KV cache\) it would be \$([\d.]+)",
+        flat,
+    )
+    assert {(e, v) for e, v, *_ in floors} >= {("llama-70b", "2024-07"), ("mistral-7b", "v0.3")}, flat[-3000:]
+    for _, _, pay, running, floor, batch, at_max in floors:
+        # the hardware bound is below what is paid, and a fuller batch is cheaper still
+        assert float(at_max) < float(floor) < float(pay)
+        assert int(batch.replace(",", "")) > int(running.replace(",", ""))
+
+
+def test_the_floor_line_by_hand() -> None:
+    from agent.demo import floor_line, max_batch
+    from agent.snapshot import ModelState
+
+    # 16 sequences fill a quarter of the KV cache: it holds 16 / 0.25 = 64 at this context
+    assert max_batch(16.0, 0.25) == 64.0
+    assert max_batch(None, 0.25) is None and max_batch(16.0, 0.0) is None
+    m = ModelState(
+        "llama-70b",
+        "meta-llama/Llama-3.1-70B",
+        "2024-07",
+        usd_per_1m_output_tokens=2.0,
+        usd_per_1m_output_tokens_floor=0.5,
+        usd_per_1m_output_tokens_floor_max_batch=0.2,
+        requests_running=16.0,
+        kv_cache_usage_ratio=0.25,
+    )
+    assert floor_line(m) == (
+        "llama-70b 2024-07: you pay $2.000 per 1M output tokens; the floor at this batch (16 running) "
+        "is $0.500; at batch 64 (a full KV cache) it would be $0.200"
+    )
+    # no KV reading: the floor at this batch only; no floor (model size unknown): no line
+    no_kv = ModelState("e", "m", "v", usd_per_1m_output_tokens=2.0, usd_per_1m_output_tokens_floor=0.5)
+    assert floor_line(no_kv) == "e v: you pay $2.000 per 1M output tokens; the floor at this batch is $0.500"
+    assert floor_line(ModelState("e", "m", "v", usd_per_1m_output_tokens=2.0)) is None
 
 
 def _pty_demo(args: list[str], columns: int, until: bytes, then_signal: int | None, timeout: float = 150):

@@ -516,6 +516,53 @@ def dollar_panels_node(m: str, by_model: str) -> list[Panel]:
     ]
 
 
+BYTES_PER_S = Scale("Bps", min=0)  # link throughput: its share of the peak is judged by the bound split
+
+
+def bound_panels_node(m: str, g: str, by_model: str, by_gpu: str) -> list[Panel]:
+    """Where GPU time goes on one node (agent/cost/bound.py): each model version's GPU time and
+    dollars by what bound them, and the GPM readings the split is made from."""
+    by = "node, engine, model, model_version"
+    secs = f"sum by ({by}, bound) (rate(infercost_gpu_time_bound_seconds_total{m}[$__rate_interval]))"
+    total = f"sum by ({by}) (rate(infercost_gpu_time_bound_seconds_total{m}[$__rate_interval]))"
+    usd = f"sum by ({by}, bound) (rate(infercost_cost_bound_usd_total{m}[$__rate_interval]))"
+    absent = "Absent where GPM cannot measure every GPU of the version (pre-Hopper, MIG, NotSupported)."
+    return [
+        row("Where GPU time goes"),
+        timeseries(
+            "GPU time by bound (share)",
+            [(f"{secs}\n  / ignoring (bound) group_left\n  {total}", "{{bound}} " + by_model)],
+            RATIO,
+            desc="Compute (tensor cores), memory (DRAM bandwidth), communication (PCIe/NVLink) or idle "
+            "(no SM activity), from NVML GPM. " + absent,
+        ),
+        timeseries(
+            "Dollars per hour by bound",
+            [(f"{usd} * 3600", "{{bound}} " + by_model)],
+            USD,
+            desc=absent,
+        ),
+        timeseries(
+            "Tensor cores and SM occupancy (GPM)",
+            [
+                (f"infercost_gpu_tensor_active_ratio{g}", "tensor " + by_gpu),
+                (f"infercost_gpu_sm_occupancy_ratio{g}", "occupancy " + by_gpu),
+            ],
+            RATIO,
+        ),
+        timeseries(
+            "PCIe and NVLink throughput (GPM)",
+            [
+                (f"infercost_gpu_pcie_rx_bytes_per_second{g}", "PCIe rx " + by_gpu),
+                (f"infercost_gpu_pcie_tx_bytes_per_second{g}", "PCIe tx " + by_gpu),
+                (f"infercost_gpu_nvlink_rx_bytes_per_second{g}", "NVLink rx " + by_gpu),
+                (f"infercost_gpu_nvlink_tx_bytes_per_second{g}", "NVLink tx " + by_gpu),
+            ],
+            BYTES_PER_S,
+        ),
+    ]
+
+
 def fleet() -> dict[str, Any]:
     """The fleet dashboard: $ per token by model and version, idle cost, GPU use, alerts."""
     m = F_MODEL
@@ -706,6 +753,7 @@ def node() -> dict[str, Any]:
             USD,
         ),
         *dollar_panels_node(m, by_model),
+        *bound_panels_node(m, g, by_model, by_gpu),
         row("Throughput and latency"),
         timeseries(
             "Tokens per second",

@@ -2980,7 +2980,7 @@ export const infercost_node: Checked = {
     },
     {
       "type": "row",
-      "title": "Throughput and latency",
+      "title": "Where GPU time goes",
       "collapsed": false,
       "panels": [],
       "id": 14,
@@ -2989,6 +2989,328 @@ export const infercost_node: Checked = {
         "w": 24,
         "x": 0,
         "y": 30
+      }
+    },
+    {
+      "type": "timeseries",
+      "title": "GPU time by bound (share)",
+      "description": "Compute (tensor cores), memory (DRAM bandwidth), communication (PCIe/NVLink) or idle (no SM activity), from NVML GPM. Absent where GPM cannot measure every GPU of the version (pre-Hopper, MIG, NotSupported).",
+      "datasource": {
+        "type": "prometheus",
+        "uid": "${datasource}"
+      },
+      "targets": [
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "A",
+          "expr": "sum by (node, engine, model, model_version, bound) (rate(infercost_gpu_time_bound_seconds_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval]))\n  / ignoring (bound) group_left\n  sum by (node, engine, model, model_version) (rate(infercost_gpu_time_bound_seconds_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval]))",
+          "legendFormat": "{{bound}} {{engine}} {{model}} {{model_version}}",
+          "range": true
+        }
+      ],
+      "fieldConfig": {
+        "defaults": {
+          "unit": "percentunit",
+          "thresholds": {
+            "mode": "absolute",
+            "steps": [
+              {
+                "value": null,
+                "color": "text"
+              }
+            ]
+          },
+          "min": 0,
+          "max": 1,
+          "custom": {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 10,
+            "spanNulls": false,
+            "thresholdsStyle": {
+              "mode": "off"
+            }
+          }
+        },
+        "overrides": []
+      },
+      "options": {
+        "legend": {
+          "displayMode": "table",
+          "placement": "bottom",
+          "calcs": [
+            "mean",
+            "lastNotNull"
+          ]
+        },
+        "tooltip": {
+          "mode": "multi",
+          "sort": "desc"
+        }
+      },
+      "id": 15,
+      "gridPos": {
+        "h": 8,
+        "w": 12,
+        "x": 0,
+        "y": 31
+      }
+    },
+    {
+      "type": "timeseries",
+      "title": "Dollars per hour by bound",
+      "description": "Absent where GPM cannot measure every GPU of the version (pre-Hopper, MIG, NotSupported).",
+      "datasource": {
+        "type": "prometheus",
+        "uid": "${datasource}"
+      },
+      "targets": [
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "A",
+          "expr": "sum by (node, engine, model, model_version, bound) (rate(infercost_cost_bound_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval])) * 3600",
+          "legendFormat": "{{bound}} {{engine}} {{model}} {{model_version}}",
+          "range": true
+        }
+      ],
+      "fieldConfig": {
+        "defaults": {
+          "unit": "currencyUSD",
+          "thresholds": {
+            "mode": "absolute",
+            "steps": [
+              {
+                "value": null,
+                "color": "text"
+              }
+            ]
+          },
+          "custom": {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 10,
+            "spanNulls": false,
+            "thresholdsStyle": {
+              "mode": "off"
+            }
+          }
+        },
+        "overrides": []
+      },
+      "options": {
+        "legend": {
+          "displayMode": "table",
+          "placement": "bottom",
+          "calcs": [
+            "mean",
+            "lastNotNull"
+          ]
+        },
+        "tooltip": {
+          "mode": "multi",
+          "sort": "desc"
+        }
+      },
+      "id": 16,
+      "gridPos": {
+        "h": 8,
+        "w": 12,
+        "x": 12,
+        "y": 31
+      }
+    },
+    {
+      "type": "timeseries",
+      "title": "Tensor cores and SM occupancy (GPM)",
+      "description": "",
+      "datasource": {
+        "type": "prometheus",
+        "uid": "${datasource}"
+      },
+      "targets": [
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "A",
+          "expr": "infercost_gpu_tensor_active_ratio{node=~\"$node\"}",
+          "legendFormat": "tensor {{node}} gpu {{gpu}}",
+          "range": true
+        },
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "B",
+          "expr": "infercost_gpu_sm_occupancy_ratio{node=~\"$node\"}",
+          "legendFormat": "occupancy {{node}} gpu {{gpu}}",
+          "range": true
+        }
+      ],
+      "fieldConfig": {
+        "defaults": {
+          "unit": "percentunit",
+          "thresholds": {
+            "mode": "absolute",
+            "steps": [
+              {
+                "value": null,
+                "color": "text"
+              }
+            ]
+          },
+          "min": 0,
+          "max": 1,
+          "custom": {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 10,
+            "spanNulls": false,
+            "thresholdsStyle": {
+              "mode": "off"
+            }
+          }
+        },
+        "overrides": []
+      },
+      "options": {
+        "legend": {
+          "displayMode": "table",
+          "placement": "bottom",
+          "calcs": [
+            "mean",
+            "lastNotNull"
+          ]
+        },
+        "tooltip": {
+          "mode": "multi",
+          "sort": "desc"
+        }
+      },
+      "id": 17,
+      "gridPos": {
+        "h": 8,
+        "w": 12,
+        "x": 0,
+        "y": 39
+      }
+    },
+    {
+      "type": "timeseries",
+      "title": "PCIe and NVLink throughput (GPM)",
+      "description": "",
+      "datasource": {
+        "type": "prometheus",
+        "uid": "${datasource}"
+      },
+      "targets": [
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "A",
+          "expr": "infercost_gpu_pcie_rx_bytes_per_second{node=~\"$node\"}",
+          "legendFormat": "PCIe rx {{node}} gpu {{gpu}}",
+          "range": true
+        },
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "B",
+          "expr": "infercost_gpu_pcie_tx_bytes_per_second{node=~\"$node\"}",
+          "legendFormat": "PCIe tx {{node}} gpu {{gpu}}",
+          "range": true
+        },
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "C",
+          "expr": "infercost_gpu_nvlink_rx_bytes_per_second{node=~\"$node\"}",
+          "legendFormat": "NVLink rx {{node}} gpu {{gpu}}",
+          "range": true
+        },
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "D",
+          "expr": "infercost_gpu_nvlink_tx_bytes_per_second{node=~\"$node\"}",
+          "legendFormat": "NVLink tx {{node}} gpu {{gpu}}",
+          "range": true
+        }
+      ],
+      "fieldConfig": {
+        "defaults": {
+          "unit": "Bps",
+          "thresholds": {
+            "mode": "absolute",
+            "steps": [
+              {
+                "value": null,
+                "color": "text"
+              }
+            ]
+          },
+          "min": 0,
+          "custom": {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 10,
+            "spanNulls": false,
+            "thresholdsStyle": {
+              "mode": "off"
+            }
+          }
+        },
+        "overrides": []
+      },
+      "options": {
+        "legend": {
+          "displayMode": "table",
+          "placement": "bottom",
+          "calcs": [
+            "mean",
+            "lastNotNull"
+          ]
+        },
+        "tooltip": {
+          "mode": "multi",
+          "sort": "desc"
+        }
+      },
+      "id": 18,
+      "gridPos": {
+        "h": 8,
+        "w": 12,
+        "x": 12,
+        "y": 39
+      }
+    },
+    {
+      "type": "row",
+      "title": "Throughput and latency",
+      "collapsed": false,
+      "panels": [],
+      "id": 19,
+      "gridPos": {
+        "h": 1,
+        "w": 24,
+        "x": 0,
+        "y": 47
       }
     },
     {
@@ -3060,12 +3382,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 15,
+      "id": 20,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 0,
-        "y": 31
+        "y": 48
       }
     },
     {
@@ -3137,12 +3459,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 16,
+      "id": 21,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 12,
-        "y": 31
+        "y": 48
       }
     },
     {
@@ -3204,12 +3526,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 17,
+      "id": 22,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 0,
-        "y": 39
+        "y": 56
       }
     },
     {
@@ -3276,12 +3598,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 18,
+      "id": 23,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 8,
-        "y": 39
+        "y": 56
       }
     },
     {
@@ -3347,12 +3669,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 19,
+      "id": 24,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 16,
-        "y": 39
+        "y": 56
       }
     },
     {
@@ -3360,12 +3682,12 @@ export const infercost_node: Checked = {
       "title": "GPUs",
       "collapsed": false,
       "panels": [],
-      "id": 20,
+      "id": 25,
       "gridPos": {
         "h": 1,
         "w": 24,
         "x": 0,
-        "y": 47
+        "y": 64
       }
     },
     {
@@ -3432,12 +3754,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 21,
+      "id": 26,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 0,
-        "y": 48
+        "y": 65
       }
     },
     {
@@ -3510,12 +3832,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 22,
+      "id": 27,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 8,
-        "y": 48
+        "y": 65
       }
     },
     {
@@ -3578,12 +3900,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 23,
+      "id": 28,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 16,
-        "y": 48
+        "y": 65
       }
     },
     {
@@ -3655,12 +3977,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 24,
+      "id": 29,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 0,
-        "y": 56
+        "y": 73
       }
     },
     {
@@ -3723,12 +4045,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 25,
+      "id": 30,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 8,
-        "y": 56
+        "y": 73
       }
     },
     {
@@ -3789,12 +4111,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 26,
+      "id": 31,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 16,
-        "y": 56
+        "y": 73
       }
     },
     {
@@ -3802,12 +4124,12 @@ export const infercost_node: Checked = {
       "title": "Models on the GPUs",
       "collapsed": false,
       "panels": [],
-      "id": 27,
+      "id": 32,
       "gridPos": {
         "h": 1,
         "w": 24,
         "x": 0,
-        "y": 64
+        "y": 81
       }
     },
     {
@@ -3869,12 +4191,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 28,
+      "id": 33,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 0,
-        "y": 65
+        "y": 82
       }
     },
     {
@@ -3951,12 +4273,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 29,
+      "id": 34,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 8,
-        "y": 65
+        "y": 82
       }
     },
     {
@@ -4018,12 +4340,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 30,
+      "id": 35,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 16,
-        "y": 65
+        "y": 82
       }
     },
     {
@@ -4031,12 +4353,12 @@ export const infercost_node: Checked = {
       "title": "Engines and delivery",
       "collapsed": false,
       "panels": [],
-      "id": 31,
+      "id": 36,
       "gridPos": {
         "h": 1,
         "w": 24,
         "x": 0,
-        "y": 73
+        "y": 90
       }
     },
     {
@@ -4117,12 +4439,12 @@ export const infercost_node: Checked = {
           }
         }
       ],
-      "id": 32,
+      "id": 37,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 0,
-        "y": 74
+        "y": 91
       }
     },
     {
@@ -4184,12 +4506,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 33,
+      "id": 38,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 8,
-        "y": 74
+        "y": 91
       }
     },
     {
@@ -4252,12 +4574,12 @@ export const infercost_node: Checked = {
           }
         }
       ],
-      "id": 34,
+      "id": 39,
       "gridPos": {
         "h": 8,
         "w": 4,
         "x": 16,
-        "y": 74
+        "y": 91
       }
     },
     {
@@ -4311,12 +4633,12 @@ export const infercost_node: Checked = {
           }
         }
       ],
-      "id": 35,
+      "id": 40,
       "gridPos": {
         "h": 8,
         "w": 4,
         "x": 20,
-        "y": 74
+        "y": 91
       }
     }
   ]

@@ -259,3 +259,67 @@ def test_markdown_csv_json_and_html() -> None:
     assert llama["dollars"]["usd_per_1m_prompt"] == pytest.approx(84 / 241.92)
     page = render_html(rep)
     assert "<h2>Where the dollars went</h2>" in page and "$239.23" in page and "$305.76" in page
+
+
+# ---------------------------------------------------------------------------------------------
+# Through the real window join: engine counters and an NVML reading → store → weekly report
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_real_join_to_the_report_by_hand(tmp_path: Path) -> None:
+    """One H100 at $3.60/h, 60 % busy, serving 70B fp16 (140 GB of weights, 320 KiB of KV per token,
+    400,000 tokens of KV cache). Each 600 s tick: 240,000 prompt and 120,000 output tokens (200
+    tok/s), 300 s of prefill and 900 s of decode request time, 16 sequences running, the KV cache a
+    quarter full.
+
+    Per tick $0.60: prompt $0.15 (300 / 1200 of the phase time), output $0.45; $0.625 per 1M prompt
+    tokens, $3.75 per 1M output of decode; usage $0.36 (60 % busy), waste $0.24.
+    Floor: a step reads 140e9 + 100,000 × 327,680 bytes at 3.35 TB/s = 51.5725 ms for 16 tokens:
+    $0.001/s × 0.0515725 / 16 × 1e6 = $3.2233 per 1M (a ceiling of 310 tok/s); the 120,000 tokens at
+    the floor cost $0.38679, a saving of $0.21321 a tick. Full cache: 64 sequences (400,000 ÷ 6,250
+    tokens each), a step of (140e9 + 400,000 × 327,680) / 3.35e12 = 80.917 ms: $1.2643 per 1M, a
+    saving of 0.60 − 0.12 × 1.2643 = $0.44828 a tick.
+    """
+    from agent.cost.inputs import EngineSpec, GpuRate, PriceTable
+    from agent.cost.window import WindowJoiner
+    from agent.samples import EngineScrape, GpuSample, ModelSignals, NvmlRound
+
+    end = T
+    start = end - 86400.0
+    spec = EngineSpec(
+        "a", gpus=(0,), model_version="v1", weights_bytes=140e9, kv_bytes_per_token=327_680,
+        kv_capacity_tokens=400_000,
+    )  # fmt: skip
+    j = WindowJoiner("n1", (spec,), PriceTable(gpus=(GpuRate("H100", 3.6),)))
+    st = Store(tmp_path / "h.sqlite", 35, ManualClock(end))
+    ticks = 144  # a day; the first round only starts the first tick
+    for k in range(ticks + 1):
+        t = start + k * STEP
+        gpu = GpuSample(0, "GPU-0", "NVIDIA H100 80GB HBM3", t, util_gpu_ratio=0.6)
+        j.add_round(NvmlRound(t, True, (gpu,)))
+        page = ModelSignals(
+            "llama-70b",
+            prompt_tokens_total=240_000.0 * k,
+            generation_tokens_total=120_000.0 * k,
+            prefill_seconds_total=300.0 * k,
+            decode_seconds_total=900.0 * k,
+            requests_running=16.0,
+            kv_cache_usage_ratio=0.25,
+        )
+        tick = j.close_tick(t, {"a": EngineScrape("a", "vllm", t, True, 0.01, (page,))})
+        st.write_windows(list(tick.windows))
+    st.close()
+    rep = build_from_store(tmp_path / "h.sqlite", end=end)
+    (m,) = rep.models
+    d = m.dollars
+    assert m.cost_usd == pytest.approx(ticks * 0.6) and m.output_tokens == pytest.approx(ticks * 120_000)
+    assert d.prompt_usd == pytest.approx(ticks * 0.15) and d.output_usd == pytest.approx(ticks * 0.45)
+    assert d.prompt_usd + d.output_usd == pytest.approx(m.cost_usd)  # conservation
+    assert d.usd_per_1m_prompt == pytest.approx(0.625)
+    assert d.usd_per_1m_output_decode == pytest.approx(3.75)
+    assert d.usage_usd == pytest.approx(ticks * 0.36) and d.waste_usd == pytest.approx(ticks * 0.24)
+    assert d.floor_usd_per_1m == pytest.approx(0.001 * (140e9 + 100_000 * 327_680) / 3.35e12 / 16 * 1e6)
+    assert d.floor_usd_per_1m == pytest.approx(3.2233, rel=1e-4)
+    assert d.floor_max_batch_usd_per_1m == pytest.approx(1.2643, rel=1e-4)
+    assert d.floor_saving_usd == pytest.approx(ticks * 0.21321, rel=1e-4)
+    assert d.floor_max_batch_saving_usd == pytest.approx(ticks * 0.44828, rel=1e-4)

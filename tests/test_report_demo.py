@@ -43,3 +43,11 @@ def test_report_from_the_demos_kept_history(tmp_path: Path) -> None:
     assert data["total_usd"] > 0
     # a day of data in a week: the other days are absent (null), not $0
     assert data["daily_usd"].count(None) >= 5
+    # where the dollars went, through the real join of the simulated vLLM pages (prefill and decode
+    # time, a busy ratio, model sizes): prompt + output = the week's dollars, waste and a floor below
+    # what was paid
+    d = data["dollars"]
+    assert d["prompt_usd"] > 0 and d["prompt_usd"] + d["output_usd"] == pytest.approx(data["total_usd"])
+    assert d["waste_usd"] is not None and 0 < d["waste_usd"] < data["total_usd"]
+    assert 0 < d["floor_max_batch_usd_per_1m"] < d["floor_usd_per_1m"] < data["usd_per_1m_output"]
+    assert 0 < d["floor_saving_usd"] < data["total_usd"]

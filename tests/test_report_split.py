@@ -38,7 +38,7 @@ from promstack import Prometheus, binary
 from agent.clock import ManualClock
 from agent.report.data import WeeklyReport, build_from_store, build_from_windows
 from agent.report.prom import build_from_prometheus
-from agent.report.render import render_csv, render_html, render_json, render_markdown
+from agent.report.render import render_csv, render_html, render_json, render_markdown, render_slack
 from agent.samples import CostWindow, UsageWindow
 from agent.store import Store
 
@@ -257,6 +257,7 @@ def test_markdown_csv_json_and_html() -> None:
     assert data["dollars"]["waste_usd"] == pytest.approx(84.0)
     llama = next(m for m in data["models"] if m["model"] == "llama-70b")
     assert llama["dollars"]["usd_per_1m_prompt"] == pytest.approx(84 / 241.92)
+    assert "Prompt $84.00 (16.7 %), output $420.00; waste (allocation − usage) $84.00" in render_slack(rep)
     page = render_html(rep)
     assert "<h2>Where the dollars went</h2>" in page and "$239.23" in page and "$305.76" in page
 

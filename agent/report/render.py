@@ -262,6 +262,16 @@ def _dollars_row(d: WhereDollarsWent, usd_per_1m_output: float | None, floor: fl
     ]
 
 
+def _has_dollar_split(r: WeeklyReport) -> bool:
+    """Whether any version had a prompt split, a usage figure or a floor this week."""
+    d = r.dollars
+    return (
+        (d.split_share is not None and d.split_share > 0)
+        or d.waste_usd is not None
+        or d.floor_saving_usd is not None
+    )
+
+
 def _dollars_summary(r: WeeklyReport) -> str:
     d = r.dollars
     share = f" ({d.prompt_usd / d.cost_usd * 100:.1f} %)" if d.cost_usd > 0 else ""
@@ -331,6 +341,8 @@ def render_slack(r: WeeklyReport, link: str | None = None, entities: bool = True
         f"Total {usd(r.total_usd)} (last week {usd(last)}, {change(r.total_usd / last if last else None)}) · "
         f"idle {usd(r.idle_usd)} · {usd(r.usd_per_1m_output, 4)} per 1M output tokens",
     ]
+    if _has_dollar_split(r):
+        lines.append(txt(_dollars_summary(r), 400))
     if r.regressions:
         lines.append("*Top regressions*")
         for m in r.regressions[:SLACK_MAX_LINES]:

@@ -335,6 +335,40 @@ def test_fleet_ratio_is_a_ratio_of_sums(prometheus: Prometheus) -> None:
         assert got[key] == pytest.approx(value, rel=0.02), key
 
 
+def _panel_exprs(dashboard: str, title: str) -> list[str]:
+    dash = load(DASH_DIR / f"{dashboard}.json")
+    (panel,) = [p for p in walk_panels(dash["panels"]) if p["title"] == title]
+    return [substitute(t["expr"]) for t in panel["targets"]]
+
+
+def _by_version(result: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
+    return {(r["metric"]["model"], r["metric"]["model_version"]): float(r["value"][1]) for r in result}
+
+
+def test_prompt_plus_output_is_the_cost_and_waste_is_cost_less_usage(prometheus: Prometheus) -> None:
+    """Conservation on the fleet dashboard: the prompt and output lines add up to each version's
+    cost per hour from the raw counters, and the waste line is cost − usage (the exporter's counters
+    grow linearly, so the separate queries agree to the rounding of rate())."""
+    prompt_q, output_q = _panel_exprs(
+        "infercost-fleet", "Cost per hour: prompt vs output by model and version"
+    )
+    prompt, output = _by_version(prometheus.query(prompt_q)), _by_version(prometheus.query(output_q))
+    cost = _by_version(
+        prometheus.query("sum by (model, model_version) (rate(infercost_cost_usd_total[1m])) * 3600")
+    )
+    usage = _by_version(
+        prometheus.query("sum by (model, model_version) (rate(infercost_usage_cost_usd_total[1m])) * 3600")
+    )
+    assert set(output) == set(cost) and cost
+    for key, c in cost.items():
+        assert prompt.get(key, 0.0) + output[key] == pytest.approx(c, rel=0.02), key
+    (waste_q,) = _panel_exprs("infercost-fleet", "Waste per hour (allocation − usage) by model and version")
+    waste = _by_version(prometheus.query(waste_q))
+    assert waste and set(waste) <= set(usage)
+    for key, w in waste.items():
+        assert w == pytest.approx(cost[key] - usage[key], rel=0.02, abs=1e-9), key
+
+
 # Series a freshly started agent on the simulated node does not export (yet), with why; every
 # other query of every dashboard must return data from the real agent.
 ABSENT_FROM_A_FRESH_AGENT = {

@@ -236,7 +236,8 @@ def test_markdown_csv_json_and_html() -> None:
     md = render_markdown(rep)
     assert "## Where the dollars went" in md
     assert (
-        "Prompt $84.00 (16.7 %), output $420.00; waste (allocation − usage) $84.00; at the cost floor "
+        "Prompt $84.00 (16.7 %), output $420.00; waste (allocation − usage) $84.00; the prefix cache saved "
+        "$16.80; at the cost floor "
         "the same output tokens would cost $239.23 less "
         "($305.76 less at the largest batch the KV cache holds)."
     ) in md

@@ -278,6 +278,8 @@ def _dollars_summary(r: WeeklyReport) -> str:
     text = f"Prompt {usd(d.prompt_usd)}{share}, output {usd(d.output_usd)}"
     if d.waste_usd is not None:
         text += f"; waste (allocation − usage) {usd(d.waste_usd)}"
+    if d.cache_saved_usd > 0:
+        text += f"; the prefix cache saved {usd(d.cache_saved_usd)}"
     if d.floor_saving_usd is not None:
         text += f"; at the cost floor the same output tokens would cost {usd(d.floor_saving_usd)} less"
         if d.floor_max_batch_saving_usd is not None:

@@ -347,26 +347,28 @@ def _by_version(result: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
 
 def test_prompt_plus_output_is_the_cost_and_waste_is_cost_less_usage(prometheus: Prometheus) -> None:
     """Conservation on the fleet dashboard: the prompt and output lines add up to each version's
-    cost per hour from the raw counters, and the waste line is cost − usage (the exporter's counters
-    grow linearly, so the separate queries agree to the rounding of rate())."""
+    cost per hour from the raw counters, and the waste line is cost − usage (every query at the
+    same instant, so the figures agree to float rounding)."""
+    assert prometheus.wait_for("rate(infercost_prompt_cost_usd_total[1m])")  # two scrapes in
+    at = float(prometheus.query("time()")[0])  # Prometheus' now (a scalar result: [time, value])
+
+    def q(expr: str) -> dict[tuple[str, str], float]:
+        return _by_version(prometheus.query(expr, at))
+
     prompt_q, output_q = _panel_exprs(
         "infercost-fleet", "Cost per hour: prompt vs output by model and version"
     )
-    prompt, output = _by_version(prometheus.query(prompt_q)), _by_version(prometheus.query(output_q))
-    cost = _by_version(
-        prometheus.query("sum by (model, model_version) (rate(infercost_cost_usd_total[1m])) * 3600")
-    )
-    usage = _by_version(
-        prometheus.query("sum by (model, model_version) (rate(infercost_usage_cost_usd_total[1m])) * 3600")
-    )
-    assert set(output) == set(cost) and cost
+    prompt, output = q(prompt_q), q(output_q)
+    cost = q("sum by (model, model_version) (rate(infercost_cost_usd_total[1m])) * 3600")
+    usage = q("sum by (model, model_version) (rate(infercost_usage_cost_usd_total[1m])) * 3600")
+    assert prompt and set(output) == set(cost) and cost
     for key, c in cost.items():
-        assert prompt.get(key, 0.0) + output[key] == pytest.approx(c, rel=0.02), key
+        assert prompt.get(key, 0.0) + output[key] == pytest.approx(c, rel=1e-9, abs=1e-12), key
     (waste_q,) = _panel_exprs("infercost-fleet", "Waste per hour (allocation − usage) by model and version")
-    waste = _by_version(prometheus.query(waste_q))
+    waste = q(waste_q)
     assert waste and set(waste) <= set(usage)
     for key, w in waste.items():
-        assert w == pytest.approx(cost[key] - usage[key], rel=0.02, abs=1e-9), key
+        assert w == pytest.approx(cost[key] - usage[key], rel=1e-9, abs=1e-12), key
 
 
 # Series a freshly started agent on the simulated node does not export (yet), with why; every

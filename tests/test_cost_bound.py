@@ -49,6 +49,7 @@ def gpm(
         (1e9, 1e9, -5.0, None),
         (128e9, 0.0, 64e9, 1.0),  # above the peak (bursts, rounding): clamped
         (0.0, 0.0, 64e9, 0.0),
+        (0.25, 0.0, 0.5, 0.5),  # any positive peak is a peak, however small
     ],
 )
 def test_link_ratio(rx: float | None, tx: float | None, peak: float | None, expected: float | None) -> None:
@@ -59,6 +60,13 @@ def test_communication_is_the_busier_link() -> None:
     # PCIe 16/64 = 0.25; NVLink 90/450 = 0.2 → 0.25; NVLink 225/450 = 0.5 → 0.5
     assert communication_ratio(gpm(prx=16e9, nrx=90e9, ntx=0.0), PCIE5, NVLINK4) == 0.25
     assert communication_ratio(gpm(prx=16e9, nrx=0.0, ntx=225e9), PCIE5, NVLINK4) == 0.5
+
+
+def test_both_directions_of_the_host_link_count() -> None:
+    # PCIe tx 32 GB/s (rx idle) = 0.5 of 64 GB/s; rx 16 GB/s (tx idle) = 0.25
+    assert communication_ratio(gpm(prx=0.0, ptx=32e9), PCIE5, None) == 0.5
+    assert communication_ratio(gpm(prx=16e9, ptx=None), PCIE5, None) == 0.25
+    assert communication_ratio(gpm(prx=None, ptx=16e9), PCIE5, None) == 0.25
 
 
 def test_communication_needs_every_link_the_gpu_has() -> None:
@@ -185,3 +193,18 @@ def test_split_by_shares_and_add() -> None:
     total = add_split(total, {"compute": 0.5, "memory": 4.0, "communication": 1.5, "idle": 1.0})
     assert total == {"compute": 1.5, "memory": 4.0, "communication": 1.5, "idle": 3.0}
     assert tuple(total) == BOUNDS
+
+
+def test_bench_bound_splits_the_real_h200_capture() -> None:
+    """`infercost bench bound` on the committed capture: the figures the README quotes."""
+    from agent.bench.bound import run
+
+    out = run()
+    assert out["idle"] == {"compute": 0.0, "memory": 0.0, "communication": 0.0, "idle": 1.0}
+    matmul, copy = out["matmul"], out["copy"]
+    assert matmul is not None and copy is not None
+    assert matmul["compute"] == pytest.approx(0.693, abs=5e-4)
+    assert matmul["memory"] == pytest.approx(0.128, abs=5e-4)
+    assert matmul["idle"] == pytest.approx(0.179, abs=5e-4)
+    assert copy["memory"] == pytest.approx(0.995, abs=5e-4)
+    assert copy["compute"] == 0.0

@@ -8,11 +8,10 @@ import pytest
 from agent.cost.bound import (
     BOUNDS,
     GpmActivity,
-    add_split,
     bound_shares,
     communication_ratio,
     link_ratio,
-    split_by_shares,
+    split_charges,
 )
 
 GB = 1e9
@@ -178,21 +177,22 @@ def test_real_h200_phases() -> None:
 # -- spreading a charge ---------------------------------------------------------------------------
 
 
-def test_split_by_shares_and_add() -> None:
-    shares = {"compute": 0.25, "memory": 0.5, "communication": 0.0, "idle": 0.25}
-    assert split_by_shares(8.0, shares) == {"compute": 2.0, "memory": 4.0, "communication": 0.0, "idle": 2.0}
-    # a bound missing from the shares is 0
-    assert split_by_shares(3.0, {"memory": 1.0}) == {
-        "compute": 0.0,
-        "memory": 3.0,
-        "communication": 0.0,
-        "idle": 0.0,
-    }
-    total = add_split(None, {"compute": 1.0, "idle": 2.0})
-    assert total == {"compute": 1.0, "memory": 0.0, "communication": 0.0, "idle": 2.0}
-    total = add_split(total, {"compute": 0.5, "memory": 4.0, "communication": 1.5, "idle": 1.0})
-    assert total == {"compute": 1.5, "memory": 4.0, "communication": 1.5, "idle": 3.0}
-    assert tuple(total) == BOUNDS
+def test_split_charges_sums_each_gpus_part_by_its_own_shares() -> None:
+    half = {"compute": 0.5, "memory": 0.25, "communication": 0.0, "idle": 0.25}
+    mem = {"memory": 1.0}  # a bound missing from the shares is 0
+    got = split_charges([(8.0, 0.04, half), (2.0, 0.01, mem)])
+    assert got is not None
+    secs, usd = got
+    assert secs == {"compute": 4.0, "memory": 2.0 + 2.0, "communication": 0.0, "idle": 2.0}
+    assert usd == pytest.approx({"compute": 0.02, "memory": 0.02, "communication": 0.0, "idle": 0.01})
+    assert tuple(secs) == BOUNDS and tuple(usd) == BOUNDS
+
+
+def test_split_charges_is_absent_without_gpus_or_with_one_unmeasured() -> None:
+    half = {"compute": 0.5, "idle": 0.5}
+    assert split_charges([]) is None
+    assert split_charges([(8.0, 0.04, half), (2.0, 0.01, None)]) is None
+    assert split_charges([(2.0, 0.01, None), (8.0, 0.04, half)]) is None
 
 
 def test_bench_bound_splits_the_real_h200_capture() -> None:

@@ -207,6 +207,19 @@ def test_the_tick_uses_the_mean_of_its_rounds_and_sums_over_gpus() -> None:
     )
 
 
+def test_the_busier_direction_of_each_link_is_what_counts() -> None:
+    # both GPUs: SM 1.0, tensor 0.25, DRAM 0.25; GPU 0 transmits 32 GB/s over PCIe (0.5 of 64),
+    # GPU 1 receives 225 GB/s over NVLink (0.5 of 450): each 0.25 : 0.25 : 0.5 of its 10 s
+    kw = {"sm_active_ratio": 1.0, "tensor_active_ratio": 0.25, "dram_bw_ratio": 0.25}
+    g0 = gpm_sample(0, T0 + 10, pcie_rx_bytes_per_s=1e9, pcie_tx_bytes_per_s=32e9, **kw)
+    g1 = gpm_sample(1, T0 + 10, nvlink_rx_bytes_per_s=225e9, nvlink_tx_bytes_per_s=1e9, **kw)
+    j = WindowJoiner("n", [EngineSpec("e", gpus=(0, 1))], BOOK)
+    (w,) = sample_ticks(j, [gpm_sample(0, T0), gpm_sample(1, T0)], [[g0, g1]]).windows
+    assert w.bound_gpu_seconds == pytest.approx(
+        {"compute": 5.0, "memory": 5.0, "communication": 10.0, "idle": 0.0}
+    )
+
+
 @pytest.mark.parametrize(
     ("gpu1", "why"),
     [

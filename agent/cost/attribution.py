@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from agent.cost.bound import add_split, split_by_shares
+from agent.cost.bound import split_charges
 from agent.cost.inputs import EngineSpec, PriceTable
 from agent.cost.model import gpu_time_cost, split_shares
 from agent.cost.pricing import GpuCharge
@@ -96,7 +96,7 @@ def attribute(
     prices: PriceTable,
     share_policy: str,
     seconds: float,
-    bounds: Mapping[str, Mapping[str, float] | None] | None = None,
+    bounds: Mapping[str, Mapping[str, float] | None],
 ) -> Attribution:
     """Split the GPUs' charges among engines and models (see the module docstring).
 
@@ -135,9 +135,7 @@ def attribute(
             watts: float | None = None
             busy: float | None = 0.0 if gpus else None
             throttled: float | None = None
-            bsec: dict[str, float] | None = None
-            busd: dict[str, float] | None = None
-            measured = bool(gpus) and bounds is not None
+            parts: list[tuple[float, float, Mapping[str, float] | None]] = []
             for u in gpus:
                 c = charges[u]
                 f = shares[u][e.name] * ms
@@ -153,12 +151,7 @@ def attribute(
                 if c.reading.mean_power_watts is not None:
                     watts = (watts or 0.0) + c.reading.mean_power_watts * f
                 allocated[u] += c.cost_usd * f
-                sh = bounds.get(u) if bounds is not None else None
-                if sh is None:
-                    measured = False
-                else:
-                    bsec = add_split(bsec, split_by_shares(seconds * f, sh))
-                    busd = add_split(busd, split_by_shares(c.cost_usd * f, sh))
+                parts.append((seconds * f, c.cost_usd * f, bounds.get(u)))
                 if m.tokens > 0:
                     used[u] += c.cost_usd * f
             if cpu_price is not None:
@@ -179,8 +172,7 @@ def attribute(
                     estimated,
                     busy,
                     throttled,
-                    bsec if measured else None,
-                    busd if measured else None,
+                    *(split_charges(parts) or (None, None)),
                 )
             )
     return Attribution(tuple(out), allocated, used, engine_usd)

@@ -22,7 +22,7 @@ passes nothing for them).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 COMPUTE = "compute"
@@ -95,12 +95,15 @@ def bound_shares(
     return out
 
 
-def split_by_shares(amount: float, shares: Mapping[str, float]) -> dict[str, float]:
-    """``amount`` (seconds or dollars) spread over the bounds by ``shares``."""
-    return {b: amount * shares.get(b, 0.0) for b in BOUNDS}
-
-
-def add_split(total: dict[str, float] | None, part: Mapping[str, float]) -> dict[str, float]:
-    """``total`` + ``part``, bound by bound (a missing total starts at zero)."""
-    base = total or {}
-    return {b: base.get(b, 0.0) + part.get(b, 0.0) for b in BOUNDS}
+def split_charges(
+    parts: Sequence[tuple[float, float, Mapping[str, float] | None]],
+) -> tuple[dict[str, float], dict[str, float]] | None:
+    """Σ over a model's GPUs of (GPU-seconds, dollars), each spread by that GPU's shares:
+    ``parts`` is one (seconds, dollars, shares) per GPU. None when there is no GPU or any GPU has
+    no shares (the model's split is then unknown, not partial)."""
+    known = [(s, d, sh) for s, d, sh in parts if sh is not None]
+    if not parts or len(known) < len(parts):
+        return None
+    secs = {b: sum(s * sh.get(b, 0.0) for s, _, sh in known) for b in BOUNDS}
+    usd = {b: sum(d * sh.get(b, 0.0) for _, d, sh in known) for b in BOUNDS}
+    return secs, usd

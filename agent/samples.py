@@ -139,6 +139,9 @@ class ModelSignals:
     # signal → series (name and other labels) → value, for counters summed over several series
     # (data-parallel ranks, model versions): lets the window join take deltas per series
     counter_parts: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    # signal → series → its own histogram, for histograms summed over several series (DP ranks):
+    # lets the window join take deltas per series (agent.cost.latency.histogram_increase)
+    histogram_parts: Mapping[str, Mapping[str, Histogram]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from promstack import Prometheus
 
 from agent.catalog import HISTOGRAMS
 from agent.cost.counters import counter_increase
-from agent.cost.latency import accumulate, carry_over, is_histogram
+from agent.cost.latency import HistogramMemory, accumulate, carry_over, histogram_increase, is_histogram
 from agent.cost.quantiles import histogram_delta, quantile
 from agent.cost.window import WindowJoiner
 from agent.samples import EngineScrape, Histogram
@@ -149,6 +149,48 @@ def test_a_restart_is_read_for_the_whole_histogram_not_bucket_by_bucket() -> Non
     assert per_bucket == [3.0, 2.0]
 
 
+def test_increase_of_a_histogram_read_as_one_series() -> None:
+    a = H((0.1, 2.0), (INF, 5.0), s=1.0)
+    b = H((0.1, 3.0), (INF, 9.0), s=2.5)
+    assert histogram_increase(None, None, None) == (None, None)
+    got, mem = histogram_increase(None, a, None)  # the first reading is the baseline
+    assert got is None and mem == HistogramMemory({}, a)
+    got, mem2 = histogram_increase(mem, b, None)
+    assert got == H((0.1, 1.0), (INF, 4.0), s=1.5) and mem2 == HistogramMemory({}, b)
+    assert histogram_increase(mem2, None, None) == (None, mem2)  # not on this scrape: kept
+    restarted = H((0.1, 1.0), (INF, 1.0), s=0.2)
+    assert histogram_increase(mem2, restarted, None)[0] == restarted  # a restart: all since it
+    # named series remembered before, now one unnamed reading: a baseline, the series are kept
+    named = HistogramMemory({"r0": a})
+    assert histogram_increase(named, b, None) == (None, HistogramMemory({"r0": a}, b))
+
+
+def test_increase_of_a_histogram_split_over_ranks() -> None:
+    r0, r1 = H((0.1, 2.0), (INF, 5.0), s=1.0), H((0.1, 1.0), (INF, 1.0), s=0.1)
+    got, mem = histogram_increase(None, r0, {"r0": r0, "r1": r1})
+    assert got is None and mem == HistogramMemory({"r0": r0, "r1": r1})
+    # a memory of the sum only: the first named reading is a baseline too
+    assert histogram_increase(HistogramMemory({}, r0), r0, {"r0": r0})[0] is None
+    # r0 +1 ≤ 0.1 and +2 above; r1 missing (adds nothing, kept); r2 new (counts in full)
+    r0b, r2 = H((0.1, 3.0), (INF, 8.0), s=2.0), H((0.1, 0.0), (INF, 4.0), s=6.0)
+    got, mem = histogram_increase(mem, r0b, {"r0": r0b, "r2": r2})
+    assert got == H((0.1, 1.0), (INF, 7.0), s=7.0)
+    assert mem == HistogramMemory({"r0": r0b, "r1": r1, "r2": r2})
+    # r1 back with 2 more; r0 restarted (1 since); r2 came back with other bounds: left out
+    r1b, r0c = H((0.1, 3.0), (INF, 3.0), s=0.4), H((0.1, 1.0), (INF, 1.0), s=0.3)
+    r2b = H((0.5, 1.0), (INF, 5.0), s=7.0)
+    got, mem = histogram_increase(mem, r0c, {"r0": r0c, "r1": r1b, "r2": r2b})
+    assert got == H((0.1, 3.0), (INF, 3.0), s=pytest.approx(0.6))  # type: ignore[arg-type]
+    assert mem.series["r2"] == r2b  # type: ignore[union-attr]
+    # a rank whose bounds differ from the first rank's adds nothing to the sum
+    x, y = H((0.1, 1.0), (INF, 1.0)), H((0.2, 1.0), (INF, 1.0))
+    base = HistogramMemory({"x": H((0.1, 0.0), (INF, 0.0)), "y": H((0.2, 0.0), (INF, 0.0))})
+    assert histogram_increase(base, x, {"x": x, "y": y})[0] == H((0.1, 1.0), (INF, 1.0))
+    # nothing comparable at all: no observations
+    gone = HistogramMemory({"x": H((0.3, 0.0), (INF, 0.0))})
+    assert histogram_increase(gone, x, {"x": x})[0] is None
+
+
 # ---------------------------------------------------------------------------------------------
 # Real pages → adapter → window join → ledger → exposition
 # ---------------------------------------------------------------------------------------------
@@ -229,13 +271,44 @@ def test_vllm_data_parallel_ranks_are_summed_and_a_hostile_scrape_is_absent_for_
     assert (got[0.1], got[0.25], got[0.5], got[0.75], got[2560.0], got[INF]) == (0, 40, 40, 100, 100, 100)
     assert h1.sum == pytest.approx(42.0)
     assert _ttft(snaps[2]) == h1  # the NaN bucket: the histogram is absent for that window
-    # the window after a refused scrape has no baseline either (as for the quantile gauges): the
-    # 5 observations made across it are not counted, and nothing goes down
-    assert _ttft(snaps[3]) == h1
-    h4 = _ttft(snaps[4])  # then it counts again: 2 more in (0.06, 0.08]
+    # the last good reading is kept: the next window counts the 5 made across the refused scrape
+    h3 = _ttft(snaps[3])
+    assert h3 is not None
+    got3 = dict(h3.buckets)
+    assert (got3[0.08], got3[0.1], got3[0.25], got3[0.75], got3[INF]) == (0, 5, 45, 105, 105)
+    h4 = _ttft(snaps[4])  # then 2 more in (0.06, 0.08]
     assert h4 is not None
     got4 = dict(h4.buckets)
-    assert (got4[0.06], got4[0.08], got4[0.1], got4[0.25], got4[INF]) == (0, 2, 2, 42, 102)
+    assert (got4[0.06], got4[0.08], got4[0.1], got4[0.25], got4[INF]) == (0, 2, 7, 47, 107)
+    assert h4.sum == pytest.approx(42.5)
+
+
+def _without_rank(page: str, rank: str) -> str:
+    """The page with one data-parallel rank's TTFT series missing (as when a rank is not reporting)."""
+    gone = f'engine="{rank}"'
+    return "".join(
+        line for line in page.splitlines(keepends=True) if not (line.startswith(VLLM) and gone in line)
+    )
+
+
+def test_a_data_parallel_rank_missing_or_restarting_is_not_a_restart_of_the_sum() -> None:
+    p0 = (PAGES / "vllm_v1_dp2.txt").read_text()  # TTFT: rank 0 has 986 observations, rank 1 913
+    p1 = _without_rank(p0, "1")  # rank 1 missing for a scrape: the sum drops from 1,899 to 986
+    p2 = advance(p0, VLLM, {"engine": "1"}, {0.25: 3}, 0.6)  # it is back, with 3 more
+    p3 = advance(restart(p2, VLLM, {"engine": "1"}), VLLM, {"engine": "1"}, {0.5: 4}, 1.2)  # restarted
+    snaps = list(_ledger_over([p0, p1, p2, p3], "vllm"))
+    # a lone rank is read as the sum: that window has no baseline and no histogram yet
+    assert _ttft(snaps[1]) is None
+    h2 = _ttft(snaps[2])
+    assert h2 is not None
+    # each rank against its own last reading: rank 0 made none, rank 1 three (read as a restart
+    # of the sum, rank 0's 986 would count again)
+    assert (dict(h2.buckets)[0.1], dict(h2.buckets)[0.25], h2.count) == (0, 3, 3)
+    h3 = _ttft(snaps[3])
+    assert h3 is not None
+    # rank 1 restarted: its 4 since the restart count, rank 0's history does not
+    assert (dict(h3.buckets)[0.25], dict(h3.buckets)[0.5], h3.count) == (3, 7, 7)
+    assert h3.sum == pytest.approx(1.8)
 
 
 def _small_snapshot() -> Snapshot:

@@ -24,12 +24,24 @@ the engine counted since it started). :func:`accumulate` adds that to the runnin
   adapter already makes a hostile scrape absent. A total that would overflow to infinity stops.
 
 ``count`` of the result is its ``+Inf`` bucket (the Prometheus exposition's ``_count``).
+
+What a window observed comes from :func:`histogram_increase`, the histogram counterpart of
+:func:`agent.cost.counters.counter_increase`: an engine that splits a histogram over several
+series (vLLM data-parallel ``engine`` ranks) has each series differenced against its own last
+reading, and every series is remembered, so one rank restarting, or missing from a scrape and
+coming back, is not read as a restart of the sum (which would count the other ranks' whole history
+again). A series new since the last reading counts in full; a histogram missing from a scrape (the
+engine refused it as hostile) adds nothing and keeps its last reading, so the next window counts
+what happened meanwhile.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
+from agent.cost.quantiles import histogram_delta
 from agent.samples import Histogram
 
 
@@ -82,3 +94,56 @@ def accumulate(total: Histogram | None, delta: Histogram | None) -> Histogram | 
     if buckets[-1][1] == math.inf or new_sum == math.inf:
         return total
     return Histogram(buckets=buckets, sum=new_sum, count=buckets[-1][1])
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramMemory:
+    """What the window join remembers of one histogram: the last reading of each named series it
+    has seen, and the last reading of the histogram as summed."""
+
+    series: Mapping[str, Histogram] = field(default_factory=dict)  # series name → last reading
+    total: Histogram | None = None  # the last reading when the engine names no series
+
+
+def _summed(deltas: list[Histogram]) -> Histogram | None:
+    """Bucket-by-bucket sum of deltas that share the first one's bounds (None without any)."""
+    if not deltas:
+        return None
+    first = deltas[0]
+    bounds = [le for le, _ in first.buckets]
+    counts = [c for _, c in first.buckets]
+    total_sum, total_count = first.sum, first.count
+    for d in deltas[1:]:
+        if [le for le, _ in d.buckets] != bounds:
+            continue  # a series with other bounds cannot be added bucket by bucket
+        counts = [a + b for a, (_, b) in zip(counts, d.buckets, strict=True)]
+        total_sum += d.sum
+        total_count += d.count
+    return Histogram(tuple(zip(bounds, counts, strict=True)), total_sum, total_count)
+
+
+def histogram_increase(
+    memory: HistogramMemory | None, cur: Histogram | None, parts: Mapping[str, Histogram] | None
+) -> tuple[Histogram | None, HistogramMemory | None]:
+    """(what the histogram observed since the last reading, the memory to keep).
+
+    ``cur`` is the histogram as summed by the adapter (None: not on this scrape), ``parts`` its
+    series by name when the engine splits it. The observations are None without a previous
+    reading (the first scrape sets the baseline); otherwise as :func:`histogram_delta`, series by
+    series when named (see the module docstring)."""
+    if cur is None:
+        return None, memory
+    if parts:
+        if memory is None or not memory.series:
+            return None, HistogramMemory(dict(parts))
+        known = memory.series
+        deltas: list[Histogram] = []
+        for name, h in parts.items():
+            prev = known.get(name)
+            d = h if prev is None else histogram_delta(prev, h)
+            if d is not None:
+                deltas.append(d)
+        return _summed(deltas), HistogramMemory({**known, **parts})
+    if memory is None or memory.total is None:
+        return None, HistogramMemory(memory.series if memory else {}, cur)
+    return histogram_delta(memory.total, cur), HistogramMemory(memory.series, cur)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agent.cost.attribution import ModelCharge, ModelTokens, attribute, engine_gpus
 from agent.cost.bound import GpmActivity, bound_shares
@@ -27,9 +27,10 @@ from agent.cost.counters import CounterMemory, counter_increase
 from agent.cost.efficiency import DecodeObservation, ModelFigures, decode_efficiency
 from agent.cost.floor import CostFloor, cost_floor
 from agent.cost.inputs import EngineSpec, PriceTable
+from agent.cost.latency import HistogramMemory, histogram_increase
 from agent.cost.model import bandwidth_of, usd_per_million
 from agent.cost.pricing import GpuCharge, GpuReading, price_gpus
-from agent.cost.quantiles import histogram_delta, quantile
+from agent.cost.quantiles import quantile
 from agent.cost.split import prefix_cache_saved, prompt_cost
 from agent.hardware import gpu_spec
 from agent.samples import CostWindow, EngineScrape, GpuSample, Histogram, ModelSignals, NvmlRound, UsageWindow
@@ -46,6 +47,8 @@ COUNTERS = (
     "decode_seconds_total",
     "cached_prompt_tokens_total",
 )
+# The latency histograms, differenced per series (see agent.cost.latency.histogram_increase).
+HISTOGRAMS = ("ttft_seconds", "itl_seconds", "e2e_seconds")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,19 +89,14 @@ class TickResult:
 
 @dataclass(frozen=True, slots=True)
 class _ModelStep:
-    """One model's readings and counter increases for one tick."""
+    """One model's reading, counter increases and histogram deltas for one tick."""
 
-    prev: ModelSignals | None
     cur: ModelSignals | None  # None: the engine is down
     increases: Mapping[str, float | None]  # counter name → increase (None: unknown)
+    observed: Mapping[str, Histogram | None] = field(default_factory=dict)  # histogram → its delta
 
     def inc(self, name: str) -> float | None:
         return self.increases.get(name)
-
-
-def _hist_delta(prev: Histogram | None, cur: Histogram | None) -> Histogram | None:
-    """The observations of one tick (None without two readings of the same layout)."""
-    return None if cur is None else histogram_delta(prev, cur)
 
 
 def _p99(h: Histogram | None) -> float | None:
@@ -126,8 +124,8 @@ class WindowJoiner:
         self._seen: dict[str, GpuSample] = {}  # uuid → last reading that was up
         self._power: dict[str, float] = {}  # uuid → last known mean power, watts
         self._last_energy: dict[str, tuple[float, float | None]] = {}  # uuid → (joules, tick it closed)
-        self._prev: dict[tuple[str, str], ModelSignals] = {}  # (engine, model) → last signals
         self._counters: dict[tuple[str, str, str], CounterMemory] = {}  # (engine, model, counter)
+        self._histograms: dict[tuple[str, str, str], HistogramMemory] = {}  # (engine, model, histogram)
         self._known_models: dict[str, tuple[str, ...]] = {}  # engine → models seen
         self._unpriced_logged: set[str] = set()
 
@@ -172,7 +170,7 @@ class WindowJoiner:
         return out
 
     def _model_steps(self, eng: EngineSpec, scrape: EngineScrape | None) -> dict[str, _ModelStep]:
-        """Per model of an engine: (previous, current) signals and counter increases."""
+        """Per model of an engine: its signals, counter increases and histogram deltas."""
         out: dict[str, _ModelStep] = {}
         if scrape is not None and scrape.up:
             for m in scrape.models:
@@ -184,10 +182,18 @@ class WindowJoiner:
                     )
                     if mem is not None:
                         self._counters[key] = mem
-                out[m.model] = _ModelStep(self._prev.get((eng.name, m.model)), m, inc)
+                seen: dict[str, Histogram | None] = {}
+                for name in HISTOGRAMS:
+                    key = (eng.name, m.model, name)
+                    seen[name], hmem = histogram_increase(
+                        self._histograms.get(key), getattr(m, name), m.histogram_parts.get(name)
+                    )
+                    if hmem is not None:
+                        self._histograms[key] = hmem
+                out[m.model] = _ModelStep(m, inc, seen)
         else:
             for name in self._known_models.get(eng.name, ()):  # an engine never up has none
-                out[name] = _ModelStep(None, None, {})
+                out[name] = _ModelStep(None, {})
         return out
 
     def _log_unpriced(self, charges: Mapping[str, GpuCharge]) -> None:
@@ -279,12 +285,10 @@ class WindowJoiner:
         start: float,
         now: float,
     ) -> CostWindow:
-        prev, cur = st.prev, st.cur
+        cur = st.cur
         p_tok = st.inc("prompt_tokens_total") or 0.0
         g_tok = st.inc("generation_tokens_total") or 0.0
-        ttft = _hist_delta(prev.ttft_seconds if prev else None, cur.ttft_seconds if cur else None)
-        itl = _hist_delta(prev.itl_seconds if prev else None, cur.itl_seconds if cur else None)
-        e2e = _hist_delta(prev.e2e_seconds if prev else None, cur.e2e_seconds if cur else None)
+        ttft, itl, e2e = (st.observed.get(name) for name in HISTOGRAMS)
         usage = UsageWindow(
             node=self.node,
             engine=spec.name,
@@ -343,15 +347,12 @@ class WindowJoiner:
 
     # ------------------------------------------------------------------ internals
     def _remember(self, now: float, scrapes: Mapping[str, EngineScrape]) -> None:
-        """Keep what the next tick needs: the models' last signals, each GPU's last good reading,
+        """Keep what the next tick needs: the models each engine served, each GPU's last good reading,
         mean power and energy counter; then start a new tick."""
         self._last_tick = now
         for name, sc in scrapes.items():
-            if sc.up:
-                if sc.models:
-                    self._known_models[name] = tuple(m.model for m in sc.models)
-                for m in sc.models:
-                    self._prev[(name, m.model)] = m
+            if sc.up and sc.models:
+                self._known_models[name] = tuple(m.model for m in sc.models)
         for uuid, samples in self._acc.items():
             up = [s for s in samples if s.up]
             if not up:

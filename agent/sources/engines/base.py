@@ -34,7 +34,7 @@ import hashlib
 import logging
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,13 +54,22 @@ MAX_VALUE = 1e15
 MAX_LABEL_CHARS = 128
 MAX_REPORTED = 20  # refused series described per scrape (the rest only counted out of the signal)
 _LE: dict[str, float] = {}  # le label text → bound (parsed once)
+_PART_KEYS: dict[tuple[str, Hashable], str] = {}  # (histogram, rank labels) → its counter_parts-style name
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 _SCALAR_FIELDS = frozenset(
     f.name
     for f in dataclasses.fields(ModelSignals)
     if f.name
-    not in {"model", "requests_finished_total", "ttft_seconds", "itl_seconds", "e2e_seconds", "counter_parts"}
+    not in {
+        "model",
+        "requests_finished_total",
+        "ttft_seconds",
+        "itl_seconds",
+        "e2e_seconds",
+        "counter_parts",
+        "histogram_parts",
+    }
 )
 _HISTOGRAM_FIELDS = frozenset({"ttft_seconds", "itl_seconds", "e2e_seconds"})
 # Cumulative counters: when one summed over several series (data-parallel ranks, Triton model
@@ -347,12 +356,41 @@ class _Mapping:
             for m in [model] if model is not None else list(values):
                 values.setdefault(m, {}).setdefault(signal, mean)
 
-    def _histogram(self, signal: str, s: Series) -> dict[str, Histogram]:
+    def _several_series(self, name: str, where: Mapping[str, str], fixed: int) -> bool:
+        """True when some model has more than one series of ``name`` with labels besides the
+        model's and ``where``'s (data-parallel ranks): a cheap look at one sample per series."""
+        ml, model_of, fallback = self.a.model_label, self.model_of, self.fallback
+        seen: set[str] = set()
+        for sample in self.page.get(name, ()):
+            labels = sample.labels
+            if len(labels) <= fixed or (where and any(labels.get(k) != v for k, v in where.items())):
+                continue
+            model = fallback if ml is None else model_of.get(labels.get(ml))  # type: ignore[arg-type]
+            if model in seen:
+                return True
+            if model is not None:
+                seen.add(model)
+        return False
+
+    def _histogram(
+        self, signal: str, s: Series, parts: dict[str, dict[str, Histogram]] | None = None
+    ) -> dict[str, Histogram]:
         """Per model, the histogram summed bucket by bucket over every other label; a histogram
-        with a NaN, negative or non-monotonic bucket, or a bad sum or count, is refused."""
+        with a NaN, negative or non-monotonic bucket, or a bad sum or count, is refused. With
+        ``parts``, a histogram split over series with labels besides the model's (data-parallel
+        ranks) also gives each series' own histogram, keyed as ``counter_parts`` keys counters
+        (only when some model has several such series; a lone one is the sum)."""
         base = s.names[0]
         where = s.where
         buckets: dict[str, dict[float, float]] = {}
+        # per model, per ranked series: its buckets (only where series carry labels besides le, the
+        # model's and the selecting ones: the rank labels, named once from the first such series)
+        ranked: dict[str, dict[Hashable, dict[float, float]]] = {}
+        one_of: dict[Hashable, Mapping[str, str]] = {}  # a series' labels, for its name at the end
+        rank_keys: tuple[str, ...] = ()
+        fixed = 1 + (self.a.model_label is not None) + len(where)
+        if parts is not None and not self._several_series(base + "_count", where, fixed - 1):
+            parts = None  # one series per model: the sum is that series, nothing to tell apart
         ml, model_of, fallback = self.a.model_label, self.model_of, self.fallback
         scale, known_le, inf = s.scale, _LE, math.inf
         for sample in self.page.get(base + "_bucket", ()):
@@ -384,8 +422,28 @@ class _Mapping:
             if per is None:
                 buckets[model] = per = {}
             per[le] = per.get(le, 0.0) + v
+            if parts is not None and len(labels) > fixed:
+                if not rank_keys:
+                    rank_keys = tuple(k for k in labels if k != "le" and k != ml and k not in where)
+                gk: Hashable
+                if len(labels) != fixed + len(rank_keys):  # a series with other labels
+                    gk = tuple(sorted(x for x in labels.items() if x[0] != "le"))
+                elif len(rank_keys) == 1:
+                    gk = labels.get(rank_keys[0])
+                else:
+                    gk = tuple(labels.get(k) for k in rank_keys)
+                if gk not in one_of:
+                    one_of[gk] = labels
+                of_model = ranked.get(model)
+                if of_model is None:
+                    ranked[model] = of_model = {}
+                own = of_model.get(gk)
+                if own is None:
+                    of_model[gk] = own = {}
+                own[le] = own.get(le, 0.0) + v  # (models folded into "other" add up)
         sums: dict[str, float] = {}
         counts: dict[str, float] = {}
+        own_sc: dict[tuple[str, Hashable], list[float | None]] = {}  # (model, series) → [sum, count]
         for suffix, into, low in (("_sum", sums, -MAX_VALUE), ("_count", counts, 0.0)):
             for sample in self.page.get(base + suffix, ()):
                 labels = sample.labels
@@ -398,6 +456,17 @@ class _Mapping:
                     self._refuse(model, signal, base + suffix, labels, f"value {sample.value!r}")
                     continue
                 into[model] = into.get(model, 0.0) + sample.value
+                if model in ranked and len(labels) > fixed - 1:
+                    sgk: Hashable
+                    if len(labels) != fixed - 1 + len(rank_keys):
+                        sgk = tuple(sorted(labels.items()))
+                    elif len(rank_keys) == 1:
+                        sgk = labels.get(rank_keys[0])
+                    else:
+                        sgk = tuple(labels.get(k) for k in rank_keys)
+                    sc = own_sc.setdefault((model, sgk), [None, None])
+                    i = 0 if suffix == "_sum" else 1
+                    sc[i] = (sc[i] or 0.0) + sample.value
         out: dict[str, Histogram] = {}
         for model, per in buckets.items():
             ordered = tuple(sorted(per.items()))
@@ -409,6 +478,21 @@ class _Mapping:
                 continue
             count = counts.get(model, ordered[-1][1])
             out[model] = Histogram(buckets=ordered, sum=sums.get(model, 0.0) * s.scale, count=count)
+            if parts is not None and model in ranked:
+                own_parts: dict[str, Histogram] = {}
+                for gk, own_buckets in ranked[model].items():
+                    key = _PART_KEYS.get((base, gk))
+                    if key is None:
+                        key = _series_key(base, {k: x for k, x in one_of[gk].items() if k != "le"}, ml)
+                        if len(_PART_KEYS) < 4096:  # ranks are few; a hostile page cannot grow this
+                            _PART_KEYS[(base, gk)] = key
+                    seq = tuple(sorted(own_buckets.items()))
+                    own_sum, own_count = own_sc.get((model, gk), (None, None))
+                    if math.isinf(seq[-1][0]) and [c for _, c in seq] == sorted(c for _, c in seq):
+                        n = seq[-1][1] if own_count is None else own_count
+                        own_parts[key] = Histogram(seq, (own_sum or 0.0) * s.scale, n)
+                if len(own_parts) == len(ranked[model]):  # else: no per-series reading this scrape
+                    parts[model] = own_parts
         return out
 
     def run(self) -> Reading:
@@ -428,10 +512,16 @@ class _Mapping:
                     got[signal] = v
                     if parts and parts.get(model):
                         counter_parts.setdefault(model, {})[signal] = parts[model]
+        histogram_parts: dict[str, dict[str, dict[str, Histogram]]] = {}  # model → signal → series
         for signal, alternatives in a.histograms.items():
             for s in alternatives:
-                for model, h in self._histogram(signal, s).items():
-                    values.setdefault(model, {}).setdefault(signal, h)
+                hparts: dict[str, dict[str, Histogram]] = {}
+                for model, h in self._histogram(signal, s, hparts).items():
+                    got_h = values.setdefault(model, {})
+                    if signal not in got_h:
+                        got_h[signal] = h
+                        if model in hparts:
+                            histogram_parts.setdefault(model, {})[signal] = hparts[model]
         finished: dict[str, dict[str, float]] = {}
         for f in a.finished:
             for sample in self.page.get(f.metric, ()):
@@ -458,8 +548,12 @@ class _Mapping:
             if model in values:
                 values[model].pop(signal, None)
                 counter_parts.get(model, {}).pop(signal, None)
+                histogram_parts.get(model, {}).pop(signal, None)
         for model, per_signal in counter_parts.items():
             if per_signal:
                 values[model]["counter_parts"] = per_signal
+        for model, per_hist in histogram_parts.items():
+            if per_hist:
+                values[model]["histogram_parts"] = per_hist
         models = tuple(ModelSignals(model=m, **values[m]) for m in sorted(values) if values[m])
         return Reading(models, tuple(self.invalid), self.dropped)

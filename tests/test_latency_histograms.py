@@ -191,6 +191,28 @@ def test_increase_of_a_histogram_split_over_ranks() -> None:
     assert histogram_increase(gone, x, {"x": x})[0] is None
 
 
+def test_a_rank_with_other_bounds_is_left_out_and_the_next_one_still_counts() -> None:
+    zero_a, zero_b = H((0.1, 0.0), (INF, 0.0)), H((0.2, 0.0), (INF, 0.0))
+    mem = HistogramMemory({"x": zero_a, "y": zero_b, "z": zero_a})
+    x, y, z = H((0.1, 1.0), (INF, 1.0), s=0.05), H((0.2, 1.0), (INF, 1.0)), H((0.1, 0.0), (INF, 2.0), s=3.0)
+    # x and z share bounds and add up; y, between them, has other bounds and is left out
+    assert histogram_increase(mem, x, {"x": x, "y": y, "z": z})[0] == H((0.1, 1.0), (INF, 3.0), s=3.05)
+
+
+def test_an_engine_up_without_models_keeps_the_models_it_served_for_its_idle_time() -> None:
+    from test_window import ENGINES, book, rnd, scrape
+
+    j = WindowJoiner("n1", ENGINES[:1], book())
+    j.add_round(rnd(T0))
+    j.close_tick(T0, {"a": scrape("a", T0, ("big", 0, 100))})
+    j.add_round(rnd(T0 + 5))
+    j.close_tick(T0 + 5, {"a": scrape("a", T0 + 5)})  # up, but serving no model this scrape
+    j.add_round(rnd(T0 + 10))
+    down = j.close_tick(T0 + 10, {"a": scrape("a", T0 + 10, up=False)})
+    (w,) = down.windows  # the engine's GPUs are still the idle cost of the model it served
+    assert w.usage.model == "big" and w.idle_usd == pytest.approx(2 * 3.6 * 5 / 3600)
+
+
 # ---------------------------------------------------------------------------------------------
 # Real pages → adapter → window join → ledger → exposition
 # ---------------------------------------------------------------------------------------------

@@ -43,7 +43,8 @@ the marketing GB), as printed by ``nvidia-smi`` on those boards.
 
 Matching (:func:`gpu_spec`) is on whole *tokens* of the NVML name (split on spaces and hyphens), so
 "L4" never matches "NVIDIA L40S" and "A10" never matches "NVIDIA A100-SXM4-80GB"; a GPU whose name
-holds no key is unknown (``None``: no efficiency figure, no bound split), never guessed. Missing
+holds no key is unknown (``None``: no efficiency figure, no bound split), never guessed, and so is a
+name that names a board variant its key does not ("NVIDIA H200 NVL" is not the H200 SXM). Missing
 (no entry yet): T4, A30, A40, L20, H800/A800, H200 NVL, GH200, GB200, B100, B300, RTX PRO 6000.
 """
 
@@ -89,6 +90,9 @@ B200 = GpuSpec("NVIDIA B200", 8.0e12, 2.25e15, 183359 * MIB, 1000.0, PCIE5_X16, 
 
 # Key → figures. A key is a set of tokens that must all be in the NVML name (any order, case
 # ignored; tokens are split on spaces, hyphens and underscores); the key with the most tokens wins.
+# A name naming a board variant (below) the key does not name is another board: "NVIDIA H200 NVL"
+# is not the H200 SXM entry.
+VARIANTS = frozenset({"nvl", "pcie", "sxm", "sxm2", "sxm4", "sxm5"})
 GPUS: Mapping[str, GpuSpec] = {
     "A10G": A10G,
     "A10": A10,
@@ -96,10 +100,9 @@ GPUS: Mapping[str, GpuSpec] = {
     "L40": L40,
     "L40S": L40S,
     "A100-SXM4-40GB": A100_40GB,
-    "A100-40GB": A100_40GB,  # an A100 40GB not named PCIe is the SXM4 board
     "A100-PCIE-40GB": A100_PCIE_40GB,
     "A100-SXM4-80GB": A100_SXM_80GB,
-    "A100-80GB": A100_SXM_80GB,  # e.g. "NVIDIA A100-SXM-80GB" (HGX boards)
+    "A100-SXM-80GB": A100_SXM_80GB,  # the name some HGX A100 80GB boards report
     "A100 80GB PCIe": A100_PCIE_80GB,
     "H100 80GB HBM3": H100_SXM,
     "H100 PCIe": H100_PCIE,
@@ -124,6 +127,6 @@ def gpu_spec(nvml_name: str) -> GpuSpec | None:
     name), or None when no key matches. A MIG instance ("… MIG 3g.40gb") gets its parent's figures."""
     have = _tokens(nvml_name)
     for key, spec in _KEYS:
-        if key <= have:
+        if key <= have and not (have & VARIANTS) - key:
             return spec
     return None

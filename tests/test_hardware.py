@@ -51,6 +51,9 @@ def test_every_nvml_name_finds_its_own_entry(name: str, spec: hw.GpuSpec) -> Non
         "NVIDIA L20",
         "NVIDIA H100",  # no variant named: absent rather than a guess between SXM, PCIe and NVL
         "NVIDIA A100",
+        "NVIDIA A100 80GB",  # neither SXM nor PCIe named
+        "NVIDIA H200 NVL",  # a board variant the H200 (SXM) entry does not name
+        "NVIDIA L40S PCIe",
         "NVIDIA L4X",
         "",
     ],

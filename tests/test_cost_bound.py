@@ -193,18 +193,3 @@ def test_split_charges_is_absent_without_gpus_or_with_one_unmeasured() -> None:
     assert split_charges([]) is None
     assert split_charges([(8.0, 0.04, half), (2.0, 0.01, None)]) is None
     assert split_charges([(2.0, 0.01, None), (8.0, 0.04, half)]) is None
-
-
-def test_bench_bound_splits_the_real_h200_capture() -> None:
-    """`infercost bench bound` on the committed capture: the figures the README quotes."""
-    from agent.bench.bound import run
-
-    out = run()
-    assert out["idle"] == {"compute": 0.0, "memory": 0.0, "communication": 0.0, "idle": 1.0}
-    matmul, copy = out["matmul"], out["copy"]
-    assert matmul is not None and copy is not None
-    assert matmul["compute"] == pytest.approx(0.693, abs=5e-4)
-    assert matmul["memory"] == pytest.approx(0.128, abs=5e-4)
-    assert matmul["idle"] == pytest.approx(0.179, abs=5e-4)
-    assert copy["memory"] == pytest.approx(0.995, abs=5e-4)
-    assert copy["compute"] == 0.0

@@ -14,9 +14,10 @@ its fake NVML driven from a control file. On a schedule laid over the run (fract
 
 It scrapes ``/metrics`` every 0.25 s of real time and samples the daemon's RSS, then checks:
 RSS flat after warm-up (slope < 1 MB per simulated day), the store within its cap, every alert in
-the outbox delivered at least once with no duplicate, every ``_total`` counter monotonic within a
-process lifetime, conservation (Σ busy model cost + Σ GPU idle = Σ GPU cost within 0.1 %; a
-model's idle cost is GPU idle charged to it, see ``agent.cost.attribution``), and
+the outbox delivered at least once with no duplicate, every ``_total`` counter (and every
+bucket, count and sum of the re-based latency histograms) monotonic within a process lifetime,
+conservation (Σ busy model cost + Σ GPU idle = Σ GPU cost within 0.1 %; a model's idle cost is
+GPU idle charged to it, see ``agent.cost.attribution``), and
 ``/metrics`` never unavailable for more than 1 s except while the daemon is deliberately dead.
 It prints a table of the faults injected, the invariants and the figures; exit status 1 when an
 invariant fails.
@@ -356,7 +357,10 @@ class Soak:
     def _check_counters(self, life: Lifetime, m: Series) -> None:
         for key, v in m.items():
             name = key[0]
-            if not name.endswith("_total"):
+            # counters, and the re-based latency histograms' buckets, counts and sums
+            if not name.endswith("_total") and not (
+                name.startswith("infercost_") and name.endswith(("_bucket", "_count", "_sum"))
+            ):
                 continue
             prev = life.last.get(key)
             if not math.isfinite(v) or v < 0 or (prev is not None and v < prev):

@@ -10,6 +10,8 @@ parsed page into one :class:`ModelSignals` per served model:
 - every other label (vLLM's ``engine`` data-parallel rank, SGLang's ``is_streaming``, ...) is
   summed over, except ratio fields (KV-cache usage), which are averaged;
 - histograms are summed bucket by bucket (Prometheus ``sum by (le)``), ``le`` read from the page;
+  where a model has several series of one (data-parallel ranks), each one's own histogram is kept
+  in ``histogram_parts`` too, so the window join can difference them rank by rank;
 - a signal whose series are all missing stays ``None`` (absent), never 0.
 
 The adapter boundary (issue 11): nothing hostile passes on to the cost path.

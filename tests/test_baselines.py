@@ -45,6 +45,30 @@ def test_mean_forgets_old_minutes_while_newer_ones_remain() -> None:
     assert b.mean("other", 60.0) == (None, 0) and b.count("other", 60.0) == 0
 
 
+def test_several_minutes_expire_at_once_row_by_row() -> None:
+    b = TrailingBaseline(180.0, ratio, 2, False)
+    for i, (cost, tokens) in enumerate(((1.0, 4.0), (2.0, 8.0), (3.0, 16.0), (5.0, 1.0))):
+        b.add("k", i * 60.0, (cost, tokens), cost / tokens)
+    assert b.mean("k", 240.0) == ((2.0 + 3.0 + 5.0) / (8.0 + 16.0 + 1.0), 3)
+    # at 300 + 1 s minutes 0, 60 and 120 have gone together: only (5, 1) is left
+    assert b.mean("k", 301.0) == (5.0, 1)
+    q = TrailingBaseline(180.0, ratio, 2, True)
+    for i, v in enumerate((9.0, 1.0, 7.0, 3.0, 5.0)):
+        q.add("k", i * 60.0, (v, 1.0), v)
+    # at 240 + 1 s minutes 0 (9) and 60 (1) have gone: 7, 3, 5 remain
+    assert q.quantile("k", 241.0, 1.0) == (7.0, 3) and q.quantile("k", 241.0, 0.0) == (3.0, 3)
+    assert q.quantile("k", 301.0, 0.5) == (4.0, 2)  # 7 gone too: the median of 3 and 5
+
+
+def test_a_baseline_keeps_what_its_statistic_needs_and_refuses_the_other() -> None:
+    mean = TrailingBaseline(180.0, ratio, 2, False)
+    with pytest.raises(TypeError, match=r"keeps sums for mean\(\), not per-minute values for quantile\(\)"):
+        mean.quantile("k", 60.0, 0.5)
+    quantiles = TrailingBaseline(180.0, ratio, 2, True)
+    with pytest.raises(TypeError, match=r"keeps per-minute values for quantile\(\), not sums for mean\(\)"):
+        quantiles.mean("k", 60.0)
+
+
 def test_the_window_edge_is_inclusive() -> None:
     b = TrailingBaseline(120.0, ratio, 2, False)
     b.add("k", 0.0, (4.0, 1.0), 4.0)
@@ -240,7 +264,7 @@ def test_baseline_of_requests_running_from_a_partial_minute_of_gauge() -> None:
 def test_a_lag_under_a_second_still_holds_minutes_back() -> None:
     b = TrailingBaseline(3600.0, ratio, 2, True, lag=0.5)
     b.add("k", 0.0, (1.0, 1.0), 1.0)
-    assert b.mean("k", 0.25) == (None, 0) and b.quantile("k", 0.25, 0.5) == (None, 0)
+    assert b.count("k", 0.25) == 0 and b.quantile("k", 0.25, 0.5) == (None, 0)
     assert b.quantile("k", 0.75, 0.5) == (1.0, 1)
 
 

@@ -8,8 +8,9 @@ same hour of the week. Two statistics:
   i.e. a ratio of sums (Σcost / Σtokens for $/1M tokens), never a mean of per-minute ratios;
 - ``median`` / ``pNN``: a quantile of the per-minute values.
 
-:class:`TrailingBaseline` keeps one bucket per (baseline key, bucket id): a deque of the minutes
-in the window, running sums, and (for quantiles) a sorted list. Adding a minute and reading the
+:class:`TrailingBaseline` keeps one bucket per (baseline key, bucket id): the minutes in the
+window as columns of doubles (``array('d')``: a week of minutes of dozens of series fits in a few
+MB) with the inputs' running sums (mean) or the values sorted (quantiles). Adding a minute and reading the
 baseline are O(1) amortised (O(log n) + memmove for quantiles), so the rule evaluator can step
 through weeks of simulated minutes in seconds. Expiry is lazy: a bucket drops its old minutes
 when it is next touched.
@@ -22,9 +23,10 @@ persists them.
 from __future__ import annotations
 
 import bisect
+from array import array
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from agent.records import SIGNALS, MinuteRecord, hour_of_week, load_band, mean_of
 
@@ -51,18 +53,28 @@ def stat_quantile(stat: str) -> float | None:
     return float(stat.removeprefix("p")) / 100.0
 
 
-@dataclass(slots=True)
 class _Bucket:
-    entries: deque[tuple[float, tuple[float, ...], float]] = field(default_factory=deque)
-    sums: list[float] = field(default_factory=list)
-    ordered: list[float] = field(default_factory=list)
+    """One bucket's minutes as flat columns of C doubles (``array('d')``), oldest first.
+
+    A week of minutes of a few dozen series is hundreds of thousands of rows per rule: as Python
+    tuples of floats a row cost ~250 bytes, as columns 8 bytes a number. A row holds what the
+    statistic needs: the inputs (a mean is a ratio of their sums) or the value (a quantile)."""
+
+    __slots__ = ("minutes", "rows", "sums", "ordered")
+
+    def __init__(self) -> None:
+        self.minutes = array("d")  # epoch seconds: start of each minute, in arrival order
+        self.rows = array("d")  # per minute, in arrival order: its inputs (mean) or its value (quantile)
+        self.sums: list[float] = []  # running sums of the inputs held (mean; set by the first expiry)
+        self.ordered = array("d")  # the values held, sorted (quantile)
 
 
 class TrailingBaseline:
-    """A trailing window of per-minute inputs per bucket, with mean (ratio of sums) and quantiles.
+    """A trailing window of per-minute inputs per bucket, with a mean (ratio of sums) or quantiles.
 
     ``fn`` turns a vector of summed inputs into the signal (None when undefined); ``window`` is in
-    seconds; ``quantiles`` says whether sorted per-minute values are kept. ``lag`` (seconds) holds
+    seconds; ``quantiles`` says which statistic it keeps: the per-minute values, sorted, for
+    :meth:`quantile`, or else the inputs' running sums for :meth:`mean`. ``lag`` (seconds) holds
     each minute back before it joins: a baseline must not learn the regression it is there to
     catch while the rule's ``for`` is still running.
     """
@@ -90,15 +102,24 @@ class TrailingBaseline:
 
     def _expire(self, b: _Bucket, now: float) -> None:
         horizon = now - self.window
-        entries = b.entries
-        while entries and entries[0][0] < horizon:
-            _, inputs, value = entries.popleft()
+        minutes = b.minutes
+        k = 0
+        while k < len(minutes) and minutes[k] < horizon:
+            k += 1
+        rows = b.rows
+        if self._quantiles:
+            ordered = b.ordered
+            for value in rows[:k]:
+                del ordered[bisect.bisect_left(ordered, value)]
+            del rows[:k]
+        else:
+            n = self._n
             sums = b.sums
-            for i, v in enumerate(inputs):
-                sums[i] -= v
-            if self._quantiles:
-                del b.ordered[bisect.bisect_left(b.ordered, value)]
-        if not entries:
+            for i, v in enumerate(rows[: k * n]):
+                sums[i % n] -= v
+            del rows[: k * n]
+        del minutes[:k]
+        if not minutes:
             b.sums = [0.0] * self._n  # reset accumulated float drift
 
     def add(self, bucket: Hashable, minute: float, inputs: tuple[float, ...], value: float) -> None:
@@ -116,12 +137,15 @@ class TrailingBaseline:
             b = _Bucket()  # its sums start at zero: expiring an empty bucket resets them
             self._buckets[bucket] = b
         self._expire(b, minute)
-        b.entries.append((minute, inputs, value))
-        sums = b.sums
-        for i, v in enumerate(inputs):
-            sums[i] += v
+        b.minutes.append(minute)
         if self._quantiles:
+            b.rows.append(value)
             bisect.insort(b.ordered, value)
+        else:
+            b.rows.extend(inputs)
+            sums = b.sums
+            for i, v in enumerate(inputs):
+                sums[i] += v
 
     def count(self, bucket: Hashable, now: float) -> int:
         """Minutes in the bucket's window ending at ``now``."""
@@ -130,21 +154,27 @@ class TrailingBaseline:
         if b is None:
             return 0
         self._expire(b, now)
-        return len(b.entries)
+        return len(b.minutes)
 
     def mean(self, bucket: Hashable, now: float) -> tuple[float | None, int]:
-        """(signal over the summed inputs, minutes) for the window ending at ``now``."""
+        """(signal over the summed inputs, minutes) for the window ending at ``now``; a baseline
+        built for quantiles keeps no sums and raises TypeError."""
+        if self._quantiles:
+            raise TypeError("this baseline keeps per-minute values for quantile(), not sums for mean()")
         self._promote(now)
         b = self._buckets.get(bucket)
         if b is None:
             return None, 0
         self._expire(b, now)
-        if not b.entries:
+        if not b.minutes:
             return None, 0
-        return self._fn(b.sums), len(b.entries)
+        return self._fn(b.sums), len(b.minutes)
 
     def quantile(self, bucket: Hashable, now: float, q: float) -> tuple[float | None, int]:
-        """(q-quantile of the per-minute values, minutes), linear interpolation; q in 0–1."""
+        """(q-quantile of the per-minute values, minutes), linear interpolation; q in 0–1; a
+        baseline built for means keeps no values and raises TypeError."""
+        if not self._quantiles:
+            raise TypeError("this baseline keeps sums for mean(), not per-minute values for quantile()")
         self._promote(now)
         b = self._buckets.get(bucket)
         if b is None:

@@ -60,7 +60,7 @@ class _Bucket:
     tuples of floats a row cost ~250 bytes, as columns 8 bytes a number. A row holds what the
     statistic needs: the inputs (a mean is a ratio of their sums) or the value (a quantile)."""
 
-    __slots__ = ("minutes", "rows", "sums", "ordered")
+    __slots__ = ("minutes", "ordered", "rows", "sums")
 
     def __init__(self) -> None:
         self.minutes = array("d")  # epoch seconds: start of each minute, in arrival order

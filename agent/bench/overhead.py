@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import runpy
 import signal
 import socket
 import subprocess
@@ -129,8 +130,9 @@ def fake_library_fraction(rounds: int = 300) -> tuple[float, float]:
     return plain * 1e3, min(1.0, max(0.0, inside / plain))
 
 
-def _daemon_main(counters: Path, argv: list[str]) -> int:
-    """``infercost <argv>`` with the NVML path timed; each SIGUSR1 writes a reading to ``counters``."""
+def _daemon_main(counters: Path, argv: list[str]) -> None:
+    """``infercost <argv>`` with the NVML path timed; each SIGUSR1 writes a reading to ``counters``.
+    The command line runs as ``python -m agent.cli`` would (benchmarks sit below the CLI)."""
     meter = NvmlMeter()
     meter.install()
     seq = 0
@@ -143,9 +145,8 @@ def _daemon_main(counters: Path, argv: list[str]) -> int:
         os.replace(tmp, counters)
 
     signal.signal(signal.SIGUSR1, dump)
-    from agent.cli import main
-
-    return main(argv)
+    sys.argv = ["infercost", *argv]
+    runpy.run_module("agent.cli", run_name="__main__", alter_sys=True)
 
 
 def _read_meter(pid: int, counters: Path, seq: int) -> dict[str, Any]:
@@ -367,8 +368,8 @@ def run(seconds: float = 60.0, print_fn: Callable[[str], Any] = print) -> dict[s
 
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "--daemon":
-        sys.exit(_daemon_main(Path(sys.argv[2]), sys.argv[3:]))
-    if len(sys.argv) == 3 and sys.argv[1] == "--serve-sim":
+        _daemon_main(Path(sys.argv[2]), sys.argv[3:])
+    elif len(sys.argv) == 3 and sys.argv[1] == "--serve-sim":
         asyncio.run(_serve_sim(Path(sys.argv[2])))
     else:
         run(float(sys.argv[1]) if len(sys.argv) > 1 else 60.0)

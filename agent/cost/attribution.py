@@ -8,6 +8,8 @@
 - A GPU's cost is *used* where the model it went to made tokens, else it is idle.
 - The cost of an engine is known (``priced``) only if every GPU it lists was read (or is
   remembered) and priced, or it has an hourly price of its own.
+- Where GPU time went (:mod:`agent.cost.bound`): each model's GPU-seconds and GPU dollars spread
+  by every one of its GPUs' bound shares; absent when any of its GPUs has none.
 
 Conservation, per tick (asserted in the tests): Σ model cost + Σ unallocated = Σ GPU cost, and
 Σ busy model cost + Σ GPU idle = Σ GPU cost.

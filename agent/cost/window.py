@@ -8,7 +8,8 @@ layer in order:
 1. :func:`agent.cost.pricing.price_gpus` — what each GPU (or MIG instance) cost;
 2. per engine and model, the counters' increases (:func:`agent.cost.counters.counter_increase`)
    and the histograms' deltas;
-3. :func:`agent.cost.attribution.attribute` — GPUs → engines → models, used and idle dollars;
+3. :func:`agent.cost.attribution.attribute` — GPUs → engines → models, used and idle dollars, and
+   where each model's GPU time went (:func:`agent.cost.bound.bound_shares` per GPU, from GPM);
 4. :func:`agent.cost.efficiency.decode_efficiency` — decode efficiency of each window.
 
 While an engine is down its GPUs still cost money: the cost goes, as idle, to the models it

@@ -198,16 +198,46 @@ class LlamaServer:
         self.stop()
         self.start()
 
-    def complete(self, prompt: str, max_tokens: int, seed: int) -> dict[str, Any]:
-        """One ``/v1/completions`` request; returns the OpenAI-style answer (with ``usage``)."""
-        body = {
+    def complete(
+        self, prompt: str, max_tokens: int, seed: int, cache_prompt: bool | None = None
+    ) -> dict[str, Any]:
+        """One ``/v1/completions`` request; returns the OpenAI-style answer (with ``usage``, and
+        llama.cpp's ``timings``: ``prompt_n``/``prompt_ms``, ``predicted_n``/``predicted_ms``,
+        ``cache_n``). ``cache_prompt``: reuse (True) or ignore (False) the slot's KV cache for a
+        common prefix; None leaves the server's default (reuse)."""
+        body: dict[str, Any] = {
             "model": MODEL_ALIAS,
             "prompt": prompt,
             "max_tokens": max_tokens,
             "temperature": 0.8,
             "seed": seed,
         }
+        if cache_prompt is not None:
+            body["cache_prompt"] = cache_prompt
         return post_json(self.base_url + "/v1/completions", body)
+
+    def metrics(self) -> dict[str, float]:
+        """The server's own ``/metrics``, read with prometheus_client's parser: sample name → value
+        (llama.cpp's series carry no labels)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(self.base_url + "/metrics", timeout=30) as resp:
+            text = resp.read().decode()
+        return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+    def settled_metrics(self, timeout: float = 60.0) -> dict[str, float]:
+        """``/metrics`` once no request is in flight and two reads in a row agree on every counter
+        (a finished request's counters are final); raises after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        last = self.metrics()
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            cur = self.metrics()
+            counters = [k for k in cur if k.endswith("_total")]
+            if cur.get("llamacpp:requests_processing") == 0 and all(cur[k] == last.get(k) for k in counters):
+                return cur
+            last = cur
+        raise RuntimeError(f"llama.cpp /metrics did not settle in {timeout} s")
 
 
 if __name__ == "__main__":

@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import gguf  # noqa: F401
 import pytest
 import xllamacpp  # noqa: F401  (CI installs it: a missing engine must fail, not skip)
-from llamacpp_server import MODEL_ALIAS, LlamaServer, make_tiny_llama
+from llamacpp_server import MODEL_ALIAS, WORDS, LlamaServer, make_tiny_llama
 
 from agent.clock import SystemClock
 from agent.config import EngineConfig
@@ -220,8 +223,305 @@ async def test_the_daemon_prices_a_cpu_engine_per_hour_across_a_restart(
     assert cost == pytest.approx(price * elapsed / 3600, rel=0.01)
     for w in windows:
         assert w.cost_usd == pytest.approx(price * w.usage.duration / 3600, rel=1e-9)
+        assert (w.prompt_usd or 0.0) + w.output_usd == pytest.approx(w.cost_usd, rel=1e-12)
+    # conservation with no GPU: every tick's dollars are the CPU engine's own price × the tick
+    for t in ticks:
+        if t.windows:
+            assert t.engine_usd == pytest.approx(price * (t.end - t.start) / 3600, rel=1e-9)
+            assert sum(w.cost_usd for w in t.windows) == pytest.approx(t.engine_usd, rel=1e-12)
+        assert t.unexplained_usd() == pytest.approx(0.0, abs=1e-15)
     per_million = cost / usage_completion * 1e6
     snap: Snapshot = agent.snapshot()
     (m,) = snap.models
     assert m.cost_usd_total / m.generation_tokens_total * 1e6 == pytest.approx(per_million, rel=0.01)
     assert per_million == pytest.approx(price * elapsed / 3600 / usage_completion * 1e6, rel=0.01)
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the dollars went, against the real server: prompt vs output, cache savings, conservation
+# ---------------------------------------------------------------------------------------------
+
+SPLIT_PRICE = 3.60  # $ per GPU-hour in this test's book: one GPU for one 10 s tick costs $0.01
+TICK = 10.0  # seconds of the gated clock per tick (NVML round and engine scrape alike)
+GPU_TICK_USD = SPLIT_PRICE * TICK / 3600  # = $0.01, by hand
+# Why 10 ms per request: llama.cpp adds a request's prompt time to ``prompt_seconds_total`` just
+# before the response's ``timings.prompt_ms`` is read (the gap measured on this build: 0.04-0.1 ms);
+# a server thread descheduled between the two clock reads on a loaded 2-core box widens it.
+PROMPT_MS_SLACK = 10.0
+PROMPT_SECONDS = "llamacpp:prompt_seconds_total"
+DECODE_SECONDS = "llamacpp:tokens_predicted_seconds_total"
+COMPUTED_TOKENS = "llamacpp:prompt_tokens_total"  # excludes cached tokens
+CACHED_TOKENS = "llamacpp:prompt_tokens_cached_total"
+
+
+class GatedClock:
+    """Time that moves only when the test advances it: a sleeper wakes once monotonic time reaches
+    its deadline. The agent's NVML and tick loops then run exactly when the test says, after a
+    phase's requests have finished, so each tick's window holds exactly that phase."""
+
+    def __init__(self, start: float) -> None:
+        self._t = start  # epoch seconds
+        self._mono = 0.0  # seconds
+        self._moved = asyncio.Condition()
+        self.sleeping = 0  # coroutines waiting in sleep()
+
+    def now(self) -> float:
+        """Epoch seconds."""
+        return self._t
+
+    def monotonic(self) -> float:
+        """Seconds advanced so far."""
+        return self._mono
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait until the test has advanced time by ``seconds``."""
+        due = self._mono + max(0.0, seconds)
+        self.sleeping += 1
+        try:
+            async with self._moved:
+                await self._moved.wait_for(lambda: self._mono >= due)
+        finally:
+            self.sleeping -= 1
+
+    async def advance(self, seconds: float) -> None:
+        """Move wall and monotonic time forward and wake the sleepers that are due."""
+        async with self._moved:
+            self._t += seconds
+            self._mono += seconds
+            self._moved.notify_all()
+
+
+async def _wait(pred: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
+    """Poll ``pred`` (generous timeout: a loaded 2-core box; nothing here measures time)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not pred():
+        assert loop.time() < end, f"{what}: not reached in {timeout:g} s"
+        await asyncio.sleep(0.02)
+
+
+def _printed_resolution(value: float) -> float:
+    """The last digit of a value llama.cpp prints with 6 significant digits (``0.0230810``)."""
+    return 10.0 ** (math.floor(math.log10(value)) - 5) if value > 0 else 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """What the server did between two quiet moments, from its /metrics and its responses."""
+
+    name: str
+    before: dict[str, float]  # the server's /metrics at the start (settled)
+    after: dict[str, float]  # ... at the end
+    answers: tuple[dict[str, Any], ...]  # the /v1/completions responses (usage, timings)
+
+    def delta(self, name: str) -> float:
+        """Counter increase over the phase (the server does not restart in it)."""
+        return self.after[name] - self.before[name]
+
+    def timing(self, key: str) -> float:
+        """Sum of one ``timings`` field over the responses."""
+        return float(sum(a["timings"][key] for a in self.answers))
+
+    def usage(self, key: str) -> int:
+        """Sum of one ``usage`` field over the responses."""
+        return int(sum(a["usage"][key] for a in self.answers))
+
+    def rounding(self, name: str) -> float:
+        """How far a delta of two printed readings can be from the true increase."""
+        return _printed_resolution(self.before[name]) + _printed_resolution(self.after[name])
+
+
+def _hand_split(ph: Phase) -> tuple[float, float, float]:
+    """(prompt $, output $, prefix-cache $ saved) of one phase's window, by hand from the server's
+    own counters: the GPU's $0.01 for the tick split by prefill vs decode seconds, and the cached
+    tokens at the prefill dollars per computed prompt token."""
+    p, d = ph.delta(PROMPT_SECONDS), ph.delta(DECODE_SECONDS)
+    prompt_usd = GPU_TICK_USD * p / (p + d)
+    output_usd = GPU_TICK_USD * d / (p + d)
+    saved = ph.delta(CACHED_TOKENS) * prompt_usd / ph.delta(COMPUTED_TOKENS)
+    return prompt_usd, output_usd, saved
+
+
+def _check_against_responses(ph: Phase) -> None:
+    """The server's counters over a phase agree with the responses it sent (usage and timings)."""
+    n = len(ph.answers)
+    # tokens: the counters exclude cached prompt tokens; usage.prompt_tokens includes them
+    assert ph.delta(COMPUTED_TOKENS) == ph.timing("prompt_n")
+    assert ph.delta(CACHED_TOKENS) == ph.timing("cache_n")
+    assert ph.timing("cache_n") == sum(
+        a["usage"]["prompt_tokens_details"]["cached_tokens"] for a in ph.answers
+    )
+    assert ph.delta(COMPUTED_TOKENS) + ph.delta(CACHED_TOKENS) == ph.usage("prompt_tokens")
+    assert (
+        ph.delta("llamacpp:tokens_predicted_total")
+        == ph.usage("completion_tokens")
+        == ph.timing("predicted_n")
+    )
+    # decode seconds: the same clock reads as timings.predicted_ms (up to the printed digits)
+    assert abs(ph.delta(DECODE_SECONDS) - ph.timing("predicted_ms") / 1e3) <= ph.rounding(DECODE_SECONDS)
+    # prefill seconds: never later than timings.prompt_ms, at most PROMPT_MS_SLACK per request earlier
+    prompt_s = ph.timing("prompt_ms") / 1e3
+    assert ph.delta(PROMPT_SECONDS) <= prompt_s + ph.rounding(PROMPT_SECONDS)
+    assert ph.delta(PROMPT_SECONDS) >= prompt_s - n * PROMPT_MS_SLACK / 1e3
+
+
+async def test_prompt_output_split_cache_savings_and_conservation_match_the_servers_counters(
+    llama: LlamaServer, tmp_path: Path
+) -> None:
+    """The real daemon (real scraper, adapter, window join, exporter; the fake NVML backend, two H100s
+    of which the engine holds one) on a clock the test steps, so every tick's window is one phase of
+    real requests. Per window, by hand from the server's own /metrics (read by the test): prompt $ and
+    output $ = the GPU's $0.01 × prefill (decode) seconds ÷ both, prompt + output = the window's cost,
+    cache savings = cached tokens × prompt $ ÷ computed prompt tokens; per tick Σ model + Σ idle =
+    Σ GPU cost = $0.02; the counters agree with the responses' usage and timings."""
+    from agent.app import build_agent
+    from agent.config import Config, ExportersConfig, IntervalsConfig, NvmlConfig, PrometheusExporterConfig
+    from agent.cost.window import TickResult
+    from agent.sources.prices import parse_price_book
+
+    clock = GatedClock(1_700_000_000.0)  # a multiple of TICK: the loops' slots start at once
+    cfg = Config(
+        node="gpu-node",
+        state_dir=tmp_path,
+        intervals=IntervalsConfig(nvml_seconds=TICK, scrape_seconds=TICK, window_seconds=60),
+        nvml=NvmlConfig(backend="fake", fake_profile="H100-SXM", fake_count=2),
+        exporters=ExportersConfig(prometheus=PrometheusExporterConfig(port=0)),
+    )
+    book = parse_price_book({"gpus": [{"match": "H100", "usd_per_hour": SPLIT_PRICE}]}, "test-book")
+    engine = EngineConfig(
+        name="llama", kind="auto", url=llama.base_url + "/metrics", model=MODEL_ALIAS, gpus=(0,)
+    )
+    ticks: list[TickResult] = []
+    agent = await build_agent(
+        cfg, clock=clock, book=book, engines=[engine], history=False, on_tick=[lambda t, _s: ticks.append(t)]
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop))
+
+    async def step() -> TickResult:
+        """Both loops asleep → advance one tick → the tick's result."""
+        await _wait(lambda: clock.sleeping >= 2, "the NVML and tick loops waiting for the clock")
+        n = len(ticks)
+        await clock.advance(TICK)
+        await _wait(lambda: len(ticks) > n, "the next tick")
+        return ticks[-1]
+
+    def run(requests: list[tuple[str, bool]], seed: int) -> tuple[dict[str, Any], ...]:
+        return tuple(
+            llama.complete(prompt, 12, seed + i, cache_prompt=cache)
+            for i, (prompt, cache) in enumerate(requests)
+        )
+
+    prefix = " ".join(WORDS[i * 7 % len(WORDS)] for i in range(300))  # a long shared prefix (300 words)
+    plans: list[tuple[str, list[tuple[str, bool]]]] = [
+        # distinct prompts, the KV cache ignored: no cached token
+        ("plain", [(f"Request {k}: the llama server said a little word", False) for k in range(3)]),
+        ("idle", []),
+        # the same long prompt twice, then the prefix with another ending: the cache is reused
+        ("cached", [(prefix, True), (prefix, True), (prefix + " and then the model", True)]),
+    ]
+    phases: list[tuple[Phase, TickResult]] = []
+    try:
+        await agent.started.wait()
+        await _wait(lambda: len(ticks) >= 1, "the baseline tick")
+        for k, (name, requests) in enumerate(plans):
+            before = await asyncio.to_thread(llama.settled_metrics)
+            answers = await asyncio.to_thread(run, requests, 700 + 10 * k)
+            after = await asyncio.to_thread(llama.settled_metrics)
+            phases.append((Phase(name, before, after, answers), await step()))
+        assert agent.prometheus is not None
+        page = f"http://127.0.0.1:{agent.prometheus.port}/metrics"
+        async with aiohttp.ClientSession() as session, session.get(page) as resp:
+            exported = _families(await resp.text())
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+    totals = {"prompt": 0.0, "saved": 0.0}
+    for ph, tick in phases:
+        # the GPU side: two H100s at $3.60/h for 10 s each; the engine holds GPU 0, no engine GPU 1
+        assert tick.end - tick.start == TICK
+        gpus = {g.sample.index: g for g in tick.gpus}
+        assert sorted(gpus) == [0, 1]
+        assert all(g.cost_usd == pytest.approx(GPU_TICK_USD, rel=1e-12) for g in gpus.values())
+        assert gpus[1].unallocated_usd == pytest.approx(GPU_TICK_USD, rel=1e-12)
+        (w,) = tick.windows
+        assert w.priced and w.cost_usd == pytest.approx(GPU_TICK_USD, rel=1e-12)
+        # the daemon's window read the same counters the test read
+        assert w.usage.prompt_tokens == ph.usage("prompt_tokens")
+        assert w.usage.generation_tokens == ph.delta("llamacpp:tokens_predicted_total")
+        assert w.usage.prefill_seconds == pytest.approx(ph.delta(PROMPT_SECONDS), abs=1e-12)
+        assert w.usage.decode_seconds == pytest.approx(ph.delta(DECODE_SECONDS), abs=1e-12)
+        assert w.usage.cached_prompt_tokens == ph.delta(CACHED_TOKENS)
+        # conservation, every tick: prompt + output = the model's cost; Σ model + Σ idle = Σ GPU
+        assert (w.prompt_usd or 0.0) + w.output_usd == pytest.approx(w.cost_usd, rel=1e-12)
+        gpu_usd = sum(g.cost_usd for g in tick.gpus)
+        assert gpu_usd == pytest.approx(2 * GPU_TICK_USD, rel=1e-12)
+        assert w.cost_usd + sum(g.unallocated_usd for g in tick.gpus) == pytest.approx(gpu_usd, rel=1e-12)
+        busy_usd = w.cost_usd - w.idle_usd
+        assert busy_usd + sum(g.idle_usd for g in tick.gpus) == pytest.approx(gpu_usd, rel=1e-12)
+        assert tick.unexplained_usd() == pytest.approx(0.0, abs=1e-15)
+        if not ph.answers:  # idle: the whole cost is idle, no split, no savings
+            assert ph.after == ph.before
+            assert w.idle_usd == pytest.approx(GPU_TICK_USD, rel=1e-12) and gpus[0].idle_usd == w.idle_usd
+            assert w.prompt_usd is None and w.prefix_cache_saved_usd is None
+            continue
+        _check_against_responses(ph)
+        prompt_usd, output_usd, saved = _hand_split(ph)
+        assert w.idle_usd == 0.0 and gpus[0].idle_usd == pytest.approx(0.0, abs=1e-15)
+        assert w.prompt_usd == pytest.approx(prompt_usd, rel=1e-9)
+        assert w.output_usd == pytest.approx(output_usd, rel=1e-9)
+        assert prompt_usd + output_usd == pytest.approx(GPU_TICK_USD, rel=1e-12)
+        assert w.prefix_cache_saved_usd == pytest.approx(saved, rel=1e-9, abs=1e-15)
+        totals["prompt"] += prompt_usd
+        totals["saved"] += saved
+        print(
+            f"{ph.name}: prefill {ph.delta(PROMPT_SECONDS) * 1e3:.3f} ms"
+            f" (timings {ph.timing('prompt_ms'):.3f} ms)"
+            f", decode {ph.delta(DECODE_SECONDS) * 1e3:.3f} ms (timings {ph.timing('predicted_ms'):.3f} ms)"
+            f", computed {ph.delta(COMPUTED_TOKENS):.0f} + cached {ph.delta(CACHED_TOKENS):.0f} prompt tokens"
+            f", output {ph.delta('llamacpp:tokens_predicted_total'):.0f}: prompt ${prompt_usd:.6f}"
+            f" + output ${output_usd:.6f} = ${GPU_TICK_USD:.2f}, cache saved ${saved:.6f}"
+        )
+
+    plain, _idle, cached = (ph for ph, _ in phases)
+    assert plain.delta(CACHED_TOKENS) == 0  # cache_prompt false: nothing reused
+    # the repeated prompt reused its KV cache: every repeat's cached tokens show in the savings
+    repeat = cached.answers[1]["timings"]
+    assert (
+        repeat["cache_n"] > 0
+        and repeat["cache_n"] + repeat["prompt_n"] == cached.answers[1]["usage"]["prompt_tokens"]
+    )
+    assert cached.answers[2]["timings"]["cache_n"] > 0
+    assert totals["saved"] > 0
+
+    # what the daemon exported (as Prometheus reads it) adds up to the same hand-computed dollars
+    n = len(phases)
+    assert _sum(exported, "infercost_gpu_cost_usd_total") == pytest.approx(2 * n * GPU_TICK_USD, rel=1e-9)
+    assert _sum(exported, "infercost_cost_usd_total") == pytest.approx(n * GPU_TICK_USD, rel=1e-9)
+    assert _sum(exported, "infercost_idle_cost_usd_total") == pytest.approx(GPU_TICK_USD, rel=1e-9)
+    # GPU idle: GPU 1 every tick, GPU 0 in the idle tick
+    assert _sum(exported, "infercost_gpu_idle_cost_usd_total") == pytest.approx(
+        (n + 1) * GPU_TICK_USD, rel=1e-9
+    )
+    assert _sum(exported, "infercost_prompt_cost_usd_total") == pytest.approx(totals["prompt"], rel=1e-9)
+    assert _sum(exported, "infercost_prefix_cache_saved_usd_total") == pytest.approx(
+        totals["saved"], rel=1e-9
+    )
+
+
+def _families(text: str) -> dict[str, list[float]]:
+    """Sample name → values, from a Prometheus page."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, list[float]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append(s.value)
+    return out
+
+
+def _sum(families: dict[str, list[float]], name: str) -> float:
+    values = families.get(name)
+    assert values, f"{name} is not exported"
+    return sum(values)

@@ -40,6 +40,8 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
+from itertools import repeat
+from operator import itemgetter
 from typing import NamedTuple
 
 logger = logging.getLogger(__name__)
@@ -52,7 +54,12 @@ QUOTE_LIMIT = 200  # characters of a bad line quoted in a ParseError (a hostile 
 # on 2 ranks have 3,008 label sets, and one parser serves every engine of its kind on the node; a
 # page whose labels change every scrape just refills it, so memory stays bounded, ~2 MB)
 BLOCK_CACHE = 10_000
+# Page layouts remembered per parser (why 8: one parser serves every engine of its kind on the node,
+# and engines of one kind on a node rarely number more than its 8 GPUs; a layout holds references
+# to the wanted lines' name-and-labels text, about 100 bytes a line, so 8 dense pages cost ~3 MB)
+LAYOUTS = 8
 _NO_LABELS: frozenset[tuple[str, str]] = frozenset()
+_HEAD, _TAIL = itemgetter(0), itemgetter(1)  # of a wanted line's groups: the common shape's parts
 
 # Possessive quantifiers (*+) everywhere a hostile 1 MB line could make sre backtrack: every
 # pattern here runs in time linear in the line.
@@ -87,6 +94,12 @@ class Sample(NamedTuple):
 
 Page = dict[str, list[Sample]]
 """Samples by canonical wire name, in page order."""
+
+_Layout = tuple[
+    tuple[int, ...], tuple[str, ...], tuple[dict[str, str], ...], tuple[tuple[str, int, int], ...]
+]
+"""A page's layout: the lines whose values it keeps, grouped by wire name (their indices, names
+and labels) and each name's span of them (name, first, end)."""
 
 
 def quote(line: str) -> str:
@@ -207,30 +220,82 @@ class FamilyParser:
         # written with escapes (only names outside the legacy charset can need them).
         self._unquoted = {_escape(n): n for n in all_names}
         quoted = f"({_trie_pattern(sorted(self._unquoted))})" if all_names else "((?!))"
-        # One pass finds both kinds of wanted line, indented or not, in page order: groups
-        # (name, rest) or (quoted name, rest after it).
+        # One pass finds every kind of wanted line, in page order. Groups: (head, tail) for the
+        # common shape, a name and its labels ending before a blank and the value
+        # (``name{labels} 1`` or ``name 1``, the head up to the last ``}`` followed by a blank);
+        # else (name, rest) for any other line of a wanted name, indented or not; else (quoted
+        # name, rest after it). [^\n]* stops at a newline, and the text ends with one.
+        bare = name[1:-1]  # the trie without its group
         self._line_re = re.compile(
-            rf"\n[ \t]*(?:{name}((?:[ \t{{\r][^\n]*)?)(?=\n)"
-            rf'|\{{[ \t]*"{quoted}"[ \t]*([,}}][^\n]*)(?=\n))'
+            rf"\n(?:({bare}(?:\{{[^\n]*\}})?)([ \t][^\n]*)"
+            rf"|[ \t]*(?:{name}((?:[ \t{{\r][^\n]*)?)(?=\n)"
+            rf'|\{{[ \t]*"{quoted}"[ \t]*([,}}][^\n]*)(?=\n)))'
         )
         # Label blocks read before (the same series come back every scrape), bounded.
         self._blocks: dict[str, tuple[dict[str, str], frozenset[tuple[str, str]]]] = {}
+        # Layouts of pages read before: the heads of their wanted lines (all of the common shape)
+        # and, by name, the lines kept and their labels (see :meth:`parse`), newest last, bounded.
+        self._layouts: list[tuple[tuple[str, ...], _Layout]] = []
 
     def parse(self, text: str, openmetrics: bool = False) -> Page:
         """Samples of the wanted families, by canonical name.
 
         ``openmetrics``: the page is OpenMetrics text (``application/openmetrics-text``):
         timestamps are in seconds and nothing after ``# EOF`` is read.
+
+        A page laid out as one read before (the same wanted lines, each ``head value`` with the
+        same heads, in the same order: an engine's page between scrapes) is read from that
+        layout: only the values are converted. The line-by-line reading of the same text gives
+        the same samples, as the head alone decides a line's name and labels and the value is
+        the whole tail; a tail that is not one plain number (a timestamp, an exemplar) is read
+        line by line.
         """
         text = f"\n{text}\n"
         if openmetrics:
             text = _cut_at_eof(text)
         lines = self._line_re.findall(text)
-        series: dict[str, dict[frozenset[tuple[str, str]], Sample]] = {}  # name → labels → last
+        if not lines:
+            return {}
+        heads: tuple[str, ...] = tuple(map(_HEAD, lines))
+        for known_heads, layout in self._layouts:
+            if known_heads == heads:
+                tails = list(map(_TAIL, lines))
+                if "_" in "".join(tails):  # float() takes "1_000"; the format does not
+                    break
+                try:
+                    values = list(map(float, tails))
+                except ValueError:  # more than a value: read line by line
+                    break
+                picks, names, labels, spans = layout
+                made = list(
+                    map(
+                        tuple.__new__,  # Sample(...) without its Python-level __new__
+                        repeat(Sample),
+                        zip(names, labels, map(values.__getitem__, picks), repeat(None)),
+                    )
+                )
+                out: Page = {name: made[start:end] for name, start, end in spans}
+                if self._canonical and not self._canonical.keys().isdisjoint(out):
+                    self._canonicalise(out)
+                return out
+        return self._read_lines(lines, heads, openmetrics)
+
+    def _read_lines(
+        self, lines: list[tuple[str, str, str, str, str, str]], heads: tuple[str, ...], openmetrics: bool
+    ) -> Page:
+        """The samples of the wanted lines found by ``_line_re`` (``heads``: their first
+        groups), read one by one; the page's layout is remembered when every line has the common
+        shape and a plain value."""
+        series: dict[str, dict[frozenset[tuple[str, str]], int]] = {}  # name → labels → last sample
+        made: list[Sample] = []  # in page order (one per line when none is skipped)
+        plain = 0  # lines of the common shape whose value was their whole tail
         known = self._blocks
         new_sample = tuple.__new__  # Sample(...) without its Python-level __new__
-        for name, rest, qname, qrest in lines:
-            if not name:  # {"name", labels} value: read as name{labels} value
+        for head, whole_tail, name, rest, qname, qrest in lines:
+            if head:  # the common shape: read as any other line
+                name = head.partition("{")[0]
+                rest = head[len(name) :] + whole_tail
+            elif not name:  # {"name", labels} value: read as name{labels} value
                 name = self._unquoted[qname]
                 rest = qrest[1:] if qrest[0] == "}" else "{" + qrest[1:]
             if rest[:1] == "{":
@@ -256,6 +321,7 @@ class FamilyParser:
             try:  # the common case: the value alone (float() ignores the blanks around it)
                 value = float(tail)
                 ts: float | None = None
+                plain += tail == whole_tail  # ("" for other shapes, never a number)
             except ValueError:
                 read = _value_and_timestamp(tail, name, rest, openmetrics)
                 if read is None:  # a native histogram: {count:24,sum:100,schema:0,...}
@@ -266,15 +332,42 @@ class FamilyParser:
             per = series.get(name)
             if per is None:
                 series[name] = per = {}
-            per[key] = new_sample(Sample, (name, labels, value, ts))  # a repeated series: the last
-        out: Page = {name: list(per.values()) for name, per in series.items()}
+            per[key] = len(made)  # a repeated series: the last
+            made.append(new_sample(Sample, (name, labels, value, ts)))
+        out: Page = {name: [made[i] for i in per.values()] for name, per in series.items()}
+        if plain == len(lines):  # no line skipped either: sample i is line i
+            self._remember(heads, series, made)
         if self._canonical and not self._canonical.keys().isdisjoint(out):
             self._canonicalise(out)
         return out
 
+    def _remember(
+        self,
+        heads: tuple[str, ...],
+        series: dict[str, dict[frozenset[tuple[str, str]], int]],
+        made: list[Sample],
+    ) -> None:
+        """Keep the layout of a page whose every wanted line is ``head value``."""
+        if len(self._layouts) >= LAYOUTS:
+            del self._layouts[0]
+        picks = [i for per in series.values() for i in per.values()]
+        spans, start = [], 0
+        for name, per in series.items():
+            spans.append((name, start, start + len(per)))
+            start += len(per)
+        layout = (
+            tuple(picks),
+            tuple(made[i].name for i in picks),
+            tuple(made[i].labels for i in picks),
+            tuple(spans),
+        )
+        self._layouts.append((heads, layout))
+
     def forget(self) -> None:
-        """Drop the label blocks remembered from earlier pages (benchmarks: a first scrape)."""
+        """Drop the label blocks and layouts remembered from earlier pages (benchmarks: a first
+        scrape)."""
         self._blocks.clear()
+        self._layouts.clear()
 
     def _labels(self, name: str, rest: str) -> tuple[dict[str, str], frozenset[tuple[str, str]], str]:
         """The labels of a line starting with ``{``, their series key and the text after them

@@ -38,10 +38,12 @@ import math
 import re
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
+from operator import itemgetter
 from typing import Any
 
 from agent.samples import Histogram, ModelSignals
-from agent.sources.engines.parser import FamilyParser, Page
+from agent.sources.engines.parser import FamilyParser, Page, Sample
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +60,14 @@ MAX_REPORTED = 20  # refused series described per scrape (the rest only counted 
 _LE: dict[str, float] = {}  # le label text → bound (parsed once)
 _PART_KEYS: dict[tuple[str, Hashable], str] = {}  # (histogram, rank labels) → its counter_parts-style name
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_LABELS = itemgetter(1)  # a Sample's labels (Sample is the NamedTuple name, labels, value, timestamp)
+_VALUE = itemgetter(2)  # a Sample's value
+# Bucket layouts remembered per adapter (why 256: a few histograms per engine and a few engines of
+# one kind per node; each entry holds its label dicts, which the parser keeps anyway)
+BUCKET_PLANS = 256
+# A histogram's buckets as laid out on a page: per model label value (None: the engine has no
+# model label), the bounds in order (scaled) and the position of each bound's sample.
+_BucketPlan = tuple[tuple[str | None, tuple[float, ...], tuple[int, ...]], ...]
 
 _SCALAR_FIELDS = frozenset(
     f.name
@@ -167,11 +177,16 @@ class Adapter:
         object.__setattr__(self, "scalar_plan", plan)
         object.__setattr__(self, "families", frozenset(families))
         object.__setattr__(self, "parser", FamilyParser(families))
+        object.__setattr__(self, "bucket_plans", {})
 
     families: frozenset[str] = field(init=False, default=frozenset())  # wire families it reads
     # (signal, series, averaged?, counter?) in preference order: the map's work list
     scalar_plan: tuple[tuple[str, Series, bool, bool], ...] = field(init=False, repr=False, default=())
     parser: FamilyParser = field(init=False, repr=False, compare=False, default=None)  # type: ignore[assignment]
+    # (series id, ids of the bucket samples' label dicts) → (those label dicts, their layout or None)
+    bucket_plans: dict[
+        tuple[int, tuple[int, ...]], tuple[tuple[Mapping[str, str], ...], _BucketPlan | None]
+    ] = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def read(
         self,
@@ -207,6 +222,7 @@ class Reading:
     dropped_series: int = 0  # series of models beyond max_models, folded into OTHER_MODEL
 
 
+@lru_cache(maxsize=4096)  # model names and reasons repeat every scrape; a hostile page only churns it
 def clean_label(value: str) -> str:
     """A label value as the agent passes it on: control characters removed, at most
     :data:`MAX_LABEL_CHARS` characters (a longer one is cut and ends in ``~`` and 8 hex digits of
@@ -298,10 +314,12 @@ class _Mapping:
             sample = first[0]
             model = self.fallback if ml is None else self.model_of.get(sample.labels.get(ml))  # type: ignore[arg-type]
             if model is not None and 0.0 <= sample.value <= high:
-                if parts is not None and _ranked(sample.labels, ml):  # a lone DP rank or version
+                # a lone DP rank or version: labels besides the model's (_ranked, inlined)
+                if parts is not None and len(sample.labels) > (ml in sample.labels):
                     parts[model] = {_series_key(s.names[0], sample.labels, ml): sample.value * s.scale}
                 return {model: sample.value * s.scale}
         where = s.where
+        wanted = where.items() if where else None  # labels a sample must carry
         scale = s.scale
         total: dict[str, float] = {}
         count: dict[str, int] = {}
@@ -310,7 +328,7 @@ class _Mapping:
         for name in s.names:
             for sample in self.page.get(name, ()):
                 labels = sample.labels
-                if where and any(labels.get(k) != v for k, v in where.items()):
+                if wanted is not None and not wanted <= labels.items():
                     continue
                 model = fallback if ml is None else model_of.get(labels.get(ml))  # type: ignore[arg-type]
                 if model is None:
@@ -374,6 +392,73 @@ class _Mapping:
                 seen.add(model)
         return False
 
+    def _bucket_plan(self, s: Series, samples: list[Sample]) -> _BucketPlan | None:
+        """The layout of a histogram's bucket samples (one sample per model and bound), or None
+        when the buckets need :meth:`_histogram`'s own loop (several series summed, an ``le``
+        that is not a number)."""
+        labels_of = tuple(map(_LABELS, samples))
+        key = (id(s), tuple(map(id, labels_of)))
+        known = self.a.bucket_plans.get(key)
+        if known is not None and known[0] == labels_of:  # the same labels: the same layout
+            return known[1]
+        wanted = s.where.items() if s.where else None
+        ml, scale = self.a.model_label, s.scale
+        groups: dict[str | None, dict[float, int]] = {}
+        plan: _BucketPlan | None = None
+        for i, labels in enumerate(labels_of):
+            if wanted is not None and not wanted <= labels.items():
+                continue
+            wire = None if ml is None else labels.get(ml)
+            le_text = labels.get("le")
+            if (ml is not None and wire is None) or le_text is None:
+                continue
+            try:
+                le = float(le_text)
+            except ValueError:
+                break
+            if le != le:
+                break
+            if scale != 1.0 and le != math.inf:
+                le *= scale
+            at = groups.setdefault(wire, {})
+            if le in at:
+                break
+            at[le] = i
+        else:
+            plan = tuple(
+                (wire, tuple(sorted(at)), tuple(at[le] for le in sorted(at))) for wire, at in groups.items()
+            )
+        if len(self.a.bucket_plans) >= BUCKET_PLANS:
+            self.a.bucket_plans.clear()
+        self.a.bucket_plans[key] = (labels_of, plan)
+        return plan
+
+    def _planned_buckets(
+        self, s: Series, samples: list[Sample]
+    ) -> dict[str, tuple[tuple[float, ...], list[float]]] | None:
+        """Per model, the bounds and counts of a histogram's buckets read through their layout,
+        or None when its own loop must read them (no layout; a count NaN, negative, huge or
+        decreasing, which that loop refuses; two model label values folded into one model)."""
+        plan = self._bucket_plan(s, samples)
+        if plan is None:
+            return None
+        ml, model_of, fallback = self.a.model_label, self.model_of, self.fallback
+        out: dict[str, tuple[tuple[float, ...], list[float]]] = {}
+        for wire, bounds, positions in plan:
+            model = fallback if ml is None else model_of[wire]  # type: ignore[index]
+            counts = list(map(_VALUE, map(samples.__getitem__, positions)))
+            total = sum(counts)  # NaN when a count is NaN (the others are finite and >= 0)
+            if (
+                model in out
+                or total != total
+                or min(counts) < 0.0
+                or max(counts) > MAX_VALUE
+                or counts != sorted(counts)
+            ):
+                return None
+            out[model] = (bounds, counts)
+        return out
+
     def _histogram(
         self, signal: str, s: Series, parts: dict[str, dict[str, Histogram]] | None = None
     ) -> dict[str, Histogram]:
@@ -384,6 +469,8 @@ class _Mapping:
         (only when some model has several such series; a lone one is the sum)."""
         base = s.names[0]
         where = s.where
+        wanted = where.items() if where else None  # labels a sample must carry
+        bucket_samples = self.page.get(base + "_bucket")
         buckets: dict[str, dict[float, float]] = {}
         # per model, per ranked series: its buckets (only where series carry labels besides le, the
         # model's and the selecting ones: the rank labels, named once from the first such series)
@@ -393,11 +480,12 @@ class _Mapping:
         fixed = 1 + (self.a.model_label is not None) + len(where)
         if parts is not None and not self._several_series(base + "_count", where, fixed - 1):
             parts = None  # one series per model: the sum is that series, nothing to tell apart
+        # one series per model: the buckets may be read through their layout
+        planned = self._planned_buckets(s, bucket_samples) if parts is None and bucket_samples else None
         ml, model_of, fallback = self.a.model_label, self.model_of, self.fallback
         scale, known_le, inf = s.scale, _LE, math.inf
-        for sample in self.page.get(base + "_bucket", ()):
-            labels = sample.labels
-            if where and any(labels.get(k) != v for k, v in where.items()):
+        for _, labels, v, _ in bucket_samples if planned is None and bucket_samples else ():
+            if wanted is not None and not wanted <= labels.items():
                 continue
             model = fallback if ml is None else model_of.get(labels.get(ml))  # type: ignore[arg-type]
             le_text = labels.get("le")
@@ -414,7 +502,6 @@ class _Mapping:
                     continue
                 if len(known_le) < 4096:  # bucket bounds are few; a hostile page cannot grow this
                     known_le[le_text] = le
-            v = sample.value
             if not 0.0 <= v <= MAX_VALUE:
                 self._refuse(model, signal, base + "_bucket", labels, f"bucket count {v!r}")
                 continue
@@ -447,17 +534,16 @@ class _Mapping:
         counts: dict[str, float] = {}
         own_sc: dict[tuple[str, Hashable], list[float | None]] = {}  # (model, series) → [sum, count]
         for suffix, into, low in (("_sum", sums, -MAX_VALUE), ("_count", counts, 0.0)):
-            for sample in self.page.get(base + suffix, ()):
-                labels = sample.labels
-                if where and any(labels.get(k) != v for k, v in where.items()):
+            for _, labels, v, _ in self.page.get(base + suffix, ()):
+                if wanted is not None and not wanted <= labels.items():
                     continue
                 model = fallback if ml is None else model_of.get(labels.get(ml))  # type: ignore[arg-type]
                 if model is None:
                     continue
-                if not low <= sample.value <= MAX_VALUE:
-                    self._refuse(model, signal, base + suffix, labels, f"value {sample.value!r}")
+                if not low <= v <= MAX_VALUE:
+                    self._refuse(model, signal, base + suffix, labels, f"value {v!r}")
                     continue
-                into[model] = into.get(model, 0.0) + sample.value
+                into[model] = into.get(model, 0.0) + v
                 if model in ranked and len(labels) > fixed - 1:
                     sgk: Hashable
                     if len(labels) != fixed - 1 + len(rank_keys):
@@ -468,18 +554,25 @@ class _Mapping:
                         sgk = tuple(labels.get(k) for k in rank_keys)
                     sc = own_sc.setdefault((model, sgk), [None, None])
                     i = 0 if suffix == "_sum" else 1
-                    sc[i] = (sc[i] or 0.0) + sample.value
+                    sc[i] = (sc[i] or 0.0) + v
+        if planned is None:
+            planned = {}
+            for model, per in buckets.items():
+                bounds = tuple(sorted(per))
+                cumulative = list(map(per.__getitem__, bounds))
+                if math.isinf(bounds[-1]) and cumulative != sorted(cumulative):
+                    self._refuse(model, signal, base + "_bucket", {"model": model}, "bucket counts decrease")
+                    continue
+                planned[model] = (bounds, cumulative)
         out: dict[str, Histogram] = {}
-        for model, per in buckets.items():
-            ordered = tuple(sorted(per.items()))
-            if not ordered or not math.isinf(ordered[-1][0]):
+        for model, (bounds, cumulative) in planned.items():
+            if not math.isinf(bounds[-1]):
                 continue  # no +Inf bucket: not a usable histogram
-            cumulative = [c for _, c in ordered]
-            if cumulative != sorted(cumulative):
-                self._refuse(model, signal, base + "_bucket", {"model": model}, "bucket counts decrease")
-                continue
-            count = counts.get(model, ordered[-1][1])
-            out[model] = Histogram(buckets=ordered, sum=sums.get(model, 0.0) * s.scale, count=count)
+            out[model] = Histogram(
+                tuple(zip(bounds, cumulative, strict=True)),
+                sums.get(model, 0.0) * s.scale,
+                counts.get(model, cumulative[-1]),
+            )
             if parts is not None and model in ranked:
                 own_parts: dict[str, Histogram] = {}
                 for gk, own_buckets in ranked[model].items():
@@ -526,9 +619,10 @@ class _Mapping:
                             histogram_parts.setdefault(model, {})[signal] = hparts[model]
         finished: dict[str, dict[str, float]] = {}
         for f in a.finished:
+            wanted = f.where.items() if f.where else None  # labels a sample must carry
             for sample in self.page.get(f.metric, ()):
                 labels = sample.labels
-                if f.where and any(labels.get(k) != v for k, v in f.where.items()):
+                if wanted is not None and not wanted <= labels.items():
                     continue
                 owner = self._model(labels)
                 reason = (labels.get(f.label) if f.label else None) or f.reason
@@ -557,5 +651,5 @@ class _Mapping:
         for model, per_hist in histogram_parts.items():
             if per_hist:
                 values[model]["histogram_parts"] = per_hist
-        models = tuple(ModelSignals(model=m, **values[m]) for m in sorted(values) if values[m])
+        models = tuple([ModelSignals(model=m, **values[m]) for m in sorted(values) if values[m]])
         return Reading(models, tuple(self.invalid), self.dropped)

@@ -35,6 +35,10 @@ def test_probe_dry_run_on_the_fake(tmp_path: Path) -> None:
     assert by["matmul"]["dram_bw_ratio"] == pytest.approx(0.3)
     assert by["copy"]["dram_bw_ratio"] == pytest.approx(0.9)
     assert by["copy"]["util_gpu_ratio"] == pytest.approx(1.0)
+    # the fake's tensor model where the load gives none: util × (1 − DRAM) = 1 × 0.7 and 1 × 0.1
+    assert by["matmul"]["tensor_active_ratio"] == pytest.approx(0.7)
+    assert by["copy"]["tensor_active_ratio"] == pytest.approx(0.1)
+    assert by["copy"]["pcie_rx_bytes_per_s"] == 0.0 and by["copy"]["nvlink_tx_bytes_per_s"] == 0.0
     assert by["idle1"]["power_watts"] == pytest.approx(70.0)  # 0.1 × 700 W TDP
     # The energy counter agrees with the mean power over the phase.
     assert by["copy"]["energy_mean_watts"] == pytest.approx(by["copy"]["power_watts"], rel=0.05)

@@ -113,19 +113,20 @@ GPUS: Mapping[str, GpuSpec] = {
 }
 
 
-def _tokens(name: str) -> frozenset[str]:
+def name_tokens(name: str) -> frozenset[str]:
+    """The lower-cased words of a GPU name, split on spaces, hyphens and underscores."""
     return frozenset(t for t in re.split(r"[\s\-_]+", name.lower()) if t)
 
 
 _KEYS: tuple[tuple[frozenset[str], GpuSpec], ...] = tuple(
-    sorted(((_tokens(k), v) for k, v in GPUS.items()), key=lambda kv: -len(kv[0]))
+    sorted(((name_tokens(k), v) for k, v in GPUS.items()), key=lambda kv: -len(kv[0]))
 )
 
 
 def gpu_spec(nvml_name: str) -> GpuSpec | None:
     """The figures of a GPU by the name NVML reports (the key with the most tokens all in the
     name), or None when no key matches. A MIG instance ("… MIG 3g.40gb") gets its parent's figures."""
-    have = _tokens(nvml_name)
+    have = name_tokens(nvml_name)
     for key, spec in _KEYS:
         if key <= have and not (have & VARIANTS) - key:
             return spec

@@ -41,6 +41,37 @@ def test_gpu_usd_per_hour(name: str, at: float, expected: float | None) -> None:
     assert TABLE.gpu_usd_per_hour(name, "n1", at) == expected
 
 
+WORDS = PriceTable(
+    gpus=(
+        GpuRate("L4", 0.8),
+        GpuRate("L40S", 1.9),
+        GpuRate("A10", 1.0),
+        GpuRate("a100", 1.5),
+        GpuRate("Blackwell", 7.0),  # one word, longer than "RTX PRO"
+        GpuRate("RTX PRO", 5.0),  # two words
+    )
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("NVIDIA L4", 0.8),
+        ("NVIDIA L40S", 1.9),  # "L4" is a word of "NVIDIA L4", not of "NVIDIA L40S"
+        ("NVIDIA L40", None),  # neither L4 nor L40S
+        ("NVIDIA A10", 1.0),
+        ("NVIDIA A10G", None),  # A10G is another board
+        ("NVIDIA A100-SXM4-80GB", 1.5),  # hyphens split words; case ignored
+        ("NVIDIA A100_PCIE_40GB", 1.5),  # so do underscores
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", 5.0),  # more words beat a longer word
+        ("NVIDIA RTX 6000 Ada", None),  # "RTX PRO" needs both words
+        ("rtx-pro", 5.0),  # a match may be the whole name
+    ],
+)
+def test_a_price_matches_whole_words_of_the_nvml_name(name: str, expected: float | None) -> None:
+    assert WORDS.gpu_usd_per_hour(name, "n1", 0.0) == expected
+
+
 def test_gpu_time_is_prorated_over_every_price_change_inside_the_interval() -> None:
     # [9.5 d, 20.5 d): 0.5 d at $3.00, 10 d at $2.40, 0.5 d at $4.00 (in GPU-hours: 12, 240, 12)
     assert TABLE.gpu_time_usd(H100, "n1", 9.5 * DAY, 20.5 * DAY) == pytest.approx(

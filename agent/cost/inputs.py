@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from agent.cost.model import gpu_time_cost
+from agent.hardware import name_tokens
 
 SECONDS_PER_DAY = 86400.0
 
@@ -42,7 +43,7 @@ class EngineSpec:
 class GpuRate:
     """One price of one GPU model from an instant on."""
 
-    match: str  # case-insensitive substring of the NVML name
+    match: str  # words that must all be words of the NVML name (case-insensitive)
     usd_per_hour: float  # dollars per GPU-hour
     effective_from: float = 0.0  # epoch seconds from which the price applies
 
@@ -68,19 +69,24 @@ class PriceTable:
     def gpu_usd_per_hour(self, gpu_name: str, node: str, at: float) -> float | None:
         """$ per GPU-hour of a GPU named ``gpu_name`` on ``node`` at epoch ``at``; None if unpriced.
 
-        A node override wins; otherwise the longest matching name, and among those the latest
-        price already in effect."""
+        A node override wins; otherwise the most specific matching entry (every word of its
+        ``match`` is a word of the NVML name, so "L4" never prices an L40S nor "A10" an A100;
+        the entry with more words wins, then the longer one), and among those the latest price
+        already in effect."""
         override = self.nodes.get(node)
         if override is not None:
             return override
-        name = gpu_name.lower()
-        best: GpuRate | None = None
+        words = name_tokens(gpu_name)
+        best: tuple[int, int, float] | None = None
+        price: float | None = None
         for p in self.gpus:
-            if p.match.lower() not in name or p.effective_from > at:
+            want = name_tokens(p.match)
+            if not want <= words or p.effective_from > at:
                 continue
-            if best is None or (len(p.match), p.effective_from) > (len(best.match), best.effective_from):
-                best = p
-        return None if best is None else best.usd_per_hour
+            rank = (len(want), len(p.match), p.effective_from)
+            if best is None or rank > best:
+                best, price = rank, p.usd_per_hour
+        return price
 
     def gpu_time_usd(self, gpu_name: str, node: str, start: float, end: float) -> float | None:
         """Dollars of GPU time over [start, end), prorated across price changes inside it.

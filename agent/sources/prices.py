@@ -28,7 +28,7 @@ class _Frozen(BaseModel):
 class GpuPrice(_Frozen):
     """One price of one GPU model from a date."""
 
-    match: str = Field(min_length=1)  # case-insensitive substring of the NVML name
+    match: str = Field(min_length=1)  # words of the NVML name (case-insensitive), e.g. "H100 PCIe"
     usd_per_hour: float = Field(ge=0)  # dollars per GPU-hour
     effective_from: dt.date = dt.date(1970, 1, 1)
 

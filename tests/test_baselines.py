@@ -60,6 +60,31 @@ def test_several_minutes_expire_at_once_row_by_row() -> None:
     assert q.quantile("k", 301.0, 0.5) == (4.0, 2)  # 7 gone too: the median of 3 and 5
 
 
+def test_runs_of_minutes_expire_across_their_boundaries() -> None:
+    # runs held: [0, 60, 120], [300, 360], [360] (the same minute again: another series), [600]
+    b = TrailingBaseline(300.0, ratio, 2, False)
+    for minute, cost in ((0.0, 1.0), (60.0, 2.0), (120.0, 4.0), (300.0, 8.0), (360.0, 16.0), (360.0, 32.0)):
+        b.add("k", minute, (cost, 1.0), cost)
+    b.add("k", 600.0, (64.0, 1.0), 64.0)  # joining expires [0, 300): the first run goes whole
+    assert b.mean("k", 600.0) == ((8.0 + 16.0 + 32.0 + 64.0) / 4, 4)
+    assert b.count("k", 600.5) == 3  # minute 300 (the head of the second run) has gone
+    assert b.mean("k", 600.5) == ((16.0 + 32.0 + 64.0) / 3, 3)
+    assert b.mean("k", 660.0) == ((16.0 + 32.0 + 64.0) / 3, 3)  # 360 is exactly 300 s old: kept
+    assert b.mean("k", 661.0) == (64.0, 1)  # both minutes 360 went together
+    b.add("k", 660.0, (1.0, 1.0), 1.0)  # the next minute of the last run
+    b.add("k", 1020.0, (2.0, 1.0), 2.0)  # 600 and 660 expire, one run
+    assert b.mean("k", 1020.0) == (2.0, 1)
+
+
+def test_minutes_off_the_whole_minute_keep_their_exact_times() -> None:
+    b = TrailingBaseline(120.0, ratio, 2, True)
+    for i, v in enumerate((3.0, 1.0, 2.0)):
+        b.add("k", 0.1 + i * 60.0, (v, 1.0), v)
+    assert b.quantile("k", 120.1, 0.0) == (1.0, 3)  # minute 0.1 is exactly 120 s old: kept
+    assert b.quantile("k", 120.2, 0.0) == (1.0, 2)
+    assert b.quantile("k", 180.2, 1.0) == (2.0, 1)
+
+
 def test_a_baseline_keeps_what_its_statistic_needs_and_refuses_the_other() -> None:
     mean = TrailingBaseline(180.0, ratio, 2, False)
     with pytest.raises(TypeError, match=r"keeps sums for mean\(\), not per-minute values for quantile\(\)"):

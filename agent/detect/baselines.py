@@ -9,7 +9,7 @@ same hour of the week. Two statistics:
 - ``median`` / ``pNN``: a quantile of the per-minute values.
 
 :class:`TrailingBaseline` keeps one bucket per (baseline key, bucket id): the minutes in the
-window as columns of doubles (``array('d')``: a week of minutes of dozens of series fits in a few
+window as columns of C numbers (``array``: a week of minutes of dozens of series fits in a few
 MB) with the inputs' running sums (mean) or the values sorted (quantiles). Adding a minute and reading the
 baseline are O(1) amortised (O(log n) + memmove for quantiles), so the rule evaluator can step
 through weeks of simulated minutes in seconds. Expiry is lazy: a bucket drops its old minutes
@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from agent.records import SIGNALS, MinuteRecord, hour_of_week, load_band, mean_of
+from agent.records import MINUTE, SIGNALS, MinuteRecord, hour_of_week, load_band, mean_of
 
 WEEK = 7 * 86400.0  # seconds: the default baseline window
 
@@ -54,19 +54,48 @@ def stat_quantile(stat: str) -> float | None:
 
 
 class _Bucket:
-    """One bucket's minutes as flat columns of C doubles (``array('d')``), oldest first.
+    """One bucket's minutes, oldest first, in flat columns of C numbers (``array``).
 
     A week of minutes of a few dozen series is hundreds of thousands of rows per rule: as Python
     tuples of floats a row cost ~250 bytes, as columns 8 bytes a number. A row holds what the
-    statistic needs: the inputs (a mean is a ratio of their sums) or the value (a quantile)."""
+    statistic needs: the inputs (a mean is a ratio of their sums) or the value (a quantile). The
+    minutes themselves are kept as runs of consecutive minutes (first minute, length): a series
+    stays in one load band for many minutes in a row, so a run stands for dozens of rows."""
 
-    __slots__ = ("minutes", "ordered", "rows", "sums")
+    __slots__ = ("head", "held", "lengths", "ordered", "rows", "starts", "sums")
 
     def __init__(self) -> None:
-        self.minutes = array("d")  # epoch seconds: start of each minute, in arrival order
+        self.starts = array("d")  # epoch seconds: the first minute of each run, in arrival order
+        self.lengths = array("I")  # minutes in each run (the first run's first `head` have expired)
+        self.head = 0  # minutes of the first run that have expired
+        self.held = 0  # minutes held (rows)
         self.rows = array("d")  # per minute, in arrival order: its inputs (mean) or its value (quantile)
         self.sums: list[float] = []  # running sums of the inputs held (mean; set by the first expiry)
         self.ordered = array("d")  # the values held, sorted (quantile)
+
+    def push(self, minute: float) -> None:
+        """One more minute: it extends the last run when it is that run's next minute."""
+        lengths = self.lengths
+        if self.starts and minute == self.starts[-1] + MINUTE * lengths[-1]:
+            lengths[-1] += 1
+        else:
+            self.starts.append(minute)
+            lengths.append(1)
+        self.held += 1
+
+    def drop_before(self, horizon: float) -> int:
+        """Forget the oldest minutes while they start before ``horizon``; returns how many."""
+        starts, lengths = self.starts, self.lengths
+        k = 0
+        while starts and starts[0] + MINUTE * self.head < horizon:
+            k += 1
+            self.head += 1
+            if self.head == lengths[0]:
+                del starts[0]
+                del lengths[0]
+                self.head = 0
+        self.held -= k
+        return k
 
 
 class TrailingBaseline:
@@ -101,11 +130,7 @@ class TrailingBaseline:
             self._join(*pending.popleft())
 
     def _expire(self, b: _Bucket, now: float) -> None:
-        horizon = now - self.window
-        minutes = b.minutes
-        k = 0
-        while k < len(minutes) and minutes[k] < horizon:
-            k += 1
+        k = b.drop_before(now - self.window)
         rows = b.rows
         if self._quantiles:
             ordered = b.ordered
@@ -118,8 +143,7 @@ class TrailingBaseline:
             for i, v in enumerate(rows[: k * n]):
                 sums[i % n] -= v
             del rows[: k * n]
-        del minutes[:k]
-        if not minutes:
+        if not b.held:
             b.sums = [0.0] * self._n  # reset accumulated float drift
 
     def add(self, bucket: Hashable, minute: float, inputs: tuple[float, ...], value: float) -> None:
@@ -137,7 +161,7 @@ class TrailingBaseline:
             b = _Bucket()  # its sums start at zero: expiring an empty bucket resets them
             self._buckets[bucket] = b
         self._expire(b, minute)
-        b.minutes.append(minute)
+        b.push(minute)
         if self._quantiles:
             b.rows.append(value)
             bisect.insort(b.ordered, value)
@@ -154,7 +178,7 @@ class TrailingBaseline:
         if b is None:
             return 0
         self._expire(b, now)
-        return len(b.minutes)
+        return b.held
 
     def mean(self, bucket: Hashable, now: float) -> tuple[float | None, int]:
         """(signal over the summed inputs, minutes) for the window ending at ``now``; a baseline
@@ -166,9 +190,9 @@ class TrailingBaseline:
         if b is None:
             return None, 0
         self._expire(b, now)
-        if not b.minutes:
+        if not b.held:
             return None, 0
-        return self._fn(b.sums), len(b.minutes)
+        return self._fn(b.sums), b.held
 
     def quantile(self, bucket: Hashable, now: float, q: float) -> tuple[float | None, int]:
         """(q-quantile of the per-minute values, minutes), linear interpolation; q in 0–1; a

@@ -63,14 +63,15 @@ class _Bucket:
     stays in one load band for many minutes in a row, so a run stands for dozens of rows."""
 
     __slots__ = ("head", "held", "lengths", "ordered", "rows", "starts", "sums")
+    sums: list[float]  # running sums of the inputs held (mean); set whenever the bucket is empty
 
     def __init__(self) -> None:
         self.starts = array("d")  # epoch seconds: the first minute of each run, in arrival order
-        self.lengths = array("I")  # minutes in each run (the first run's first `head` have expired)
+        # minutes in each run, the first run's first `head` expired (doubles: whole numbers are exact)
+        self.lengths = array("d")
         self.head = 0  # minutes of the first run that have expired
         self.held = 0  # minutes held (rows)
         self.rows = array("d")  # per minute, in arrival order: its inputs (mean) or its value (quantile)
-        self.sums: list[float] = []  # running sums of the inputs held (mean; set by the first expiry)
         self.ordered = array("d")  # the values held, sorted (quantile)
 
     def push(self, minute: float) -> None:
@@ -139,12 +140,11 @@ class TrailingBaseline:
             del rows[:k]
         else:
             n = self._n
-            sums = b.sums
             for i, v in enumerate(rows[: k * n]):
-                sums[i % n] -= v
+                b.sums[i % n] -= v
             del rows[: k * n]
         if not b.held:
-            b.sums = [0.0] * self._n  # reset accumulated float drift
+            b.sums = [0.0] * self._n  # a new bucket's sums, or an emptied one's without float drift
 
     def add(self, bucket: Hashable, minute: float, inputs: tuple[float, ...], value: float) -> None:
         """Add one minute (start time ``minute``, epoch seconds) whose signal value is ``value``;
@@ -158,7 +158,7 @@ class TrailingBaseline:
     def _join(self, bucket: Hashable, minute: float, inputs: tuple[float, ...], value: float) -> None:
         b = self._buckets.get(bucket)
         if b is None:
-            b = _Bucket()  # its sums start at zero: expiring an empty bucket resets them
+            b = _Bucket()  # its sums start at zero: expiring an empty bucket sets them
             self._buckets[bucket] = b
         self._expire(b, minute)
         b.push(minute)

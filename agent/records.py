@@ -1,8 +1,8 @@
 """Plain records that flow between the layers: minute records, signals, deploy and alert events.
 
-Every layer may import this module; it imports nothing above ``agent.samples`` (no store, no
-detectors, no sinks), so the data path stays one-directional (sources → cost → store → detect →
-sinks).
+Every layer may import this module; it imports nothing above ``agent.samples`` and the pure cost
+model's names (no store, no detectors, no sinks), so the data path stays one-directional
+(sources → cost → store → detect → sinks).
 
 A :class:`MinuteRecord` is one minute of one series as additive *sums* (seconds, tokens, dollars,
 and value × seconds / seconds pairs for gauges), so that any window's value is a ratio of sums.
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from agent.cost.bound import BOUNDS
 from agent.samples import CostWindow, UsageWindow
 
 HOUR_OF_WEEK_SECONDS = 3600.0  # width of one hour-of-week bucket
@@ -98,6 +99,7 @@ def model_sums(cw: CostWindow) -> dict[str, float]:
         _gauge(sums, short, getattr(u, attr), secs)
     _gauge(sums, "roofline", cw.roofline_ratio, secs)
     sums.update(split_sums(cw))
+    sums.update(bound_sums(cw))
     return sums
 
 
@@ -156,6 +158,26 @@ def split_sums(cw: CostWindow) -> dict[str, float]:
     }
 
 
+# The sums of bound_sums, in order (the store's model_minutes columns since schema 6): GPU-seconds
+# then GPU dollars by bound (compute, memory, communication, idle; agent.cost.bound.BOUNDS order).
+BOUND_SECONDS = tuple(f"bound_{b}_seconds" for b in BOUNDS)
+BOUND_USD = tuple(f"bound_{b}_usd" for b in BOUNDS)
+BOUND_SUMS = (*BOUND_SECONDS, *BOUND_USD)
+
+
+def bound_sums(cw: CostWindow) -> dict[str, float]:
+    """Where the window's GPU time went (:mod:`agent.cost.bound`), as sums: GPU-seconds and GPU
+    dollars by bound. Each set covers itself: the four dollar sums add up to the GPU dollars of the
+    windows that had a split (the four seconds to their GPU-seconds), and a window without a split
+    (GPM unsupported on one of its GPUs) adds 0 to all eight, so a longer range's shares are over
+    only the windows that had one, and its coverage is Σ bound dollars ÷ its dollars."""
+    secs, usd = cw.bound_gpu_seconds, cw.bound_usd
+    return {
+        **{f"bound_{b}_seconds": (secs or {}).get(b, 0.0) for b in BOUNDS},
+        **{f"bound_{b}_usd": (usd or {}).get(b, 0.0) for b in BOUNDS},
+    }
+
+
 def record_from_cost_window(cw: CostWindow) -> MinuteRecord:
     """A MinuteRecord from one priced window (a window belongs to the minute it starts in)."""
     u = cw.usage
@@ -190,6 +212,10 @@ def window_from_record(r: MinuteRecord) -> CostWindow:
         preemptions=s.get("preemptions"),
         **gauges,
     )
+    # the bound split: absent where the minute had none (every GPU-second sum 0), not zero
+    bound_secs: dict[str, float] | None = _by_bound(s, BOUND_SECONDS)
+    if not any(v > 0 for v in (bound_secs or {}).values()):
+        bound_secs = None
     return CostWindow(
         usage=usage,
         gpu_time_usd=s.get("gpu_time_usd", cost - s.get("energy_usd", 0.0)),
@@ -205,7 +231,13 @@ def window_from_record(r: MinuteRecord) -> CostWindow:
         floor_usd_per_1m_output_max_batch=_per_1m(
             (s.get("floor_max_usd", 0.0), s.get("floor_max_tokens", 0.0))
         ),
+        bound_gpu_seconds=bound_secs,
+        bound_usd=None if bound_secs is None else _by_bound(s, BOUND_USD),
     )
+
+
+def _by_bound(s: Mapping[str, float], names: Sequence[str]) -> dict[str, float]:
+    return {b: s.get(n, 0.0) for b, n in zip(BOUNDS, names, strict=True)}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,7 +10,9 @@ Rollups (one row per series and minute; a window belongs to the minute it *start
   ``<name>_s`` (value × seconds) / ``<name>_w`` (seconds with a value): utilisation, bandwidth,
   power, requests running, KV cache, p99 TTFT / ITL, roofline, anomaly score; and where the
   dollars went (:data:`SPLIT_SUMS`, :func:`agent.records.split_sums`): prompt vs output, usage
-  basis, prefix-cache savings, the cost floor.
+  basis, prefix-cache savings, the cost floor; and where the GPU time went (:data:`BOUND_SUMS`,
+  :func:`agent.records.bound_sums`): GPU-seconds and dollars by bound, all 0 where the minute had
+  no split (GPM unsupported: absent, not zero).
 - ``gpu_minutes`` per (node, gpu): NVML samples, sample-weighted gauges, first/last energy, and
   the GPU's dollars (cost, idle, unallocated) from the window join.
 - ``engine_minutes`` per (node, engine): scrapes up / total, scrape duration.
@@ -43,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.clock import Clock, SystemClock
 from agent.records import (
+    BOUND_SUMS,
     MINUTE,
     SPLIT_SUMS,
     DeployEvent,
@@ -57,7 +60,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # Why 1 GiB: 35 days of 1-minute rows for ~50 series is ~150 MB; the cap only guards a runaway
 # label set from filling the node's disk.
 DEFAULT_MAX_BYTES = 1 << 30
@@ -88,7 +91,7 @@ def _gauge_cols(names: Sequence[str]) -> list[str]:
 
 
 MODEL_COLS_V1 = list(MODEL_SUMS) + _gauge_cols(MODEL_GAUGES)  # as migration 1 made them
-MODEL_COLS = [*MODEL_COLS_V1, *SPLIT_SUMS]  # schema 5 added where the dollars went
+MODEL_COLS = [*MODEL_COLS_V1, *SPLIT_SUMS, *BOUND_SUMS]  # schema 5: where the dollars went; 6: bounds
 GPU_COLS_V1 = [*_gauge_cols(GPU_GAUGES), "energy_first", "energy_last"]  # as migration 1 made them
 GPU_COST_SUMS = ("cost_usd", "idle_usd", "unallocated_usd")  # dollars per GPU (schema 4)
 GPU_COLS = [*GPU_COLS_V1, *GPU_COST_SUMS]
@@ -159,6 +162,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
     (  # where each model minute's dollars went: prompt vs output, usage basis, cache, cost floor
         *(f"ALTER TABLE model_minutes ADD COLUMN {c} REAL NOT NULL DEFAULT 0" for c in SPLIT_SUMS),
+    ),
+    (  # where each model minute's GPU time went: GPU-seconds and dollars by bound (agent.cost.bound);
+        # the rows kept from before read 0 in all eight, i.e. no split (absent), as a minute without GPM
+        *(f"ALTER TABLE model_minutes ADD COLUMN {c} REAL NOT NULL DEFAULT 0" for c in BOUND_SUMS),
     ),
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION
@@ -559,7 +566,7 @@ class Store:
         Rows: (node, engine, model, model_version, bucket start, seconds, prompt_tokens,
         generation_tokens, cost_usd, idle_usd, gpu_seconds, idle GPU-seconds (minutes without
         tokens), gpu_util_s, gpu_util_w, running_s, running_w, roofline_s, roofline_w, then the
-        sums of :data:`SPLIT_SUMS` in their order)."""
+        sums of :data:`SPLIT_SUMS` in their order, then those of :data:`BOUND_SUMS`)."""
         sql = (
             "SELECT node, engine, model, model_version, "
             "? + CAST((minute - ?) / ? AS INTEGER) * ? AS bucket, "
@@ -567,7 +574,9 @@ class Store:
             "SUM(gpu_seconds), "
             "SUM(CASE WHEN generation_tokens + prompt_tokens > 0 THEN 0 ELSE gpu_seconds END), "
             "SUM(gpu_util_s), SUM(gpu_util_w), SUM(running_s), SUM(running_w), "
-            "SUM(roofline_s), SUM(roofline_w), " + ", ".join(f"SUM({c})" for c in SPLIT_SUMS) + " "
+            "SUM(roofline_s), SUM(roofline_w), "
+            + ", ".join(f"SUM({c})" for c in (*SPLIT_SUMS, *BOUND_SUMS))
+            + " "
             # "+minute": a sequential scan in primary-key order beats the minute index here (the
             # index visits rows in time order, each a separate b-tree lookup): measured 1.4 s vs
             # 3.4 s on a 35-day store of 24 series (agent/bench/report.py)

@@ -30,7 +30,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.records import SPLIT_SUMS, DeployEvent, split_sums
+from agent.cost.bound import BOUNDS
+from agent.records import BOUND_SUMS, SPLIT_SUMS, DeployEvent, bound_sums, split_sums
 from agent.samples import CostWindow
 
 logger = logging.getLogger(__name__)
@@ -90,6 +91,7 @@ class HourRow:
     requests_running: float | None = None  # mean requests in flight
     roofline_ratio: float | None = None  # observed decode tok/s ÷ bandwidth ceiling, mean
     split: DollarSplit | None = None  # where the hour's dollars went (None: not known at all)
+    bound: BoundSplit | None = None  # where the hour's GPU time went (None: not known at all)
 
     @property
     def series(self) -> SeriesKey:
@@ -204,6 +206,90 @@ class WhereDollarsWent:
 
 
 @dataclass(frozen=True, slots=True)
+class BoundSplit:
+    """Where a series' GPU time went over some hours, as additive sums (the store's
+    :data:`agent.records.BOUND_SUMS`, see :func:`agent.records.bound_sums`): GPU-seconds and GPU
+    dollars by bound. Hours without a split add 0 to every field, so each set of four sums to
+    what the split covers."""
+
+    compute_seconds: float = 0.0  # GPU-seconds
+    memory_seconds: float = 0.0  # GPU-seconds
+    communication_seconds: float = 0.0  # GPU-seconds
+    idle_seconds: float = 0.0  # GPU-seconds
+    compute_usd: float = 0.0  # dollars
+    memory_usd: float = 0.0  # dollars
+    communication_usd: float = 0.0  # dollars
+    idle_usd: float = 0.0  # dollars
+
+    def __add__(self, other: BoundSplit) -> BoundSplit:
+        return BoundSplit(*(a + b for a, b in zip(_bfields(self), _bfields(other), strict=True)))
+
+    def seconds(self) -> dict[str, float]:
+        """bound → GPU-seconds."""
+        return {b: float(getattr(self, f"{b}_seconds")) for b in BOUNDS}
+
+    def usd(self) -> dict[str, float]:
+        """bound → dollars."""
+        return {b: float(getattr(self, f"{b}_usd")) for b in BOUNDS}
+
+
+def _bfields(d: BoundSplit) -> tuple[float, ...]:
+    return tuple(getattr(d, f.name) for f in dataclasses.fields(d))
+
+
+# the fields are the store's columns without the "bound_" prefix, in the same order
+assert tuple(f"bound_{f.name}" for f in dataclasses.fields(BoundSplit)) == BOUND_SUMS
+
+
+def bound_from_sums(sums: Mapping[str, float]) -> BoundSplit:
+    """A :class:`BoundSplit` from sums named as :func:`agent.records.bound_sums` names them."""
+    return BoundSplit(*(float(sums.get(name, 0.0)) for name in BOUND_SUMS))
+
+
+def _shares(parts: Mapping[str, float]) -> dict[str, float] | None:
+    total = sum(parts.values())
+    return {k: v / total for k, v in parts.items()} if total > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class WhereGpuTimeWent:
+    """One model version's (or the week's) GPU time and dollars by bound (compute, memory,
+    communication, idle; :mod:`agent.cost.bound`), from a :class:`BoundSplit`.
+
+    Shares are over the part that had a split (NVML GPM measured every GPU of the window), so each
+    set sums to 1; ``usd_coverage`` says how much of the dollars that part is. Without any split
+    the shares are None (unknown, not zero)."""
+
+    cost_usd: float  # all dollars of the version (or week)
+    gpu_seconds: float  # all GPU-seconds
+    covered_usd: float  # dollars with a split (Σ of the four bound dollars)
+    covered_gpu_seconds: float  # GPU-seconds with a split
+    usd_coverage: float | None  # 0–1: covered_usd ÷ cost_usd (None: no dollars)
+    gpu_time_coverage: float | None  # 0–1: covered GPU-seconds ÷ GPU-seconds (None: no GPU time)
+    usd: dict[str, float] | None  # bound → dollars (None: no split)
+    time_share: dict[str, float] | None  # bound → 0–1 of the covered GPU-seconds
+    usd_share: dict[str, float] | None  # bound → 0–1 of the covered dollars
+
+    @staticmethod
+    def of(cost_usd: float, gpu_seconds: float, b: BoundSplit) -> WhereGpuTimeWent:
+        """The figures of ``b`` for a total of ``cost_usd`` dollars and ``gpu_seconds``."""
+        secs, usd = b.seconds(), b.usd()
+        covered_s, covered_usd = sum(secs.values()), sum(usd.values())
+        known = covered_s > 0
+        return WhereGpuTimeWent(
+            cost_usd=cost_usd,
+            gpu_seconds=gpu_seconds,
+            covered_usd=covered_usd,
+            covered_gpu_seconds=covered_s,
+            usd_coverage=min(1.0, covered_usd / cost_usd) if cost_usd > 0 else None,
+            gpu_time_coverage=min(1.0, covered_s / gpu_seconds) if gpu_seconds > 0 else None,
+            usd=usd if known else None,
+            time_share=_shares(secs),
+            usd_share=_shares(usd),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class VersionTrend:
     """One model version hour by hour over the week: what its chart draws. Absent = None."""
 
@@ -235,11 +321,18 @@ class ModelWeek:
     roofline_ratio: float | None = None  # 0–1, mean decode efficiency (None: unknown)
     trend: VersionTrend | None = None
     split: DollarSplit = field(default_factory=DollarSplit)  # where this week's dollars went
+    gpu_seconds: float = 0.0  # GPU-seconds attributed this week
+    bound: BoundSplit = field(default_factory=BoundSplit)  # where this week's GPU time went
 
     @property
     def dollars(self) -> WhereDollarsWent:
         """This week's dollars: prompt vs output, allocation − usage, cost floor."""
         return WhereDollarsWent.of(self.cost_usd, self.split)
+
+    @property
+    def gpu_time(self) -> WhereGpuTimeWent:
+        """This week's GPU time and dollars by bound (compute, memory, communication, idle)."""
+        return WhereGpuTimeWent.of(self.cost_usd, self.gpu_seconds, self.bound)
 
     @property
     def usd_per_1m_output(self) -> float | None:
@@ -352,6 +445,16 @@ class WeeklyReport:
         return WhereDollarsWent.of(sum(m.cost_usd for m in self.models), total)
 
     @property
+    def gpu_time(self) -> WhereGpuTimeWent:
+        """The week's GPU time and dollars by bound, all versions (shares over the covered part)."""
+        total = BoundSplit()
+        for m in self.models:
+            total = total + m.bound
+        return WhereGpuTimeWent.of(
+            sum(m.cost_usd for m in self.models), sum(m.gpu_seconds for m in self.models), total
+        )
+
+    @property
     def regressions(self) -> tuple[ModelWeek, ...]:
         """Versions whose $/1M output rose ≥ REGRESSION_RATIO × their baseline (at like load where
         comparable, see :attr:`ModelWeek.regression_ratio`), biggest excess in dollars first."""
@@ -383,10 +486,15 @@ class _Sums:
     roof_s: float = 0.0  # Σ roofline × seconds
     roof_w: float = 0.0  # seconds with a roofline reading
     split: DollarSplit = field(default_factory=DollarSplit)
+    gpu_seconds: float = 0.0  # GPU-seconds
+    bound: BoundSplit = field(default_factory=BoundSplit)
 
     def add(self, r: HourRow) -> None:
         if r.split is not None:
             self.split = self.split + r.split
+        if r.bound is not None:
+            self.bound = self.bound + r.bound
+        self.gpu_seconds += r.gpu_seconds
         self.cost_usd += r.cost_usd
         self.output_tokens += r.output_tokens
         self.prompt_tokens += r.prompt_tokens
@@ -580,6 +688,8 @@ def assemble(
                 roofline_ratio=t.roof_s / t.roof_w if t.roof_w > 0 else None,
                 trend=_trend(rs, like_rows, start),
                 split=t.split,
+                gpu_seconds=t.gpu_seconds,
+                bound=t.bound,
             )
         )
     models.sort(key=lambda m: (-m.cost_usd, m.model, m.model_version))
@@ -714,6 +824,7 @@ def rows_from_windows(windows: Iterable[CostWindow], end: float) -> list[HourRow
     first = end - 2 * WEEK_SECONDS
     acc: dict[tuple[SeriesKey, int], list[float]] = {}
     splits: dict[tuple[SeriesKey, int], DollarSplit] = {}
+    bounds: dict[tuple[SeriesKey, int], BoundSplit] = {}
     for w in windows:
         u = w.usage
         if not first <= u.start < end:
@@ -723,6 +834,7 @@ def rows_from_windows(windows: Iterable[CostWindow], end: float) -> list[HourRow
         key = ((u.node, u.engine, u.model, u.model_version), i)
         a = acc.setdefault(key, [0.0] * 13)
         splits[key] = splits.get(key, DollarSplit()) + split_from_sums(split_sums(w))
+        bounds[key] = bounds.get(key, BoundSplit()) + bound_from_sums(bound_sums(w))
         a[0] += secs
         a[1] += u.prompt_tokens
         a[2] += u.generation_tokens
@@ -753,6 +865,7 @@ def rows_from_windows(windows: Iterable[CostWindow], end: float) -> list[HourRow
             requests_running=a[9] / a[10] if a[10] > 0 else None,
             roofline_ratio=a[11] / a[12] if a[12] > 0 else None,
             split=splits[(key, i)],
+            bound=bounds[(key, i)],
         )
         for (key, i), a in acc.items()
     ]
@@ -762,6 +875,9 @@ def build_from_windows(windows: Iterable[CostWindow], end: float) -> WeeklyRepor
     """The week ending at ``end`` from cost windows (windows older than two weeks or starting at
     or after ``end`` are ignored)."""
     return assemble(rows_from_windows(windows, end), end=end, source="local store")
+
+
+_BOUND_AT = 14 + len(SPLIT_SUMS)  # where BOUND_SUMS start in a store row's numbers
 
 
 def rows_from_store_sums(sums: Iterable[Sequence[object]]) -> list[HourRow]:
@@ -788,6 +904,7 @@ def rows_from_store_sums(sums: Iterable[Sequence[object]]) -> list[HourRow]:
                 requests_running=v[10] / v[11] if v[11] > 0 else None,
                 roofline_ratio=v[12] / v[13] if v[13] > 0 else None,
                 split=DollarSplit(*v[14 : 14 + len(SPLIT_SUMS)]) if len(v) > 14 else None,
+                bound=BoundSplit(*v[_BOUND_AT : _BOUND_AT + len(BOUND_SUMS)]) if len(v) > _BOUND_AT else None,
             )
         )
     return out

@@ -4,7 +4,8 @@ from a file, a CA bundle, and extra headers such as ``X-Scope-OrgID``.
 
 The agents' raw counters are read as ``increase(…[1h])`` at a 1-hour step over the two weeks
 before ``end`` (one range query per series family), which gives the same hourly rows as the local
-store; :func:`agent.report.data.assemble` does the rest. Correct whether or not the fleet recording
+store (where GPU time went: ``increase`` of the two ``bound``-labelled families, summed by bound);
+:func:`agent.report.data.assemble` does the rest. Correct whether or not the fleet recording
 rules were deployed, and cheap: a dozen range queries per report.
 """
 
@@ -26,10 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from agent.clock import Clock, SystemClock
-from agent.records import DeployEvent
+from agent.cost.bound import BOUNDS
+from agent.records import BOUND_SUMS, DeployEvent
 from agent.report.data import (
     HOUR_SECONDS,
     WEEK_SECONDS,
+    BoundSplit,
     DollarSplit,
     HourRow,
     ReportError,
@@ -58,6 +61,12 @@ HOURLY: Mapping[str, str] = {
     "cache_saved_usd": "sum by ({by}) (increase(infercost_prefix_cache_saved_usd_total[1h]))",
     "floor": "avg by ({by}) (avg_over_time(infercost_usd_per_1m_output_tokens_floor[1h]))",
     "floor_max": "avg by ({by}) (avg_over_time(infercost_usd_per_1m_output_tokens_floor_max_batch[1h]))",
+}
+# where GPU time went, by bound (agent.report.data.BoundSplit): field prefix → PromQL, by the series
+# labels and ``bound``; each bound's hourly increase lands in ``<prefix>_<bound>``
+BOUND_HOURLY: Mapping[str, str] = {
+    "seconds": "sum by ({by}, bound) (increase(infercost_gpu_time_bound_seconds_total[1h]))",
+    "usd": "sum by ({by}, bound) (increase(infercost_cost_bound_usd_total[1h]))",
 }
 # Attach gpu_model to per-GPU series from infercost_gpu_info (any GPU seen during the week).
 GPU_MODEL_JOIN = (
@@ -212,6 +221,16 @@ def hourly_rows(api: PromApi, end: float) -> list[HourRow]:
                 x = _num(v)
                 if x is not None:
                     acc[(labels, float(ts) - HOUR_SECONDS)][name] = x
+    for unit, expr in BOUND_HOURLY.items():
+        for s in api.query_range(expr.format(by=by), first + HOUR_SECONDS, end, HOUR_SECONDS):
+            labels = tuple(str(s["metric"].get(k, "")) for k in SERIES)
+            bound = str(s["metric"].get("bound", ""))
+            if bound not in BOUNDS:
+                continue  # a bound this agent does not know (a newer exporter): not counted
+            for ts, v in s["values"]:
+                x = _num(v)
+                if x is not None:
+                    acc[(labels, float(ts) - HOUR_SECONDS)][f"bound_{bound}_{unit}"] = x
     rows = []
     for (labels, hour), f in acc.items():
         if "cost_usd" not in f and "output_tokens" not in f:
@@ -236,6 +255,7 @@ def hourly_rows(api: PromApi, end: float) -> list[HourRow]:
                 requests_running=f.get("requests_running"),
                 roofline_ratio=f.get("roofline_ratio"),
                 split=_split(f),
+                bound=BoundSplit(*(f.get(name, 0.0) for name in BOUND_SUMS)),
             )
         )
     return rows

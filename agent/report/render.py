@@ -23,6 +23,7 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
+from agent.cost.bound import BOUNDS
 from agent.report import escape as esc
 from agent.report.data import (
     DAY_SECONDS,
@@ -32,6 +33,7 @@ from agent.report.data import (
     Saving,
     WeeklyReport,
     WhereDollarsWent,
+    WhereGpuTimeWent,
 )
 
 CSV_COLUMNS = (
@@ -64,6 +66,10 @@ CSV_COLUMNS = (
     "cost_floor_max_batch_usd_per_1m_output",
     "floor_saving_usd",
     "floor_max_batch_saving_usd",
+    # where GPU time went (agent.report.data.WhereGpuTimeWent)
+    "bound_usd_coverage",
+    *(f"{b}_bound_time_share" for b in BOUNDS),
+    *(f"{b}_bound_usd" for b in BOUNDS),
 )
 MAX_CHARTS = 12  # model versions charted (by cost); the tables list every version
 SLACK_MAX_LINES = 5  # regressions and savings listed in the Slack summary
@@ -200,6 +206,7 @@ def render_markdown(r: WeeklyReport) -> str:
     else:
         out.append("None found in this week's data.")
     out += _dollars_markdown(r)
+    out += _bound_markdown(r)
     days = [_day(r.start + (i + 1) * DAY_SECONDS)[:10] for i in range(len(r.daily_usd))]
     out += ["", "## Cost per day", "", "| day | cost | idle |", "|---|---:|---:|"]
     idle = list(r.daily_idle_usd) or [None] * len(days)
@@ -323,6 +330,86 @@ def _dollars_html(r: WeeklyReport) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Where GPU time goes: compute, memory, communication, idle (NVML GPM)
+# ---------------------------------------------------------------------------------------------
+
+BOUND_TITLE = "Where GPU time goes"
+BOUND_NOTE = (
+    "Each GPU-second split by NVML GPM: idle = SMs without work; the busy rest in proportion to "
+    "tensor-core activity (compute), DRAM bandwidth (memory) and the busier of PCIe and NVLink "
+    "(communication), each against its peak. Shares are of the GPU time and dollars that had a "
+    "split; 'split covers' is that part of the dollars. GPUs without GPM (before Hopper, MIG "
+    "instances) have no split: unknown, not counted as any bound."
+)
+BOUND_HEAD = (
+    "model",
+    "version",
+    "cost",
+    "split covers",
+    *(f"{b} time" for b in BOUNDS),
+    *(f"{b} $" for b in BOUNDS),
+)
+
+
+def _bound_row(g: WhereGpuTimeWent) -> list[str]:
+    return [
+        usd(g.cost_usd),
+        ratio(g.usd_coverage),
+        *(ratio(None if g.time_share is None else g.time_share[b]) for b in BOUNDS),
+        *(usd(None if g.usd is None else g.usd[b]) for b in BOUNDS),
+    ]
+
+
+def _bound_summary(r: WeeklyReport) -> str:
+    g = r.gpu_time
+    if g.time_share is None or g.usd is None:
+        return (
+            "No GPU time had a split this week (NVML GPM unsupported or absent on every GPU): "
+            "where it went is unknown."
+        )
+    time = ", ".join(f"{b} {g.time_share[b] * 100:.1f} %" for b in BOUNDS)
+    share = g.usd_share or {}
+    money = ", ".join(f"{b} {usd(g.usd[b])} ({share.get(b, 0.0) * 100:.1f} %)" for b in BOUNDS)
+    return (
+        f"GPU time: {time}; dollars: {money}; the split covers {ratio(g.usd_coverage)} of the "
+        f"{usd(g.cost_usd)}."
+    )
+
+
+def _bound_markdown(r: WeeklyReport) -> list[str]:
+    """The "where GPU time goes" section (Markdown lines)."""
+    out = ["", f"## {BOUND_TITLE}", "", _bound_summary(r), "", BOUND_NOTE, ""]
+    out.append("| " + " | ".join(BOUND_HEAD) + " |")
+    out.append("|---|---|" + "---:|" * (len(BOUND_HEAD) - 2))
+    for m in r.models:
+        out.append(
+            f"| {esc.md(m.model)} | {esc.md(m.model_version)} | " + " | ".join(_bound_row(m.gpu_time)) + " |"
+        )
+    out.append("| (all) | | " + " | ".join(_bound_row(r.gpu_time)) + " |")
+    return out
+
+
+def _bound_html(r: WeeklyReport) -> list[str]:
+    """The "where GPU time goes" section (HTML lines)."""
+    h = [
+        f"<h2>{escape(BOUND_TITLE)}</h2>",
+        f"<p>{escape(_bound_summary(r))}</p>",
+        f'<p class="muted">{escape(BOUND_NOTE)}</p>',
+        "<table><tr>" + "".join(f"<th>{escape(c)}</th>" for c in BOUND_HEAD) + "</tr>",
+    ]
+    for m in r.models:
+        h.append(
+            f"<tr><td{_nw(m.model)}>{escape(m.model)}</td><td{_nw(m.model_version)}>{escape(m.model_version)}</td>"
+            + "".join(f'<td class="n">{escape(c)}</td>' for c in _bound_row(m.gpu_time))
+            + "</tr>"
+        )
+    cells = _bound_row(r.gpu_time)
+    h.append("<tr><td><b>all</b></td><td></td>" + "".join(f'<td class="n">{escape(c)}</td>' for c in cells))
+    h.append("</tr></table>")
+    return h
+
+
+# ---------------------------------------------------------------------------------------------
 # Slack (mrkdwn summary)
 # ---------------------------------------------------------------------------------------------
 
@@ -345,6 +432,8 @@ def render_slack(r: WeeklyReport, link: str | None = None, entities: bool = True
     ]
     if _has_dollar_split(r):
         lines.append(txt(_dollars_summary(r), 400))
+    if r.gpu_time.usd_share is not None:
+        lines.append(txt(_bound_summary(r), 400))
     if r.regressions:
         lines.append("*Top regressions*")
         for m in r.regressions[:SLACK_MAX_LINES]:
@@ -412,6 +501,7 @@ def render_csv(r: WeeklyReport) -> str:
                 _num(m.gpu_util_ratio),
                 _num(m.cost_floor_usd_per_1m),
                 *_dollar_cells(m.dollars),
+                *_bound_cells(m.gpu_time),
             ]
         )
     prompt = sum(m.prompt_tokens for m in r.models)
@@ -426,14 +516,25 @@ def render_csv(r: WeeklyReport) -> str:
             f"{r.idle_usd:.6f}",
             _num(r.usd_per_1m_output),
             _num(r.total_usd / total_tokens * 1e6 if total_tokens > 0 else None),
-            *[""] * (len(CSV_COLUMNS) - 8 - len(_DOLLAR_CSV)),
+            *[""] * (len(CSV_COLUMNS) - 8 - len(_DOLLAR_CSV) - len(_BOUND_CSV)),
             *_dollar_cells(r.dollars),
+            *_bound_cells(r.gpu_time),
         ]
     )
     return buf.getvalue()
 
 
-_DOLLAR_CSV = CSV_COLUMNS[CSV_COLUMNS.index("prompt_usd") :]
+_DOLLAR_CSV = CSV_COLUMNS[CSV_COLUMNS.index("prompt_usd") : CSV_COLUMNS.index("bound_usd_coverage")]
+_BOUND_CSV = CSV_COLUMNS[CSV_COLUMNS.index("bound_usd_coverage") :]
+
+
+def _bound_cells(g: WhereGpuTimeWent) -> list[str]:
+    """The CSV cells of :data:`_BOUND_CSV` (empty where absent)."""
+    return [
+        _num(g.usd_coverage),
+        *(_num(None if g.time_share is None else g.time_share[b]) for b in BOUNDS),
+        *(_num(None if g.usd is None else g.usd[b]) for b in BOUNDS),
+    ]
 
 
 def _dollar_cells(d: WhereDollarsWent) -> list[str]:
@@ -463,6 +564,7 @@ def report_dict(r: WeeklyReport) -> dict[str, Any]:
             change_ratio=m.change_ratio,
             cost_floor_usd_per_1m_output=m.cost_floor_usd_per_1m,
             dollars=asdict(m.dollars),
+            gpu_time=asdict(m.gpu_time),
         )
         models.append(d)
     return {
@@ -476,6 +578,7 @@ def report_dict(r: WeeklyReport) -> dict[str, Any]:
         "usd_per_1m_output": r.usd_per_1m_output,
         "output_tokens": r.output_tokens,
         "dollars": asdict(r.dollars),
+        "gpu_time": asdict(r.gpu_time),
         "daily_usd": list(r.daily_usd),
         "daily_idle_usd": list(r.daily_idle_usd),
         "models": models,
@@ -807,6 +910,7 @@ def render_html(r: WeeklyReport) -> str:
     else:
         h.append("<p>None found in this week's data.</p>")
     h += _dollars_html(r)
+    h += _bound_html(r)
     h += [
         "<h2>Week over week by model and version</h2>",
         "<table><tr><th>model</th><th>version</th><th>cost</th><th>output tokens</th><th>$/1M output</th>"

@@ -563,6 +563,95 @@ def bound_panels_node(m: str, g: str, by_model: str, by_gpu: str) -> list[Panel]
     ]
 
 
+def bound_panels_fleet(m: str, mv: str, by_mv: str) -> list[Panel]:
+    """Where GPU time goes across the fleet (agent/cost/bound.py): the selection's GPU time and
+    dollars by bound, each version's dollar shares, and how much of the cost has a split at all."""
+    secs, usd = "infercost_gpu_time_bound_seconds_total", "infercost_cost_bound_usd_total"
+    absent = (
+        "Shares are of the GPU time (dollars) that has a split: GPUs without NVML GPM (pre-Hopper, "
+        "MIG, NotSupported) export none, so they count as no bound rather than as idle."
+    )
+    return [
+        row("Where GPU time goes"),
+        stat(
+            "Share of cost with a bound split (1h)",
+            f"{_sum_rate(usd, m, '', '1h')}\n  / ({_sum_rate('infercost_cost_usd_total', m, '', '1h')} > 0)",
+            RATIO,
+            w=6,
+            desc="Σ bound dollars ÷ Σ cost over the selection: how much of the cost the panels beside "
+            "it explain. " + absent,
+        ),
+        timeseries(
+            "Fleet GPU time by bound (share)",
+            [
+                (
+                    f"{_sum_rate(secs, m, 'bound')}\n  / ignoring (bound) group_left\n  "
+                    f"{_sum_rate(secs, m, '')}",
+                    "{{bound}}",
+                )
+            ],
+            RATIO,
+            w=9,
+            desc="Compute (tensor cores), memory (DRAM bandwidth), communication (PCIe/NVLink) or idle "
+            "(no SM activity), from NVML GPM. " + absent,
+        ),
+        timeseries(
+            "Fleet dollars per hour by bound",
+            [(f"{_sum_rate(usd, m, 'bound')} * 3600", "{{bound}}")],
+            USD,
+            w=9,
+            desc=absent,
+        ),
+        timeseries(
+            "Share of GPU dollars by bound, by model and version",
+            [
+                (
+                    f"{_sum_rate(usd, m, mv + ', bound')}\n  / ignoring (bound) group_left ()\n  "
+                    f"({_sum_rate(usd, m, mv)} > 0)",
+                    "{{bound}} " + by_mv,
+                )
+            ],
+            RATIO,
+            w=24,
+            desc="Which versions pay for memory-bound or idle time. " + absent,
+        ),
+    ]
+
+
+def _quantile(q: float, family: str, m: str, mv: str) -> str:
+    """The q-quantile of a re-based latency histogram, from the buckets' rates summed across nodes."""
+    return (
+        f"histogram_quantile({q:g}, sum by ({mv}, le) "
+        f"(rate(infercost_{family}_seconds_bucket{{{m}}}[$__rate_interval])))"
+    )
+
+
+def latency_panels_fleet(m: str, mv: str, by_mv: str) -> list[Panel]:
+    """Latency per model version across the fleet: p50 and p99 from the engines' histograms as the
+    agents re-base them (summed bucket rates, so nodes aggregate correctly; the per-node p99 gauges
+    cannot be averaged into a fleet p99)."""
+    out = [row("Latency")]
+    for family, title in (
+        ("ttft", "Time to first token"),
+        ("itl", "Inter-token latency"),
+        ("e2e", "End-to-end latency"),
+    ):
+        out.append(
+            timeseries(
+                f"{title} p50 and p99 by model and version",
+                [
+                    (_quantile(0.5, family, m, mv), "p50 " + by_mv),
+                    (_quantile(0.99, family, m, mv), "p99 " + by_mv),
+                ],
+                SECONDS,
+                w=8,
+                desc="Interpolated within the engine's own buckets: a quantile is only as fine as they are. "
+                "Absent for engines without the histogram (TGI, Triton without TRT-LLM metrics).",
+            )
+        )
+    return out
+
+
 def fleet() -> dict[str, Any]:
     """The fleet dashboard: $ per token by model and version, idle cost, GPU use, alerts."""
     m = F_MODEL
@@ -639,6 +728,8 @@ def fleet() -> dict[str, Any]:
             IDLE_SHARE,
         ),
         *dollar_panels_fleet(m, mv, by_mv),
+        *bound_panels_fleet(m, mv, by_mv),
+        *latency_panels_fleet(m, mv, by_mv),
         row("Throughput"),
         timeseries(
             "Output tokens per second by model",

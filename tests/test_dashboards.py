@@ -21,7 +21,7 @@ import pytest
 import yaml
 from promstack import CatalogueCollector, CatalogueExporter, Prometheus, binary, test_copy_of_rules
 
-from agent.catalog import CATALOG
+from agent.catalog import CATALOG, HISTOGRAMS
 
 ROOT = Path(__file__).resolve().parent.parent
 DASH_DIR = ROOT / "dashboards"
@@ -449,4 +449,37 @@ def test_the_catalogue_exporter_serves_every_family() -> None:
     with a label it does not fill would make every scrape of it fail (HTTP 500)."""
     collector = CatalogueCollector({})
     names = {fam.name for fam in collector.collect()}
-    assert len(names) == len(CATALOG)
+    assert len(names) == len(CATALOG) + len(HISTOGRAMS)  # the latency histograms too
+
+
+def test_fleet_latency_quantiles_by_hand(prometheus: Prometheus) -> None:
+    """The fleet latency panels interpolate within the summed buckets: the catalogue exporter puts a
+    quarter of the requests under 0.1 s, half under 0.5 s, 95 % under 2 s and all under 10 s on
+    every node, so p50 = 0.1 + 0.4 × (0.50 − 0.25) / (0.50 − 0.25) = 0.5 s and
+    p99 = 2 + 8 × (0.99 − 0.95) / (1 − 0.95) = 8.4 s for every model version and family."""
+    for title in (
+        "Time to first token p50 and p99 by model and version",
+        "Inter-token latency p50 and p99 by model and version",
+        "End-to-end latency p50 and p99 by model and version",
+    ):
+        p50_q, p99_q = _panel_exprs("infercost-fleet", title)
+        assert prometheus.wait_for(p99_q), title  # two scrapes in
+        p50, p99 = _by_version(prometheus.query(p50_q)), _by_version(prometheus.query(p99_q))
+        assert set(p50) == set(p99) == {("llama-3-70b", "v1"), ("llama-3-70b", "v2"), ("qwen2-7b", "2024-06")}
+        assert all(v == pytest.approx(0.5) for v in p50.values()), (title, p50)
+        assert all(v == pytest.approx(8.4) for v in p99.values()), (title, p99)
+
+
+def test_fleet_bound_shares_sum_to_one(prometheus: Prometheus) -> None:
+    """Each version's dollar shares by bound add up to 1 (the catalogue exporter has one bound per
+    series, so each share is exactly 1); the fleet time shares likewise."""
+    (q,) = _panel_exprs("infercost-fleet", "Share of GPU dollars by bound, by model and version")
+    assert prometheus.wait_for(q)
+    got = prometheus.query(q)
+    sums: dict[tuple[str, str], float] = {}
+    for r in got:
+        key = (r["metric"]["model"], r["metric"]["model_version"])
+        sums[key] = sums.get(key, 0.0) + float(r["value"][1])
+    assert sums and all(v == pytest.approx(1.0) for v in sums.values()), sums
+    (q,) = _panel_exprs("infercost-fleet", "Fleet GPU time by bound (share)")
+    assert sum(float(r["value"][1]) for r in prometheus.query(q)) == pytest.approx(1.0)

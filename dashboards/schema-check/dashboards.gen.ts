@@ -1308,7 +1308,7 @@ export const infercost_fleet: Checked = {
     },
     {
       "type": "row",
-      "title": "Throughput",
+      "title": "Where GPU time goes",
       "collapsed": false,
       "panels": [],
       "id": 19,
@@ -1317,6 +1317,522 @@ export const infercost_fleet: Checked = {
         "w": 24,
         "x": 0,
         "y": 54
+      }
+    },
+    {
+      "type": "stat",
+      "title": "Share of cost with a bound split (1h)",
+      "description": "Σ bound dollars ÷ Σ cost over the selection: how much of the cost the panels beside it explain. Shares are of the GPU time (dollars) that has a split: GPUs without NVML GPM (pre-Hopper, MIG, NotSupported) export none, so they count as no bound rather than as idle.",
+      "datasource": {
+        "type": "prometheus",
+        "uid": "${datasource}"
+      },
+      "targets": [
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "A",
+          "expr": "sum (rate(infercost_cost_bound_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[1h]))\n  / (sum (rate(infercost_cost_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[1h])) > 0)",
+          "legendFormat": "",
+          "range": true
+        }
+      ],
+      "fieldConfig": {
+        "defaults": {
+          "unit": "percentunit",
+          "thresholds": {
+            "mode": "absolute",
+            "steps": [
+              {
+                "value": null,
+                "color": "text"
+              }
+            ]
+          },
+          "min": 0,
+          "max": 1,
+          "decimals": 3
+        },
+        "overrides": []
+      },
+      "options": {
+        "reduceOptions": {
+          "calcs": [
+            "lastNotNull"
+          ],
+          "fields": "",
+          "values": false
+        },
+        "colorMode": "none",
+        "graphMode": "none"
+      },
+      "id": 20,
+      "gridPos": {
+        "h": 4,
+        "w": 6,
+        "x": 0,
+        "y": 55
+      }
+    },
+    {
+      "type": "timeseries",
+      "title": "Fleet GPU time by bound (share)",
+      "description": "Compute (tensor cores), memory (DRAM bandwidth), communication (PCIe/NVLink) or idle (no SM activity), from NVML GPM. Shares are of the GPU time (dollars) that has a split: GPUs without NVML GPM (pre-Hopper, MIG, NotSupported) export none, so they count as no bound rather than as idle.",
+      "datasource": {
+        "type": "prometheus",
+        "uid": "${datasource}"
+      },
+      "targets": [
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "A",
+          "expr": "sum by (bound) (rate(infercost_gpu_time_bound_seconds_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval]))\n  / ignoring (bound) group_left\n  sum (rate(infercost_gpu_time_bound_seconds_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval]))",
+          "legendFormat": "{{bound}}",
+          "range": true
+        }
+      ],
+      "fieldConfig": {
+        "defaults": {
+          "unit": "percentunit",
+          "thresholds": {
+            "mode": "absolute",
+            "steps": [
+              {
+                "value": null,
+                "color": "text"
+              }
+            ]
+          },
+          "min": 0,
+          "max": 1,
+          "custom": {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 10,
+            "spanNulls": false,
+            "thresholdsStyle": {
+              "mode": "off"
+            }
+          }
+        },
+        "overrides": []
+      },
+      "options": {
+        "legend": {
+          "displayMode": "table",
+          "placement": "bottom",
+          "calcs": [
+            "mean",
+            "lastNotNull"
+          ]
+        },
+        "tooltip": {
+          "mode": "multi",
+          "sort": "desc"
+        }
+      },
+      "id": 21,
+      "gridPos": {
+        "h": 8,
+        "w": 9,
+        "x": 6,
+        "y": 55
+      }
+    },
+    {
+      "type": "timeseries",
+      "title": "Fleet dollars per hour by bound",
+      "description": "Shares are of the GPU time (dollars) that has a split: GPUs without NVML GPM (pre-Hopper, MIG, NotSupported) export none, so they count as no bound rather than as idle.",
+      "datasource": {
+        "type": "prometheus",
+        "uid": "${datasource}"
+      },
+      "targets": [
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "A",
+          "expr": "sum by (bound) (rate(infercost_cost_bound_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval])) * 3600",
+          "legendFormat": "{{bound}}",
+          "range": true
+        }
+      ],
+      "fieldConfig": {
+        "defaults": {
+          "unit": "currencyUSD",
+          "thresholds": {
+            "mode": "absolute",
+            "steps": [
+              {
+                "value": null,
+                "color": "text"
+              }
+            ]
+          },
+          "custom": {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 10,
+            "spanNulls": false,
+            "thresholdsStyle": {
+              "mode": "off"
+            }
+          }
+        },
+        "overrides": []
+      },
+      "options": {
+        "legend": {
+          "displayMode": "table",
+          "placement": "bottom",
+          "calcs": [
+            "mean",
+            "lastNotNull"
+          ]
+        },
+        "tooltip": {
+          "mode": "multi",
+          "sort": "desc"
+        }
+      },
+      "id": 22,
+      "gridPos": {
+        "h": 8,
+        "w": 9,
+        "x": 15,
+        "y": 55
+      }
+    },
+    {
+      "type": "timeseries",
+      "title": "Share of GPU dollars by bound, by model and version",
+      "description": "Which versions pay for memory-bound or idle time. Shares are of the GPU time (dollars) that has a split: GPUs without NVML GPM (pre-Hopper, MIG, NotSupported) export none, so they count as no bound rather than as idle.",
+      "datasource": {
+        "type": "prometheus",
+        "uid": "${datasource}"
+      },
+      "targets": [
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "A",
+          "expr": "sum by (model, model_version, bound) (rate(infercost_cost_bound_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval]))\n  / ignoring (bound) group_left ()\n  (sum by (model, model_version) (rate(infercost_cost_bound_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval])) > 0)",
+          "legendFormat": "{{bound}} {{model}} {{model_version}}",
+          "range": true
+        }
+      ],
+      "fieldConfig": {
+        "defaults": {
+          "unit": "percentunit",
+          "thresholds": {
+            "mode": "absolute",
+            "steps": [
+              {
+                "value": null,
+                "color": "text"
+              }
+            ]
+          },
+          "min": 0,
+          "max": 1,
+          "custom": {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 10,
+            "spanNulls": false,
+            "thresholdsStyle": {
+              "mode": "off"
+            }
+          }
+        },
+        "overrides": []
+      },
+      "options": {
+        "legend": {
+          "displayMode": "table",
+          "placement": "bottom",
+          "calcs": [
+            "mean",
+            "lastNotNull"
+          ]
+        },
+        "tooltip": {
+          "mode": "multi",
+          "sort": "desc"
+        }
+      },
+      "id": 23,
+      "gridPos": {
+        "h": 8,
+        "w": 24,
+        "x": 0,
+        "y": 63
+      }
+    },
+    {
+      "type": "row",
+      "title": "Latency",
+      "collapsed": false,
+      "panels": [],
+      "id": 24,
+      "gridPos": {
+        "h": 1,
+        "w": 24,
+        "x": 0,
+        "y": 71
+      }
+    },
+    {
+      "type": "timeseries",
+      "title": "Time to first token p50 and p99 by model and version",
+      "description": "Interpolated within the engine's own buckets: a quantile is only as fine as they are. Absent for engines without the histogram (TGI, Triton without TRT-LLM metrics).",
+      "datasource": {
+        "type": "prometheus",
+        "uid": "${datasource}"
+      },
+      "targets": [
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "A",
+          "expr": "histogram_quantile(0.5, sum by (model, model_version, le) (rate(infercost_ttft_seconds_bucket{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval])))",
+          "legendFormat": "p50 {{model}} {{model_version}}",
+          "range": true
+        },
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "B",
+          "expr": "histogram_quantile(0.99, sum by (model, model_version, le) (rate(infercost_ttft_seconds_bucket{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval])))",
+          "legendFormat": "p99 {{model}} {{model_version}}",
+          "range": true
+        }
+      ],
+      "fieldConfig": {
+        "defaults": {
+          "unit": "s",
+          "thresholds": {
+            "mode": "absolute",
+            "steps": [
+              {
+                "value": null,
+                "color": "text"
+              }
+            ]
+          },
+          "min": 0,
+          "custom": {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 10,
+            "spanNulls": false,
+            "thresholdsStyle": {
+              "mode": "off"
+            }
+          }
+        },
+        "overrides": []
+      },
+      "options": {
+        "legend": {
+          "displayMode": "table",
+          "placement": "bottom",
+          "calcs": [
+            "mean",
+            "lastNotNull"
+          ]
+        },
+        "tooltip": {
+          "mode": "multi",
+          "sort": "desc"
+        }
+      },
+      "id": 25,
+      "gridPos": {
+        "h": 8,
+        "w": 8,
+        "x": 0,
+        "y": 72
+      }
+    },
+    {
+      "type": "timeseries",
+      "title": "Inter-token latency p50 and p99 by model and version",
+      "description": "Interpolated within the engine's own buckets: a quantile is only as fine as they are. Absent for engines without the histogram (TGI, Triton without TRT-LLM metrics).",
+      "datasource": {
+        "type": "prometheus",
+        "uid": "${datasource}"
+      },
+      "targets": [
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "A",
+          "expr": "histogram_quantile(0.5, sum by (model, model_version, le) (rate(infercost_itl_seconds_bucket{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval])))",
+          "legendFormat": "p50 {{model}} {{model_version}}",
+          "range": true
+        },
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "B",
+          "expr": "histogram_quantile(0.99, sum by (model, model_version, le) (rate(infercost_itl_seconds_bucket{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval])))",
+          "legendFormat": "p99 {{model}} {{model_version}}",
+          "range": true
+        }
+      ],
+      "fieldConfig": {
+        "defaults": {
+          "unit": "s",
+          "thresholds": {
+            "mode": "absolute",
+            "steps": [
+              {
+                "value": null,
+                "color": "text"
+              }
+            ]
+          },
+          "min": 0,
+          "custom": {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 10,
+            "spanNulls": false,
+            "thresholdsStyle": {
+              "mode": "off"
+            }
+          }
+        },
+        "overrides": []
+      },
+      "options": {
+        "legend": {
+          "displayMode": "table",
+          "placement": "bottom",
+          "calcs": [
+            "mean",
+            "lastNotNull"
+          ]
+        },
+        "tooltip": {
+          "mode": "multi",
+          "sort": "desc"
+        }
+      },
+      "id": 26,
+      "gridPos": {
+        "h": 8,
+        "w": 8,
+        "x": 8,
+        "y": 72
+      }
+    },
+    {
+      "type": "timeseries",
+      "title": "End-to-end latency p50 and p99 by model and version",
+      "description": "Interpolated within the engine's own buckets: a quantile is only as fine as they are. Absent for engines without the histogram (TGI, Triton without TRT-LLM metrics).",
+      "datasource": {
+        "type": "prometheus",
+        "uid": "${datasource}"
+      },
+      "targets": [
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "A",
+          "expr": "histogram_quantile(0.5, sum by (model, model_version, le) (rate(infercost_e2e_seconds_bucket{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval])))",
+          "legendFormat": "p50 {{model}} {{model_version}}",
+          "range": true
+        },
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "B",
+          "expr": "histogram_quantile(0.99, sum by (model, model_version, le) (rate(infercost_e2e_seconds_bucket{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval])))",
+          "legendFormat": "p99 {{model}} {{model_version}}",
+          "range": true
+        }
+      ],
+      "fieldConfig": {
+        "defaults": {
+          "unit": "s",
+          "thresholds": {
+            "mode": "absolute",
+            "steps": [
+              {
+                "value": null,
+                "color": "text"
+              }
+            ]
+          },
+          "min": 0,
+          "custom": {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 10,
+            "spanNulls": false,
+            "thresholdsStyle": {
+              "mode": "off"
+            }
+          }
+        },
+        "overrides": []
+      },
+      "options": {
+        "legend": {
+          "displayMode": "table",
+          "placement": "bottom",
+          "calcs": [
+            "mean",
+            "lastNotNull"
+          ]
+        },
+        "tooltip": {
+          "mode": "multi",
+          "sort": "desc"
+        }
+      },
+      "id": 27,
+      "gridPos": {
+        "h": 8,
+        "w": 8,
+        "x": 16,
+        "y": 72
+      }
+    },
+    {
+      "type": "row",
+      "title": "Throughput",
+      "collapsed": false,
+      "panels": [],
+      "id": 28,
+      "gridPos": {
+        "h": 1,
+        "w": 24,
+        "x": 0,
+        "y": 80
       }
     },
     {
@@ -1378,12 +1894,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 20,
+      "id": 29,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 0,
-        "y": 55
+        "y": 81
       }
     },
     {
@@ -1445,12 +1961,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 21,
+      "id": 30,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 12,
-        "y": 55
+        "y": 81
       }
     },
     {
@@ -1458,12 +1974,12 @@ export const infercost_fleet: Checked = {
       "title": "GPUs",
       "collapsed": false,
       "panels": [],
-      "id": 22,
+      "id": 31,
       "gridPos": {
         "h": 1,
         "w": 24,
         "x": 0,
-        "y": 63
+        "y": 89
       }
     },
     {
@@ -1530,12 +2046,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 23,
+      "id": 32,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 0,
-        "y": 64
+        "y": 90
       }
     },
     {
@@ -1598,12 +2114,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 24,
+      "id": 33,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 8,
-        "y": 64
+        "y": 90
       }
     },
     {
@@ -1665,12 +2181,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 25,
+      "id": 34,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 16,
-        "y": 64
+        "y": 90
       }
     },
     {
@@ -1732,12 +2248,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 26,
+      "id": 35,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 0,
-        "y": 72
+        "y": 98
       }
     },
     {
@@ -1814,12 +2330,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 27,
+      "id": 36,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 12,
-        "y": 72
+        "y": 98
       }
     },
     {
@@ -1827,12 +2343,12 @@ export const infercost_fleet: Checked = {
       "title": "Alerts and delivery",
       "collapsed": false,
       "panels": [],
-      "id": 28,
+      "id": 37,
       "gridPos": {
         "h": 1,
         "w": 24,
         "x": 0,
-        "y": 80
+        "y": 106
       }
     },
     {
@@ -1895,12 +2411,12 @@ export const infercost_fleet: Checked = {
           }
         }
       ],
-      "id": 29,
+      "id": 38,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 0,
-        "y": 81
+        "y": 107
       }
     },
     {
@@ -1954,12 +2470,12 @@ export const infercost_fleet: Checked = {
           }
         }
       ],
-      "id": 30,
+      "id": 39,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 12,
-        "y": 81
+        "y": 107
       }
     }
   ]

@@ -197,13 +197,23 @@ class Adapter:
     ) -> Reading:
         """Parse a page (OpenMetrics text when ``openmetrics``) and map it with its checks;
         raises ParseError on a malformed wanted line."""
-        return self.map(self.parser.parse(text, openmetrics), default_model, max_models)
+        return _Mapping(self, self.parser.parse(text, openmetrics), default_model, max_models).run()
 
     def parse(
         self, text: str, default_model: str | None = None, openmetrics: bool = False
     ) -> tuple[ModelSignals, ...]:
         """The models of :meth:`read` (raises ParseError on a malformed wanted line)."""
-        return self.read(text, default_model, openmetrics).models
+        return (
+            _Mapping(self, self.parser.parse(text, openmetrics), default_model, DEFAULT_MAX_MODELS)
+            .run()
+            .models
+        )
+
+    def forget(self) -> None:
+        """Drop what earlier pages taught the parser and the map (label blocks, page and bucket
+        layouts): the next page is read as a first scrape (benchmarks)."""
+        self.parser.forget()
+        self.bucket_plans.clear()
 
     def map(
         self, page: Page, default_model: str | None = None, max_models: int = DEFAULT_MAX_MODELS
@@ -242,12 +252,14 @@ def _ranked(
     """True when a series has labels besides the model's and the ones it was selected by (a DP rank,
     a version): such a series may come and go beside others, so even a lone one is named in
     ``counter_parts``."""
-    fixed = (model_label in labels) + (sum(k in labels for k in where) if where else 0)
+    fixed = (model_label in labels) + (len(where.keys() & labels.keys()) if where else 0)
     return len(labels) > fixed
 
 
 def _series_key(name: str, labels: Mapping[str, str], model_label: str | None) -> str:
     """One series' name in ``counter_parts``: the metric name and its labels other than the model's."""
+    if len(labels) <= (model_label in labels):  # no label, or the model's alone: the name
+        return name
     return name + "".join(f",{k}={clean_label(x)}" for k, x in sorted(labels.items()) if k != model_label)
 
 
@@ -447,16 +459,48 @@ class _Mapping:
         for wire, bounds, positions in plan:
             model = fallback if ml is None else model_of[wire]  # type: ignore[index]
             counts = list(map(_VALUE, map(samples.__getitem__, positions)))
-            total = sum(counts)  # NaN when a count is NaN (the others are finite and >= 0)
+            total = sum(counts)  # NaN when a count is NaN
+            # (no NaN and in order: the first is the least, the last the greatest)
             if (
                 model in out
                 or total != total
-                or min(counts) < 0.0
-                or max(counts) > MAX_VALUE
                 or counts != sorted(counts)
+                or counts[0] < 0.0
+                or counts[-1] > MAX_VALUE
             ):
                 return None
             out[model] = (bounds, counts)
+        return out
+
+    def _planned_histograms(
+        self, signal: str, s: Series, planned: dict[str, tuple[tuple[float, ...], list[float]]]
+    ) -> dict[str, Histogram]:
+        """:meth:`_histogram` for buckets read through their layout (one series per model): the
+        sums and counts read as there, then one histogram per model with a +Inf bucket."""
+        base, page = s.names[0], self.page
+        wanted = s.where.items() if s.where else None
+        ml, model_of, fallback = self.a.model_label, self.model_of, self.fallback
+        sums: dict[str, float] = {}
+        counts: dict[str, float] = {}
+        for suffix, into, low in (("_sum", sums, -MAX_VALUE), ("_count", counts, 0.0)):
+            for _, labels, v, _ in page.get(base + suffix, ()):
+                if wanted is not None and not wanted <= labels.items():
+                    continue
+                model = fallback if ml is None else model_of.get(labels.get(ml))  # type: ignore[arg-type]
+                if model is None:
+                    continue
+                if not low <= v <= MAX_VALUE:
+                    self._refuse(model, signal, base + suffix, labels, f"value {v!r}")
+                    continue
+                into[model] = into.get(model, 0.0) + v
+        out: dict[str, Histogram] = {}
+        for model, (bounds, cumulative) in planned.items():
+            if math.isinf(bounds[-1]):  # else no +Inf bucket: not a usable histogram
+                out[model] = Histogram(
+                    tuple(zip(bounds, cumulative)),  # noqa: B905 (one count per bound)
+                    sums.get(model, 0.0) * s.scale,
+                    counts.get(model, cumulative[-1]),
+                )
         return out
 
     def _histogram(
@@ -471,6 +515,8 @@ class _Mapping:
         where = s.where
         wanted = where.items() if where else None  # labels a sample must carry
         bucket_samples = self.page.get(base + "_bucket")
+        if bucket_samples is None and base + "_sum" not in self.page and base + "_count" not in self.page:
+            return {}  # not on the page (an older name's alternative, say)
         buckets: dict[str, dict[float, float]] = {}
         # per model, per ranked series: its buckets (only where series carry labels besides le, the
         # model's and the selecting ones: the rank labels, named once from the first such series)
@@ -480,11 +526,13 @@ class _Mapping:
         fixed = 1 + (self.a.model_label is not None) + len(where)
         if parts is not None and not self._several_series(base + "_count", where, fixed - 1):
             parts = None  # one series per model: the sum is that series, nothing to tell apart
-        # one series per model: the buckets may be read through their layout
-        planned = self._planned_buckets(s, bucket_samples) if parts is None and bucket_samples else None
+        if parts is None and bucket_samples:  # one series per model: maybe read through its layout
+            planned = self._planned_buckets(s, bucket_samples)
+            if planned is not None:
+                return self._planned_histograms(signal, s, planned)
         ml, model_of, fallback = self.a.model_label, self.model_of, self.fallback
         scale, known_le, inf = s.scale, _LE, math.inf
-        for _, labels, v, _ in bucket_samples if planned is None and bucket_samples else ():
+        for _, labels, v, _ in bucket_samples or ():
             if wanted is not None and not wanted <= labels.items():
                 continue
             model = fallback if ml is None else model_of.get(labels.get(ml))  # type: ignore[arg-type]
@@ -555,21 +603,17 @@ class _Mapping:
                     sc = own_sc.setdefault((model, sgk), [None, None])
                     i = 0 if suffix == "_sum" else 1
                     sc[i] = (sc[i] or 0.0) + v
-        if planned is None:
-            planned = {}
-            for model, per in buckets.items():
-                bounds = tuple(sorted(per))
-                cumulative = list(map(per.__getitem__, bounds))
-                if math.isinf(bounds[-1]) and cumulative != sorted(cumulative):
-                    self._refuse(model, signal, base + "_bucket", {"model": model}, "bucket counts decrease")
-                    continue
-                planned[model] = (bounds, cumulative)
         out: dict[str, Histogram] = {}
-        for model, (bounds, cumulative) in planned.items():
+        for model, per in buckets.items():
+            bounds = tuple(sorted(per))
             if not math.isinf(bounds[-1]):
                 continue  # no +Inf bucket: not a usable histogram
+            cumulative = list(map(per.__getitem__, bounds))
+            if cumulative != sorted(cumulative):
+                self._refuse(model, signal, base + "_bucket", {"model": model}, "bucket counts decrease")
+                continue
             out[model] = Histogram(
-                tuple(zip(bounds, cumulative, strict=True)),
+                tuple(zip(bounds, cumulative)),  # noqa: B905 (one count per bound)
                 sums.get(model, 0.0) * s.scale,
                 counts.get(model, cumulative[-1]),
             )
@@ -618,13 +662,14 @@ class _Mapping:
                         if model in hparts:
                             histogram_parts.setdefault(model, {})[signal] = hparts[model]
         finished: dict[str, dict[str, float]] = {}
+        ml, model_of, fallback = a.model_label, self.model_of, self.fallback
         for f in a.finished:
             wanted = f.where.items() if f.where else None  # labels a sample must carry
             for sample in self.page.get(f.metric, ()):
                 labels = sample.labels
                 if wanted is not None and not wanted <= labels.items():
                     continue
-                owner = self._model(labels)
+                owner = fallback if ml is None else model_of.get(labels.get(ml))  # type: ignore[arg-type]
                 reason = (labels.get(f.label) if f.label else None) or f.reason
                 if owner is None or reason is None:
                     continue

@@ -96,10 +96,10 @@ Page = dict[str, list[Sample]]
 """Samples by canonical wire name, in page order."""
 
 _Layout = tuple[
-    tuple[int, ...], tuple[str, ...], tuple[dict[str, str], ...], tuple[tuple[str, int, int], ...]
+    tuple[int, ...], tuple[str, ...], tuple[dict[str, str], ...], tuple[str, ...], tuple[slice, ...]
 ]
 """A page's layout: the lines whose values it keeps, grouped by wire name (their indices, names
-and labels) and each name's span of them (name, first, end)."""
+and labels), then the wire names and each one's slice of those lines."""
 
 
 def quote(line: str) -> str:
@@ -266,7 +266,7 @@ class FamilyParser:
                     values = list(map(float, tails))
                 except ValueError:  # more than a value: read line by line
                     break
-                picks, names, labels, spans = layout
+                picks, names, labels, wire_names, spans = layout
                 made = list(
                     map(
                         tuple.__new__,  # Sample(...) without its Python-level __new__
@@ -274,7 +274,8 @@ class FamilyParser:
                         zip(names, labels, map(values.__getitem__, picks), repeat(None)),
                     )
                 )
-                out: Page = {name: made[start:end] for name, start, end in spans}
+                # (one slice per wire name: both are the layout's)
+                out: Page = dict(zip(wire_names, map(made.__getitem__, spans)))  # noqa: B905
                 if self._canonical and not self._canonical.keys().isdisjoint(out):
                     self._canonicalise(out)
                 return out
@@ -352,13 +353,14 @@ class FamilyParser:
             del self._layouts[0]
         picks = [i for per in series.values() for i in per.values()]
         spans, start = [], 0
-        for name, per in series.items():
-            spans.append((name, start, start + len(per)))
+        for per in series.values():
+            spans.append(slice(start, start + len(per)))
             start += len(per)
         layout = (
             tuple(picks),
             tuple(made[i].name for i in picks),
             tuple(made[i].labels for i in picks),
+            tuple(series),
             tuple(spans),
         )
         self._layouts.append((heads, layout))

@@ -284,3 +284,9 @@ def test_a_layout_keeps_the_canonical_spelling() -> None:
             "vllm:y": [Sample("vllm:y", {}, float(v + 1), None)],  # the escaped spelling dropped
         }
     assert len(p._layouts) == 1
+
+
+def test_a_parser_asked_for_nothing_reads_nothing_even_an_empty_quoted_name() -> None:
+    p = FamilyParser([])
+    assert p.parse('{""} 1\n{"", a="b"} 2\nx 3\n') == {}
+    assert p._layouts == []

@@ -1,9 +1,10 @@
 """Shared test setup: the ``slow`` marker for tests that start real servers or run long simulations.
 
 ``pytest -m "not slow"`` is the quick loop (see the README); ``.ci/run`` runs everything. A test is
-slow when it is marked ``@pytest.mark.slow`` itself or lives in one of ``SLOW_MODULES``: whole files
+slow when it is marked ``@pytest.mark.slow`` itself, lives in one of ``SLOW_MODULES``: whole files
 whose every test starts a real server (Prometheus, Alertmanager, llama.cpp, Chromium, the demo) or
-replays weeks of simulated traffic. Measured with ``pytest --durations=0`` on the 2-core box.
+replays weeks of simulated traffic, or is one of ``SLOW_TESTS``: single tests of that kind in files
+that are otherwise quick. Measured with ``pytest --durations=0`` on the 2-core box.
 """
 
 from __future__ import annotations
@@ -22,10 +23,23 @@ SLOW_MODULES = frozenset(
     }
 )
 
+# module::test → why it is slow (seconds: `pytest --durations` on the shared 2-core box, load ~5)
+SLOW_TESTS = {
+    "test_report::test_html_renders_in_chromium": "headless Chromium (2.3 s)",
+    "test_report_like_load::test_html_screenshot_of_the_canary_week": "headless Chromium (1.5 s)",
+    "test_sim_workload::test_simulation_is_deterministic_and_labels_incidents_after_the_warm_up": (
+        "8 simulated node-weeks (4.5 s)"
+    ),
+    "test_scoring::test_the_daemon_scores_with_numpy_after_a_short_lived_fitting_process": (
+        "a real fitting process importing scikit-learn (4.2 s)"
+    ),
+}
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test of a slow module ``slow``."""
+    """Mark every test of a slow module, and every one of ``SLOW_TESTS``, ``slow``."""
     for item in items:
         module = item.module.__name__.rsplit(".", 1)[-1] if item.module is not None else ""
-        if module in SLOW_MODULES:
+        name = getattr(item, "originalname", item.name)
+        if module in SLOW_MODULES or f"{module}::{name}" in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)

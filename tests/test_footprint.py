@@ -75,3 +75,16 @@ def test_the_nvml_meter_times_calls_and_keeps_their_results() -> None:
     assert _Work().spin(3) == 5 and meter.calls["Work.spin"] == 2  # the base class is untouched
     reading = meter.reading()
     assert reading["calls"] == {"Work.spin": 2} and reading["process_cpu_s"] >= reading["cpu"]["Work.spin"]
+
+
+def test_every_test_conftest_marks_slow_exists() -> None:
+    import importlib
+    import importlib.util
+
+    from conftest import SLOW_MODULES, SLOW_TESTS
+
+    for key in SLOW_TESTS:
+        module, name = key.split("::")
+        assert callable(getattr(importlib.import_module(module), name, None)), key
+    for module in SLOW_MODULES:
+        assert importlib.util.find_spec(module) is not None, module

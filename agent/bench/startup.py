@@ -1,9 +1,10 @@
 """``infercost bench startup``: restarting the daemon on a 35-day store.
 
 Fills a state directory with ``days`` of 1-minute history for ``series`` model versions (the report
-benchmark's generator), starts the real daemon on it (``infercost run``), and from the moment its
-port answers probes ``/metrics`` every 50 ms until the detection pipeline logs that it warmed up
-(the replay of up to a week of history), then for ``steady`` more seconds. It prints the slowest
+benchmark's generator; its last minute is then repeated up to now, see :func:`top_up`), starts the
+real daemon on it (``infercost run``), and from the moment its port answers probes ``/metrics``
+every 50 ms until the detection pipeline logs that it warmed up (the replay of up to a week of
+history), then for ``steady`` more seconds. It prints the slowest
 and the 99th-percentile ``/metrics`` answer during start-up, the daemon's peak RSS (VmHWM) and its
 steady RSS (median VmRSS over the last part), and their ratio; then the whole agent's steady RSS:
 the daemon plus every process it runs (the isolation-forest fit a store this old starts, which
@@ -70,6 +71,36 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def top_up(path: Path, days: float, ahead: float = 180.0) -> int:
+    """Repeat the store's last minute of every model series up to ``ahead`` seconds past now, so the
+    daemon finds live series, as after a restart under traffic: it scores them and, with no forest
+    in its fresh state directory, starts a fit. Returns the windows written."""
+    import dataclasses
+
+    from agent.clock import ManualClock
+    from agent.records import MINUTE, window_from_record
+    from agent.store import Store
+
+    now = time.time()
+    store = Store(path, retention_days=days + 1, clock=ManualClock(start=now))
+    try:
+        span = store.span()
+        if span is None:
+            return 0
+        last = store.records(span[1], span[1] + MINUTE, kinds=("model",))
+        windows = []
+        t = span[1] + MINUTE
+        while t < now + ahead:
+            for w in map(window_from_record, last):
+                windows.append(
+                    dataclasses.replace(w, usage=dataclasses.replace(w.usage, start=t, end=t + MINUTE))
+                )
+            t += MINUTE
+        return store.write_windows(windows)
+    finally:
+        store.close()
+
+
 def run(
     days: float = 35.0,
     series: int = 24,
@@ -101,6 +132,7 @@ def run(
                 fill_store(hist, series, days, end)
                 if store is not None:
                     os.link(hist, store)
+            top_up(hist, days)
         size_mb = hist.stat().st_size / 1e6
         port = _free_port()
         cfg = {

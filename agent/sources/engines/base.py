@@ -170,7 +170,7 @@ class Adapter:
         families.update(f.metric for f in self.finished)
         families.update(i.metric for i in self.info.values())
         plan = tuple(
-            (signal, s, signal in _MEAN_FIELDS, signal in COUNTER_FIELDS)
+            (signal, s, signal in _MEAN_FIELDS, signal in COUNTER_FIELDS, len(s.names) == 1 and not s.where)
             for signal, alternatives in self.scalars.items()
             for s in alternatives
         )
@@ -180,8 +180,8 @@ class Adapter:
         object.__setattr__(self, "bucket_plans", {})
 
     families: frozenset[str] = field(init=False, default=frozenset())  # wire families it reads
-    # (signal, series, averaged?, counter?) in preference order: the map's work list
-    scalar_plan: tuple[tuple[str, Series, bool, bool], ...] = field(init=False, repr=False, default=())
+    # (signal, series, averaged?, counter?, one name and no filter?) in preference order: the map's work list
+    scalar_plan: tuple[tuple[str, Series, bool, bool, bool], ...] = field(init=False, repr=False, default=())
     parser: FamilyParser = field(init=False, repr=False, compare=False, default=None)  # type: ignore[assignment]
     # (series id, ids of the bucket samples' label dicts) → (those label dicts, their layout or None)
     bucket_plans: dict[
@@ -232,13 +232,23 @@ class Reading:
     dropped_series: int = 0  # series of models beyond max_models, folded into OTHER_MODEL
 
 
-@lru_cache(maxsize=4096)  # model names and reasons repeat every scrape; a hostile page only churns it
 def clean_label(value: str) -> str:
     """A label value as the agent passes it on: control characters removed, at most
     :data:`MAX_LABEL_CHARS` characters (a longer one is cut and ends in ``~`` and 8 hex digits of
     its SHA-256, so distinct long values stay distinct)."""
-    if len(value) <= MAX_LABEL_CHARS and _CONTROL.search(value) is None:
-        return value
+    if len(value) <= MAX_LABEL_CHARS:
+        return _clean_short(value)
+    return _clean(value)
+
+
+# Model names and reasons repeat every scrape; only short values are remembered, so a hostile page
+# churns at most 4,096 x 128 characters.
+@lru_cache(maxsize=4096)
+def _clean_short(value: str) -> str:
+    return value if _CONTROL.search(value) is None else _clean(value)
+
+
+def _clean(value: str) -> str:
     cleaned = _CONTROL.sub("", value)
     if len(cleaned) > MAX_LABEL_CHARS:
         digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:8]
@@ -638,7 +648,26 @@ class _Mapping:
         a = self.a
         values: dict[str, dict[str, Any]] = {}
         counter_parts: dict[str, dict[str, dict[str, float]]] = {}  # model → signal → series → value
-        for signal, s, mean, counter in a.scalar_plan:
+        page, ml, model_of, fallback = self.page, a.model_label, self.model_of, self.fallback
+        for signal, s, mean, counter, lone in a.scalar_plan:
+            first = page.get(s.names[0])
+            if not first:
+                continue
+            if lone and len(first) == 1:  # one series, valid: nothing to sum (_scalar's first case)
+                _, labels, v, _ = first[0]
+                model = fallback if ml is None else model_of.get(labels.get(ml))  # type: ignore[arg-type]
+                if model is not None and 0.0 <= v <= (1.0 if mean else MAX_VALUE):
+                    got = values.get(model)
+                    if got is None:
+                        values[model] = got = {}
+                    elif signal in got:
+                        continue  # an earlier alternative wins
+                    got[signal] = v * s.scale
+                    if counter and len(labels) > (ml in labels):  # a lone DP rank or version
+                        counter_parts.setdefault(model, {})[signal] = {
+                            _series_key(s.names[0], labels, ml): v * s.scale
+                        }
+                    continue
             parts: dict[str, dict[str, float]] | None = {} if counter else None
             per_model = self._scalar(signal, s, parts, mean, counter)
             if per_model:

@@ -51,3 +51,11 @@ def test_report_from_the_demos_kept_history(tmp_path: Path) -> None:
     assert d["waste_usd"] is not None and 0 < d["waste_usd"] < data["total_usd"]
     assert 0 < d["floor_max_batch_usd_per_1m"] < d["floor_usd_per_1m"] < data["usd_per_1m_output"]
     assert 0 < d["floor_saving_usd"] < data["total_usd"]
+    # where GPU time went, through the real join of the fake NVML's GPM model: the live minutes have
+    # a split (the backfilled hour before them has none), each set of shares adds up to 1 and the
+    # bound dollars are the covered share of the week's dollars
+    g = data["gpu_time"]
+    assert 0 < g["usd_coverage"] < 1
+    assert sum(g["time_share"].values()) == pytest.approx(1.0)
+    assert sum(g["usd_share"].values()) == pytest.approx(1.0)
+    assert sum(g["usd"].values()) == pytest.approx(g["usd_coverage"] * data["total_usd"])

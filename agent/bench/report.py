@@ -1,7 +1,8 @@
 """Benchmark: the weekly report from a 35-day store, time and peak memory.
 
 ``run()`` fills a store with 35 days of 1-minute history (``series`` model-version series on one
-node, a day-shaped load; a deploy every week on a quarter of them), or reuses ``store`` if given,
+node, a day-shaped load; a deploy every week on a quarter of them; a bound split on two thirds of
+them), or reuses ``store`` if given,
 then builds the report for the last week in a fresh child process per method and prints, for each:
 
 - ``sql`` (the report's path): :func:`agent.report.data.build_from_store`, hourly sums in SQL;
@@ -65,7 +66,25 @@ def fill_store(path: Path, series: int, days: float, end: float, seed: int = 1) 
                 gpu_util_ratio=min(1.0, 0.2 + 0.75 * shape), power_watts=400.0, requests_running=8 * shape,
                 kv_cache_usage_ratio=0.5, ttft_p99_seconds=0.1,
             )  # fmt: skip
-            batch.append(CostWindow(u, usd, 0.0, usd / gen * 1e6, usd / (3 * gen) * 1e6, 0.0))
+            busy = min(1.0, 0.2 + 0.75 * shape)
+            # where GPU time went (schema 6): every third series on GPUs without GPM has no split
+            shares = None if i % 3 == 2 else {
+                "compute": 0.3 * busy, "memory": 0.6 * busy, "communication": 0.1 * busy, "idle": 1.0 - busy,
+            }  # fmt: skip
+            b_secs = None if shares is None else {k: v * MINUTE for k, v in shares.items()}
+            b_usd = None if shares is None else {k: v * usd for k, v in shares.items()}
+            batch.append(
+                CostWindow(
+                    u,
+                    usd,
+                    0.0,
+                    usd / gen * 1e6,
+                    usd / (3 * gen) * 1e6,
+                    0.0,
+                    bound_gpu_seconds=b_secs,
+                    bound_usd=b_usd,
+                )
+            )
         if len(batch) >= 20_000:
             written += store.write_windows(batch)
             batch = []

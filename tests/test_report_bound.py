@@ -272,3 +272,67 @@ def test_a_week_without_gpm_says_unknown() -> None:
     assert "where it went is unknown" not in render_slack(rep)  # no line about a split nobody had
     row = {r["model"]: r for r in csv.DictReader(io.StringIO(render_csv(rep)))}["(all)"]
     assert row["compute_bound_usd"] == "" and float(row["bound_usd_coverage"]) == 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Through the real window join: NVML GPM readings and engine counters → store → weekly report
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_real_join_to_the_report_by_hand(tmp_path: Path) -> None:
+    """Engine a on an H100 SXM at $3.60/h; engine b on an A100 at $1.80/h, whose NVML has no GPM.
+    Each 600 s tick the H100's GPM reads SMs busy 90 %, tensor cores 50 %, DRAM 30 %, PCIe receive
+    6.4 GB/s (10 % of Gen5 x16's 64 GB/s one way) and NVLink transmit 22.5 GB/s (5 % of 450 GB/s):
+    communication = the busier link, 10 %. Busy 0.9 split 5 : 3 : 1 → compute 0.5, memory 0.3,
+    communication 0.1, idle 0.1 of each GPU-second and dollar.
+
+    A day (144 ticks): a costs 144 × $0.60 = $86.40 over 86,400 GPU-s: compute $43.20, memory
+    $25.92, communication $8.64, idle $8.64 (43,200 / 25,920 / 8,640 / 8,640 s); b costs $43.20 with
+    no split. The week: $129.60, of which $86.40 (2/3) has a split, shares as a's."""
+    from agent.cost.inputs import EngineSpec, GpuRate, PriceTable
+    from agent.cost.window import WindowJoiner
+    from agent.hardware import PCIE5_X16
+    from agent.samples import EngineScrape, GpuSample, ModelSignals, NvmlRound
+
+    end = T
+    start = end - 86400.0
+    specs = (EngineSpec("a", gpus=(0,), model_version="v1"), EngineSpec("b", gpus=(1,), model_version="v1"))
+    prices = PriceTable(gpus=(GpuRate("H100", 3.6), GpuRate("A100", 1.8)))
+    j = WindowJoiner("n1", specs, prices)
+    st = Store(tmp_path / "h.sqlite", 35, ManualClock(end))
+    ticks = 144  # a day; the first round only starts the first tick
+    for k in range(ticks + 1):
+        t = start + k * STEP
+        h100 = GpuSample(
+            0, "GPU-0", "NVIDIA H100 80GB HBM3", t, util_gpu_ratio=0.9,
+            sm_active_ratio=0.9, tensor_active_ratio=0.5, dram_bw_ratio=0.3,
+            pcie_rx_bytes_per_s=0.1 * PCIE5_X16, pcie_tx_bytes_per_s=0.0,
+            nvlink_rx_bytes_per_s=0.0, nvlink_tx_bytes_per_s=0.05 * 450e9,
+        )  # fmt: skip
+        a100 = GpuSample(1, "GPU-1", "NVIDIA A100-SXM4-80GB", t, util_gpu_ratio=0.9)
+        j.add_round(NvmlRound(t, True, (h100, a100)))
+        pages = {
+            name: EngineScrape(
+                name,
+                "vllm",
+                t,
+                True,
+                0.01,
+                (ModelSignals(model, prompt_tokens_total=1000.0 * k, generation_tokens_total=500.0 * k),),
+            )
+            for name, model in (("a", "llama-70b"), ("b", "qwen-7b"))
+        }
+        tick = j.close_tick(t, pages)
+        st.write_windows(list(tick.windows))
+    st.close()
+    rep = build_from_store(tmp_path / "h.sqlite", end=end)
+    by = {m.model: m.gpu_time for m in rep.models}
+    a, b = by["llama-70b"], by["qwen-7b"]
+    assert a.cost_usd == pytest.approx(ticks * 0.6) and a.gpu_seconds == pytest.approx(ticks * 600.0)
+    assert a.usd == pytest.approx({"compute": 43.2, "memory": 25.92, "communication": 8.64, "idle": 8.64})
+    assert a.time_share == pytest.approx({"compute": 0.5, "memory": 0.3, "communication": 0.1, "idle": 0.1})
+    assert a.covered_gpu_seconds == pytest.approx(86_400.0) and a.usd_coverage == pytest.approx(1.0)
+    assert b.cost_usd == pytest.approx(ticks * 0.3) and b.usd is None and b.usd_coverage == 0.0
+    g = rep.gpu_time
+    assert g.cost_usd == pytest.approx(129.6) and g.usd_coverage == pytest.approx(2 / 3)
+    assert g.usd_share == pytest.approx({"compute": 0.5, "memory": 0.3, "communication": 0.1, "idle": 0.1})

@@ -645,8 +645,9 @@ def latency_panels_fleet(m: str, mv: str, by_mv: str) -> list[Panel]:
                 ],
                 SECONDS,
                 w=8,
-                desc="Interpolated within the engine's own buckets: a quantile is only as fine as they are. "
-                "Absent for engines without the histogram (TGI, Triton without TRT-LLM metrics).",
+                desc="Interpolated within the engine's own buckets: a quantile is only as fine as they are, "
+                "and a version served by engines with different bucket layouts mixes them. Absent for "
+                "engines that expose no such histogram (llama.cpp none, TGI no TTFT, Triton TTFT only).",
             )
         )
     return out

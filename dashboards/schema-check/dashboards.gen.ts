@@ -1594,7 +1594,7 @@ export const infercost_fleet: Checked = {
     {
       "type": "timeseries",
       "title": "Time to first token p50 and p99 by model and version",
-      "description": "Interpolated within the engine's own buckets: a quantile is only as fine as they are. Absent for engines without the histogram (TGI, Triton without TRT-LLM metrics).",
+      "description": "Interpolated within the engine's own buckets: a quantile is only as fine as they are, and a version served by engines with different bucket layouts mixes them. Absent for engines that expose no such histogram (llama.cpp none, TGI no TTFT, Triton TTFT only).",
       "datasource": {
         "type": "prometheus",
         "uid": "${datasource}"
@@ -1671,7 +1671,7 @@ export const infercost_fleet: Checked = {
     {
       "type": "timeseries",
       "title": "Inter-token latency p50 and p99 by model and version",
-      "description": "Interpolated within the engine's own buckets: a quantile is only as fine as they are. Absent for engines without the histogram (TGI, Triton without TRT-LLM metrics).",
+      "description": "Interpolated within the engine's own buckets: a quantile is only as fine as they are, and a version served by engines with different bucket layouts mixes them. Absent for engines that expose no such histogram (llama.cpp none, TGI no TTFT, Triton TTFT only).",
       "datasource": {
         "type": "prometheus",
         "uid": "${datasource}"
@@ -1748,7 +1748,7 @@ export const infercost_fleet: Checked = {
     {
       "type": "timeseries",
       "title": "End-to-end latency p50 and p99 by model and version",
-      "description": "Interpolated within the engine's own buckets: a quantile is only as fine as they are. Absent for engines without the histogram (TGI, Triton without TRT-LLM metrics).",
+      "description": "Interpolated within the engine's own buckets: a quantile is only as fine as they are, and a version served by engines with different bucket layouts mixes them. Absent for engines that expose no such histogram (llama.cpp none, TGI no TTFT, Triton TTFT only).",
       "datasource": {
         "type": "prometheus",
         "uid": "${datasource}"

@@ -286,6 +286,17 @@ def _difference(s: Sequence[float]) -> float | None:
     return s[0] - s[1]
 
 
+def _part_of(s: Sequence[float]) -> float | None:
+    """s[0] over the sum of the rest (None when that is 0: no split in the window)."""
+    whole = sum(s[1:])
+    return s[0] / whole if whole > 0 else None
+
+
+def _covered(s: Sequence[float]) -> float | None:
+    """The sum of all but the last over the last (None without dollars)."""
+    return sum(s[:-1]) / s[-1] if s[-1] > 0 else None
+
+
 def _mean(name: str, kind: Kind, short: str, unit: str) -> Signal:
     return Signal(name, kind, (short + ".s", short + ".w"), _rate, unit)
 
@@ -354,6 +365,13 @@ _SIGNAL_LIST: tuple[Signal, ...] = (
         "USD",
     ),
     Signal("gpu_idle_cost_usd", "gpu", ("idle_usd",), _total, "USD"),
+    # where GPU time went (bound_sums): each bound's share of the GPU dollars over the minutes with
+    # a split (absent over a window without one), and the share of the dollars that had one
+    *(
+        Signal(f"{b}_bound_cost_ratio", "model", (f"bound_{b}_usd", *BOUND_USD), _part_of, "ratio")
+        for b in BOUNDS
+    ),
+    Signal("bound_cost_coverage_ratio", "model", (*BOUND_USD, "cost_usd"), _covered, "ratio"),
 )
 SIGNALS: Mapping[str, Signal] = {s.name: s for s in _SIGNAL_LIST}
 

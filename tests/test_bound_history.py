@@ -15,10 +15,13 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+import yaml
 
 from agent.clock import ManualClock
 from agent.cost.bound import BOUNDS
-from agent.records import BOUND_SUMS, bound_sums, window_from_record
+from agent.detect.evaluator import RuleEvaluator
+from agent.detect.rules import load_rules
+from agent.records import BOUND_SUMS, SIGNALS, MinuteRecord, bound_sums, model_sums, window_from_record
 from agent.samples import CostWindow, UsageWindow
 from agent.store import MIGRATIONS, SCHEMA_VERSION, Store
 
@@ -122,3 +125,74 @@ def test_a_schema_5_store_is_migrated_and_keeps_its_minutes(tmp_path: Path) -> N
     recs = st.records(T0 + 60, T0 + 180, ("model",))
     assert [x.sums["bound_idle_seconds"] for x in recs] == pytest.approx([6.0, 6.0])
     st.close()
+
+
+LABELS = (("node", "n1"), ("engine", "e1"), ("model", "llama"), ("model_version", "v1"))
+
+
+def _rec(minute: float, bound: bool) -> MinuteRecord:
+    return MinuteRecord("model", LABELS, minute, model_sums(window(minute, bound)))
+
+
+@pytest.mark.parametrize(
+    ("signal", "expected"),
+    [
+        # 3 minutes with a split and 2 without: shares over the 3 ($0.15 of bound dollars) only
+        ("compute_bound_cost_ratio", 3 * 0.025 / 0.15),
+        ("memory_bound_cost_ratio", 3 * 0.015 / 0.15),
+        ("communication_bound_cost_ratio", 3 * 0.005 / 0.15),
+        ("idle_bound_cost_ratio", 3 * 0.005 / 0.15),
+        # $0.15 of the 5 minutes' $0.25 had a split
+        ("bound_cost_coverage_ratio", 0.15 / 0.25),
+    ],
+)
+def test_bound_signals_over_five_minutes_by_hand(signal: str, expected: float) -> None:
+    sig = SIGNALS[signal]
+    recs = [_rec(T0 + i * 60, bound=i < 3) for i in range(5)]
+    assert sig.fn([sum(r.sums.get(k, 0.0) for r in recs) for k in sig.inputs]) == pytest.approx(expected)
+
+
+def test_bound_shares_are_absent_without_a_split() -> None:
+    recs = [_rec(T0 + i * 60, bound=False) for i in range(5)]
+    for b in BOUNDS:
+        sig = SIGNALS[f"{b}_bound_cost_ratio"]
+        assert sig.fn([sum(r.sums.get(k, 0.0) for r in recs) for k in sig.inputs]) is None
+    sig = SIGNALS["bound_cost_coverage_ratio"]
+    assert sig.fn([sum(r.sums.get(k, 0.0) for r in recs) for k in sig.inputs]) == 0.0
+
+
+def test_a_rule_on_the_idle_bound_share_fires(tmp_path: Path) -> None:
+    """A version whose GPUs sat idle for 40 % of the dollars with a split (above a 25 % ceiling)
+    fires after its `for`; at 10 % idle (the window of this file) it stays quiet."""
+    p = tmp_path / "r.yaml"
+    p.write_text(
+        yaml.safe_dump(
+            {
+                "rules": [
+                    {
+                        "id": "idle_bound_share",
+                        "signal": "idle_bound_cost_ratio",
+                        "over": "15m",
+                        "op": ">",
+                        "threshold": 0.25,
+                        "for": "10m",
+                        "severity": "warning",
+                        "summary": "{model} {model_version}: {value} of the GPU dollars idle",
+                    }
+                ]
+            }
+        )
+    )
+    idle = {"compute": 0.015, "memory": 0.01, "communication": 0.005, "idle": 0.02}  # 0.02 / 0.05 = 40 %
+
+    def run(usd: dict[str, float]) -> list[str]:
+        ev = RuleEvaluator(load_rules([p]))
+        fired: list[str] = []
+        for i in range(40):
+            t = T0 + i * 60
+            w = dataclasses.replace(window(t), bound_usd=usd)
+            fired += [f.rule_id for f in ev.step(t + 60, [MinuteRecord("model", LABELS, t, model_sums(w))])]
+        return fired
+
+    assert "idle_bound_share" in run(idle)
+    assert run(USD) == []

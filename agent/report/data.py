@@ -9,7 +9,9 @@ the two weeks before ``end``), whichever path they come from:
 - cost windows in memory (:func:`build_from_windows`, tests and tools).
 
 All paths share :func:`assemble`, so the reports of the same traffic agree. Every $/token figure is
-a ratio of sums (Σ cost / Σ tokens), never a mean of ratios.
+a ratio of sums (Σ cost / Σ tokens), never a mean of ratios; where the dollars went
+(:class:`WhereDollarsWent`) and where GPU time went (:class:`WhereGpuTimeWent`, by bound) are
+ratios of sums over only the hours that had the figure.
 
 **Like load.** Cost per token falls as batches fill, so two weeks (or two versions) are compared
 hour by hour *in the same load band* (requests running when the engine reports it, as the alert

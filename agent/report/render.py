@@ -4,7 +4,8 @@
   be mailed or opened from disk): summary cards, week over week at like load, regressions and
   savings in dollars, and per model version line charts over the week ($ per 1M output tokens
   against its baseline band at like load, spend per day, idle per day) with deploy markers. Hours
-  and days without data are gaps in the lines, never $0.00.
+  and days without data are gaps in the lines, never $0.00; where the dollars went and where GPU
+  time went (by bound, with the share of the dollars the split covers).
 - :func:`render_markdown` (tickets, GitHub) and :func:`render_slack` (the summary posted to Slack).
 - :func:`render_csv` and :func:`render_json`: the numbers.
 

@@ -58,6 +58,12 @@ def _status_kb(pid: int, key: str) -> float | None:
     return None
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _children(pid: int) -> list[int]:
     """Processes whose parent is ``pid`` (the daemon's fit process)."""
     out = []
@@ -171,6 +177,7 @@ def run(
         fit_last: dict[int, float] = {}  # ... and last seen
         t_start = time.monotonic()
         t_first = t_warm = t_quiet = None  # t_quiet: warmed up and no fit process running
+        cpu_first = cpu_warm = float("nan")  # the daemon's CPU seconds at those instants
         try:
             with Progress(
                 SpinnerColumn(),
@@ -191,11 +198,13 @@ def run(
                     ms = (time.monotonic() - t0) * 1000
                     if ok and t_first is None:
                         t_first = time.monotonic()
+                        cpu_first = _cpu_seconds(daemon.pid)
                         bar.update(task, description="replaying history; probing /metrics every 50 ms")
                     if ok and t_warm is None:
                         latencies.append(ms)
                     if warmed.is_set() and t_warm is None:
                         t_warm = time.monotonic()
+                        cpu_warm = _cpu_seconds(daemon.pid)
                         bar.update(task, description="warmed up; measuring steady RSS")
                     kids = _children(daemon.pid)
                     now = time.monotonic()
@@ -245,6 +254,10 @@ def run(
         f"slowest {worst:.0f} ms, p99 {p99:.0f} ms (target <= {TARGET_MS:.0f} ms)"
     )
     print_fn(
+        f"  replay: {cpu_warm - cpu_first:.1f} CPU-s of the daemon over {t_warm - t_first:.1f} s wall "
+        "(from the first /metrics answer to the warm-up line; the wall time depends on the machine's load)"
+    )
+    print_fn(
         f"  RSS: peak {peak:.1f} MB, steady {steady_mb:.1f} MB, ratio {peak / steady_mb:.2f} "
         f"(target <= {TARGET_PEAK_RATIO})"
     )
@@ -265,6 +278,7 @@ def run(
         "p99_ms": p99,
         "peak_mb": peak,
         "steady_mb": steady_mb,
+        "replay_cpu_s": cpu_warm - cpu_first,
         "agent_steady_mb": agent_mb,
         "fit_peak_mb": max(fit_peak.values(), default=0.0),
     }

@@ -171,6 +171,15 @@ class OtlpExporterConfig(_Frozen):
     interval_seconds: float = Field(60.0, ge=1, le=86400)  # why ≥ 1 s: a Collector is not a hot path
     timeout_seconds: float = Field(5.0, gt=0, le=600)
 
+    def endpoint_in(self, environ: Mapping[str, str]) -> str | None:
+        """Where to push: this endpoint, else the standard variables in ``environ``; None = export off."""
+        return (
+            self.endpoint
+            or environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+            or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+            or None
+        )
+
 
 class ExportersConfig(_Frozen):
     """Exporters of the current snapshot."""

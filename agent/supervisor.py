@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import sqlite3
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
@@ -38,7 +39,6 @@ from agent.clock import Clock, SteadyClock
 from agent.config import Config, ConfigError, EngineConfig
 from agent.cost.window import TickResult, WindowJoiner
 from agent.samples import CostWindow, EngineScrape, NvmlRound
-from agent.sinks.otlp import otlp_exporter
 from agent.sinks.prometheus import PrometheusServer
 from agent.sinks.webconfig import load_web_config
 from agent.snapshot import Ledger, Snapshot
@@ -282,7 +282,11 @@ class Agent:
             await self.sampler.start()
         elif not self.hooks.nvml_expected:
             logger.info("no NVML backend: GPU series are absent, engines are still scraped")
-        otlp = otlp_exporter(self.snapshot, exp.otlp, self.cfg.node)  # config or OTEL_EXPORTER_OTLP_*
+        otlp = None
+        if exp.otlp.endpoint_in(os.environ) is not None:  # config or OTEL_EXPORTER_OTLP_*
+            from agent.sinks.otlp import otlp_exporter  # the OTel SDK (~3 MB) only when exporting
+
+            otlp = otlp_exporter(self.snapshot, exp.otlp, self.cfg.node)
         self.started.set()
         timeout = aiohttp.ClientTimeout(total=None)
         try:

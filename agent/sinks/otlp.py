@@ -468,16 +468,6 @@ def resource(node: str, environ: Mapping[str, str]) -> Resource:
     return Resource.create(attrs, schema_url=SCHEMA_URL)
 
 
-def endpoint_of(cfg: OtlpExporterConfig, environ: Mapping[str, str]) -> str | None:
-    """Where to push: the config's endpoint, else the standard variables; None = export off."""
-    return (
-        cfg.endpoint
-        or environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
-        or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-        or None
-    )
-
-
 def protocol_of(cfg: OtlpExporterConfig, environ: Mapping[str, str]) -> str:
     """http/protobuf (default) or grpc; http/json is refused (the SDK does not send it)."""
     proto = (
@@ -575,7 +565,7 @@ def otlp_exporter(
 ) -> OtlpExporter | None:
     """The exporter when an endpoint is configured (config or ``OTEL_EXPORTER_OTLP_*``), else None."""
     env = os.environ if environ is None else environ
-    endpoint = endpoint_of(cfg, env)
+    endpoint = cfg.endpoint_in(env)
     if endpoint is None:
         return None
     where = urlsplit(endpoint)  # scheme and host only: a URL may carry credentials

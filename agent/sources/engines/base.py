@@ -527,12 +527,6 @@ class _Mapping:
         bucket_samples = self.page.get(base + "_bucket")
         if bucket_samples is None and base + "_sum" not in self.page and base + "_count" not in self.page:
             return {}  # not on the page (an older name's alternative, say)
-        buckets: dict[str, dict[float, float]] = {}
-        # per model, per ranked series: its buckets (only where series carry labels besides le, the
-        # model's and the selecting ones: the rank labels, named once from the first such series)
-        ranked: dict[str, dict[Hashable, dict[float, float]]] = {}
-        one_of: dict[Hashable, Mapping[str, str]] = {}  # a series' labels, for its name at the end
-        rank_keys: tuple[str, ...] = ()
         fixed = 1 + (self.a.model_label is not None) + len(where)
         if parts is not None and not self._several_series(base + "_count", where, fixed - 1):
             parts = None  # one series per model: the sum is that series, nothing to tell apart
@@ -540,6 +534,12 @@ class _Mapping:
             planned = self._planned_buckets(s, bucket_samples)
             if planned is not None:
                 return self._planned_histograms(signal, s, planned)
+        buckets: dict[str, dict[float, float]] = {}
+        # per model, per ranked series: its buckets (only where series carry labels besides le, the
+        # model's and the selecting ones: the rank labels, named once from the first such series)
+        ranked: dict[str, dict[Hashable, dict[float, float]]] = {}
+        one_of: dict[Hashable, Mapping[str, str]] = {}  # a series' labels, for its name at the end
+        rank_keys: tuple[str, ...] = ()
         ml, model_of, fallback = self.a.model_label, self.model_of, self.fallback
         scale, known_le, inf = s.scale, _LE, math.inf
         for _, labels, v, _ in bucket_samples or ():

@@ -119,3 +119,29 @@ def test_detection_before_visible_onset_counts_as_zero_delay() -> None:
     incs = (_inc("drift", w + 100, w + 3000, factor=2.0, visible_min=w + 900),)
     s = score_detector("x", [([T0 + (w + 500) * MINUTE], _sim(incs, minutes))], WEEK)
     assert s.delays_minutes == (0.0,)
+
+
+def test_false_alarm_breakdown_names_the_rule_that_raised_each_false_alarm() -> None:
+    from agent.bench.detection import NodeRun, false_alarm_breakdown
+
+    incs = (_inc("step", 100, 200), _inc("long_prompts", 300, 400))
+    m = MINUTE
+    intervals = {
+        # starts the merged event at 310 (in the long-prompt day) and one at 500 (normal traffic)
+        "roofline_efficiency_drop": [(T0 + 310 * m, T0 + 330 * m), (T0 + 500 * m, T0 + 510 * m)],
+        # joins the 310 event later (not its raiser), detects the step at 120, and ties at 500
+        "cost_anomaly": [
+            (T0 + 320 * m, T0 + 340 * m),
+            (T0 + 120 * m, T0 + 130 * m),
+            (T0 + 500 * m, T0 + 505 * m),
+        ],
+        # alone at 700: normal traffic; before the warm-up end (minute 50): not counted
+        "ttft_p99_high": [(T0 + 700 * m, T0 + 720 * m), (T0 + 10 * m, T0 + 20 * m)],
+    }
+    run = NodeRun("azure", 1, "n", T0, 1000, m, incs, np.zeros(1000), intervals, {}, 0.0)
+    out = false_alarm_breakdown([run], list(intervals), warmup=50 * m)
+    assert out == {
+        ("azure", "roofline_efficiency_drop", "long_prompts"): 1,
+        ("azure", "cost_anomaly+roofline_efficiency_drop", "normal traffic"): 1,
+        ("azure", "ttft_p99_high", "normal traffic"): 1,
+    }

@@ -48,7 +48,7 @@ from agent.samples import CostWindow
 
 logger = logging.getLogger(__name__)
 
-STATE_FORMAT = 4  # bump when the persisted layout changes; other formats are ignored on load
+STATE_FORMAT = 5  # bump when the persisted layout changes; other formats are ignored on load
 STATE_FILE = f"forest-v{STATE_FORMAT}.npz"
 
 FEATURE_NAMES: tuple[str, ...] = (
@@ -60,34 +60,42 @@ FEATURE_NAMES: tuple[str, ...] = (
     "log10_ttft_p99_seconds",  # log10 of seconds
     "log10_itl_p99_seconds",  # log10 of seconds
     "kv_cache_usage_ratio",  # 0–1
-    "log10_requests_running",  # log10(1 + running requests): the load as the engine holds it
+    "log10_output_tokens_per_second",  # log10 of generation tokens/s: what the load produced
     "roofline_ratio",  # observed decode tok/s ÷ bandwidth ceiling
-    "log10_output_tokens_per_second",  # log10 of generation tokens/s: the offered load (exogenous)
+    "log10_requests_running",  # log10(1 + running requests): the load as the engine is asked to hold it
     "log10_prompt_per_output_ratio",  # log10 of prompt tokens / generation token: the request mix
     "hour_of_week_sin",  # sin(2π · hour_of_week / 168), hour 0 = Monday 00:00 UTC
     "hour_of_week_cos",  # cos(2π · hour_of_week / 168)
 )
 N_FEATURES = len(FEATURE_NAMES)
 # The last four describe the context (how much traffic, of what mix, when); the others are
-# outcomes. Before the forest sees them, each outcome is replaced by its residual from a
+# outcomes. The traffic is requests in flight, not tokens/s: with a fixed set of GPUs, tokens/s
+# determines the cost per token and tokens per GPU-second exactly, so with tokens/s as the context
+# their residuals were always 0 and a slower build (same demand, fewer tokens/s per request in
+# flight) showed only in the efficiency group; at like concurrency it costs more per token. Before the forest sees them, each outcome is replaced by its residual from a
 # least-squares fit on the context over the training window, so "high cost per token at night"
 # is explained by the night's low traffic, and what is left is the part no load level explains.
 # Why: an isolation forest cuts along one feature at a time and is poor at points that are off a
 # curved load/cost surface but inside every feature's marginal range, which is exactly where a
 # 1.2–1.5× regression lands.
 N_OUTCOMES = N_FEATURES - 4
-_LOAD = N_OUTCOMES  # index of log10_output_tokens_per_second
+_LOAD = N_OUTCOMES  # index of log10_requests_running
 _MIX = N_OUTCOMES + 1  # index of log10_prompt_per_output_ratio
 # Which way each outcome goes when the model gets *more expensive or less efficient* (+1: up is
 # bad, -1: down is bad). Residuals the other way are set to 0 before the forests see them. Why:
 # an isolation forest flags any rare point, and a cheaper minute, a faster one or a change of mix
 # that lowers the cost is rare too; the issue is cost regressions, and two thirds of the
 # two-sided forest's false alarms were changes in the harmless direction.
-BAD_DIRECTION: tuple[float, ...] = (1.0, -1.0, -1.0, -1.0, 1.0, 1.0, 1.0, 1.0, 1.0, -1.0)
-# Why 0.05 (≈ 12 %): a mix this far outside everything seen in the training week is a context the
-# forest cannot judge (its cost-per-output-token surface was never observed there); it abstains
-# (score None) until the next refit has seen that mix, and the like-for-like rules carry on.
-MIX_MARGIN_LOG10 = 0.05
+BAD_DIRECTION: tuple[float, ...] = (1.0, -1.0, -1.0, -1.0, 1.0, 1.0, 1.0, 1.0, -1.0, -1.0)
+# Which request mixes the forest judges: those between the training week's 1st and 99th
+# percentiles of the prompt/output ratio; outside, it abstains (score None) until a refit has seen
+# that mix, and the like-for-like rules carry on. Why not the 0.1–99.9 % range plus a margin of 0.05
+# (≈ 12 %), as before: the context fit is barely constrained at the edge of the mix range, and a
+# day of long-prompt traffic on the benchmark's Azure-trace model kept a few minutes inside it that
+# scored 2–3 on cost per output token; a rule's 1-hour mean over only those judged minutes fired
+# (10 of the forest's 19 false alarms on tuning seeds 11–13).
+MIX_QUANTILE = 0.01
+MIX_MARGIN_LOG10 = 0.0
 # The forest is an ensemble of small forests, one per group of related outcome residuals, and the
 # score is the largest group score. Why: in one 10-dimensional forest a point that is extreme in
 # a single feature (roofline efficiency down 30 %, say) is rarely isolated before the trees' depth
@@ -96,7 +104,7 @@ MIX_MARGIN_LOG10 = 0.05
 FEATURE_GROUPS: tuple[tuple[int, ...], ...] = (
     (0, 1, 4),  # cost: $/1M output, tokens per GPU-second, joules per token
     (2, 3, 9),  # efficiency: GPU utilisation, memory bandwidth, roofline
-    (5, 6, 7, 8),  # latency and pressure: TTFT, ITL, KV cache, running requests
+    (5, 6, 7, 8),  # latency and pressure: TTFT, ITL, KV cache, tokens/s at that concurrency
 )
 # Outcomes whose residual size says *how much* more a token costs: $/1M output, tokens per
 # GPU-second, joules per token, roofline. Why: an isolation forest's path lengths saturate past the
@@ -139,9 +147,9 @@ def features(window: CostWindow) -> np.ndarray | None:
             log10(u.ttft_p99_seconds),
             log10(u.itl_p99_seconds),
             ratio(u.kv_cache_usage_ratio),
-            nan if u.requests_running is None else math.log10(1.0 + u.requests_running),
-            ratio(window.roofline_ratio),
             log10(u.generation_tokens / u.duration),
+            ratio(window.roofline_ratio),
+            nan if u.requests_running is None else math.log10(1.0 + u.requests_running),
             log10(u.prompt_tokens / u.generation_tokens),
             math.sin(2 * math.pi * how / 168.0),
             math.cos(2 * math.pi * how / 168.0),
@@ -188,12 +196,19 @@ def _calibrate(raw: np.ndarray, quantile: float) -> tuple[float, float]:
     return median, max(threshold, median + 1e-6)
 
 
+# Residuals within this of the usual point count as 0 (log10 units: ≈ 2.3 %; ratios: 1 point).
+# Why: an isolation forest is scale-free, so on a tight training set it isolated a Sunday trough's
+# GPU utilisation 0.5 points under the fit (score 1.1 for a minute made 1.5× *cheaper*); a change
+# this small moves no cost. A 1.2× regression is 0.08 in log10.
+DEAD_BAND = 0.01
+
+
 def _transform(x: np.ndarray, coef: np.ndarray, centre: np.ndarray) -> np.ndarray:
     """What the forests see: outcome residuals from the context fit, turned so that "worse" is
-    positive, less their training median, and cut at 0 (no better-than-usual side); the context
-    columns are kept after them."""
+    positive, less their training median and :data:`DEAD_BAND`, and cut at 0 (no better-than-usual
+    side); the context columns are kept after them."""
     resid = (x[:, :N_OUTCOMES] - _basis(x) @ coef) * np.asarray(BAD_DIRECTION)
-    return np.hstack([np.maximum(resid - centre, 0.0), x[:, N_OUTCOMES:]])
+    return np.hstack([np.maximum(resid - centre - DEAD_BAND, 0.0), x[:, N_OUTCOMES:]])
 
 
 class ForestDetector:
@@ -310,9 +325,13 @@ class ForestDetector:
         coef, *_ = np.linalg.lstsq(_basis(x), x[:, :N_OUTCOMES], rcond=None)
         signed = (x[:, :N_OUTCOMES] - _basis(x) @ coef) * np.asarray(BAD_DIRECTION)
         centre = np.median(signed, axis=0)
-        mix_range = (float(np.quantile(x[:, _MIX], 0.001)), float(np.quantile(x[:, _MIX], 0.999)))
+        mix_range = (
+            float(np.quantile(x[:, _MIX], MIX_QUANTILE)),
+            float(np.quantile(x[:, _MIX], 1.0 - MIX_QUANTILE)),
+        )
         z = _transform(x, coef, centre)
-        scale = np.maximum(np.quantile(z[:, :N_OUTCOMES], self.quantile, axis=0), 1e-6)
+        # at least DEAD_BAND: a residual just past the dead band is not yet a multiple of anything
+        scale = np.maximum(np.quantile(z[:, :N_OUTCOMES], self.quantile, axis=0), DEAD_BAND)
         from sklearn.ensemble import IsolationForest  # only where a forest is fitted
 
         forests: list[TreeEnsemble] = []

@@ -72,8 +72,9 @@ N_FEATURES = len(FEATURE_NAMES)
 # outcomes. The traffic is requests in flight, not tokens/s: with a fixed set of GPUs, tokens/s
 # determines the cost per token and tokens per GPU-second exactly, so with tokens/s as the context
 # their residuals were always 0 and a slower build (same demand, fewer tokens/s per request in
-# flight) showed only in the efficiency group; at like concurrency it costs more per token. Before the forest sees them, each outcome is replaced by its residual from a
-# least-squares fit on the context over the training window, so "high cost per token at night"
+# flight) showed only in the efficiency group; at like concurrency it costs more per token.
+# Before the forest sees them, each outcome is replaced by its residual from a least-squares fit
+# on the context over the training window, so "high cost per token at night"
 # is explained by the night's low traffic, and what is left is the part no load level explains.
 # Why: an isolation forest cuts along one feature at a time and is poor at points that are off a
 # curved load/cost surface but inside every feature's marginal range, which is exactly where a

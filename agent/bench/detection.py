@@ -604,11 +604,11 @@ def run(
     breakdown = false_alarm_breakdown(runs, detectors["combined"], warmup)
     for gen in generators:
         per_rule: dict[str, dict[str, int]] = {}
-        for (g, rule_id, cause), v in breakdown.items():
-            if g == gen:
+        for (model, rule_id, cause), v in breakdown.items():
+            if model == gen:
                 per_rule.setdefault(rule_id, {})[cause] = v
-        rows = "; ".join(f"{rid}: {fmt(c)}" for rid, c in sorted(per_rule.items())) or "none"
-        print_fn(f"  {gen}: false alarms (combined) by the rule that raised them, by cause: {rows}")
+        fa_rows = "; ".join(f"{rid}: {fmt(c)}" for rid, c in sorted(per_rule.items())) or "none"
+        print_fn(f"  {gen}: false alarms (combined) by the rule that raised them, by cause: {fa_rows}")
     print_fn(
         "targets on the worst case (combined): recall ≥ 95 % for realised ≥ 1.2×, median delay ≤ 15 m, "
         f"≤ 1 false alarm per node-week; forest alone ≥ 80 %. Ran in {seconds:.0f} s "

@@ -34,6 +34,7 @@ import math
 import multiprocessing
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -291,6 +292,7 @@ class NodeRun:
     intervals: Mapping[str, list[tuple[float, float]]]  # rule id → firing (start, end), epoch seconds
     annotations: Mapping[str, list[tuple[float, str]]]  # rule id → (fired at, price change named) per alert
     seconds: float  # wall-clock seconds the run took
+    cpu_seconds: Mapping[str, float] = field(default_factory=dict)  # CPU seconds of the run per phase (PHASES)
 
 
 def bench_rules() -> RuleSet:
@@ -300,9 +302,35 @@ def bench_rules() -> RuleSet:
     return RuleSet((*shipped.rules, *literal), dict(shipped.sources))
 
 
-async def _run_through_agent(sim: SimulatedNode, workdir: Path, forest_seed: int) -> NodeRun:
+# The phases of a node-run whose CPU time the benchmark reports (where the time goes).
+PHASES = ("simulate", "render", "join", "store", "forest_score", "forest_fit", "rules")
+
+
+class _PhaseClock:
+    """CPU seconds (this process) spent per phase; ``with clock("join"): ...`` adds to a phase."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        self._phase = ""
+        self._t0 = 0.0
+
+    def __call__(self, phase: str) -> _PhaseClock:
+        self._phase = phase
+        return self
+
+    def __enter__(self) -> None:
+        self._t0 = time.process_time()
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds[self._phase] += time.process_time() - self._t0
+
+
+async def _run_through_agent(
+    sim: SimulatedNode, workdir: Path, forest_seed: int, phases: _PhaseClock | None = None
+) -> NodeRun:
     """Feed the node's samples through the real window join, store, forest and detection pipeline."""
     t0 = time.perf_counter()
+    ph = phases or _PhaseClock()
     clock = ManualClock(sim.start)
     store = Store(workdir / "history.sqlite", retention_days=60.0, clock=clock)
     rules = bench_rules()
@@ -317,26 +345,47 @@ async def _run_through_agent(sim: SimulatedNode, workdir: Path, forest_seed: int
     last_fit = sim.start
     versions_seen: dict[str, float] = {}
     next_step = sim.start + HOUR
+    # The forest's training windows as read back from the store (what the daemon's fit process
+    # reads), each minute read once: a record never changes once the minute it starts has been
+    # written (the window join writes a minute's window once, windows of later ticks start later,
+    # and the anomaly score written back is not a training input), so the fit of every day reads
+    # only the minutes since the previous one instead of the whole week again. Same windows, same order.
+    training: deque[tuple[float, CostWindow]] = deque()  # (minute, window) in the store's order
+    read_until = -math.inf  # epoch seconds: minutes before this are in ``training`` (or too old)
+
+    def training_windows(now: float) -> list[CostWindow]:
+        nonlocal read_until
+        since = now - forest.training_seconds
+        for r in store.records(max(since, read_until), now, kinds=("model",)):
+            training.append((r.minute, window_from_record(r)))
+        read_until = max(read_until, now)
+        while training and training[0][0] < since:
+            training.popleft()
+        return [w for _, w in training]
 
     async def flush(now: float) -> None:
         nonlocal pending, last_fit
         if pending:
-            store.write_windows(pending)
-            scores = forest.score_many(pending)
-            for w, s in zip(pending, scores, strict=True):
-                if s is not None:
-                    u = w.usage
-                    store.write_anomaly_score(u.node, u.engine, u.model, u.model_version, u.start, s)
+            with ph("store"):
+                store.write_windows(pending)
+            with ph("forest_score"):
+                scores = forest.score_many(pending)
+                for w, s in zip(pending, scores, strict=True):
+                    if s is not None:
+                        u = w.usage
+                        store.write_anomaly_score(u.node, u.engine, u.model, u.model_version, u.start, s)
             for w in pending:
                 versions_seen.setdefault(w.usage.model_version, w.usage.start)
             pending = []
         settle = [v + forest.version_settle_seconds for v in versions_seen.values()]
         if now - last_fit >= forest.refit_seconds or any(last_fit < s <= now for s in settle):
-            recs = store.records(now - forest.training_seconds, now, kinds=("model",))
-            forest.fit([window_from_record(r) for r in recs], now)
+            with ph("forest_fit"):
+                forest.fit(training_windows(now), now)
             last_fit = now
         clock.advance(max(0.0, now - clock.now()))
-        for ev in await pipeline.step(now):
+        with ph("rules"):
+            events = await pipeline.step(now)
+        for ev in events:
             key = ev.alert.dedup_key
             if ev.kind == "firing":
                 open_since[key] = (ev.alert.rule_id, ev.at)
@@ -345,9 +394,15 @@ async def _run_through_agent(sim: SimulatedNode, workdir: Path, forest_seed: int
                 rule_id, since = open_since.pop(key)
                 intervals[rule_id].append((since, ev.at))
 
-    for tick in ticks(sim):
-        joiner.add_round(tick.nvml)
-        pending.extend(joiner.close_tick(tick.t, {ENGINE: tick.scrape}, {ENGINE: tick.version}).windows)
+    readings = ticks(sim)
+    while True:
+        with ph("render"):
+            tick = next(readings, None)
+        if tick is None:
+            break
+        with ph("join"):
+            joiner.add_round(tick.nvml)
+            pending.extend(joiner.close_tick(tick.t, {ENGINE: tick.scrape}, {ENGINE: tick.version}).windows)
         if tick.t >= next_step:
             await flush(tick.t)
             next_step = tick.t + HOUR
@@ -359,7 +414,7 @@ async def _run_through_agent(sim: SimulatedNode, workdir: Path, forest_seed: int
     store.close()
     return NodeRun(
         sim.generator, -1, sim.node, sim.start, sim.minutes, sim.tick_seconds, sim.incidents,
-        sim.excess_usd_per_minute, intervals, notes, time.perf_counter() - t0,
+        sim.excess_usd_per_minute, intervals, notes, time.perf_counter() - t0, dict(ph.seconds),
     )  # fmt: skip
 
 
@@ -368,12 +423,14 @@ def run_node(job: tuple[str, int, int, float]) -> NodeRun:
 
     Node 2 of every seed is read at 5-minute ticks (history imported at coarse steps)."""
     generator, seed, index, weeks = job
-    sim = simulate_node(
-        generator, seed=seed * 100 + index, weeks=weeks, node=f"{generator}-{seed}-{index}",
-        tick_seconds=300.0 if index == 2 else MINUTE,
-    )  # fmt: skip
+    phases = _PhaseClock()
+    with phases("simulate"):
+        sim = simulate_node(
+            generator, seed=seed * 100 + index, weeks=weeks, node=f"{generator}-{seed}-{index}",
+            tick_seconds=300.0 if index == 2 else MINUTE,
+        )  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="infercost-bench-") as tmp:
-        out = asyncio.run(_run_through_agent(sim, Path(tmp), seed))
+        out = asyncio.run(_run_through_agent(sim, Path(tmp), seed, phases))
     return replace(out, seed=seed)
 
 

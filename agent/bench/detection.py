@@ -32,7 +32,6 @@ import asyncio
 import logging
 import math
 import multiprocessing
-import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -302,6 +301,8 @@ def bench_rules() -> RuleSet:
     return RuleSet((*shipped.rules, *literal), dict(shipped.sources))
 
 
+IN_MEMORY = Path(":memory:")  # SQLite's in-memory database, for the store and the outbox
+
 # The phases of a node-run whose CPU time the benchmark reports (where the time goes).
 PHASES = ("simulate", "render", "join", "store", "forest_score", "forest_fit", "rules")
 
@@ -326,15 +327,18 @@ class _PhaseClock:
 
 
 async def _run_through_agent(
-    sim: SimulatedNode, workdir: Path, forest_seed: int, phases: _PhaseClock | None = None
+    sim: SimulatedNode, forest_seed: int, phases: _PhaseClock | None = None
 ) -> NodeRun:
-    """Feed the node's samples through the real window join, store, forest and detection pipeline."""
+    """Feed the node's samples through the real window join, store, forest and detection pipeline.
+
+    The store and the outbox are the daemon's SQLite schema and code on in-memory databases
+    (``:memory:``): the same statements, without a file's journal writes."""
     t0 = time.perf_counter()
     ph = phases or _PhaseClock()
     clock = ManualClock(sim.start)
-    store = Store(workdir / "history.sqlite", retention_days=60.0, clock=clock)
+    store = Store(IN_MEMORY, retention_days=60.0, clock=clock)
     rules = bench_rules()
-    notifier = Notifier(Outbox(workdir / "outbox.sqlite"), [], clock)
+    notifier = Notifier(Outbox(IN_MEMORY), [], clock)
     pipeline = Pipeline(store, clock, rules, notifier)
     joiner = WindowJoiner(sim.node, [engine_config(sim).cost_spec()], price_book_of(sim).table())
     forest = ForestDetector(None, seed=forest_seed)
@@ -429,8 +433,7 @@ def run_node(job: tuple[str, int, int, float]) -> NodeRun:
             generator, seed=seed * 100 + index, weeks=weeks, node=f"{generator}-{seed}-{index}",
             tick_seconds=300.0 if index == 2 else MINUTE,
         )  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="infercost-bench-") as tmp:
-        out = asyncio.run(_run_through_agent(sim, Path(tmp), seed, phases))
+    out = asyncio.run(_run_through_agent(sim, seed, phases))
     return replace(out, seed=seed)
 
 

@@ -70,67 +70,70 @@ def _cumulative_hist(
 
 
 def ticks(sim: SimulatedNode) -> Iterator[Tick]:
-    """The agent's readings, one per tick (ticks while the agent was down are skipped)."""
+    """The agent's readings, one per tick (ticks while the agent was down are skipped).
+
+    Every per-minute figure is turned into Python floats once, up front (``tolist``), so a tick
+    only builds its sample objects: weeks of ticks render in about a second."""
     tr = sim.trace
     drv = sim.drivers
     p = sim.physics
     model = p.model.name
     ranks = p.replicas
     cum = {
-        name: np.cumsum(getattr(tr, name))
+        name: np.cumsum(getattr(tr, name)).tolist()
         for name in ("prompt_tokens", "generation_tokens", "preemptions", "decode_seconds", "prefill_seconds")
     }
     ttft = _cumulative_hist(TTFT_BUCKETS, tr.finished, tr.ttft_median, TTFT_SIGMA)
-    ttft_sum = np.cumsum(tr.finished * tr.ttft_median * np.exp(TTFT_SIGMA**2 / 2))
+    ttft_sum = np.cumsum(tr.finished * tr.ttft_median * np.exp(TTFT_SIGMA**2 / 2)).tolist()
     itl_n = np.maximum(tr.generation_tokens - tr.finished, 0.0)
     itl = _cumulative_hist(ITL_BUCKETS, itl_n, tr.itl_median, ITL_SIGMA)
-    itl_sum = np.cumsum(itl_n * tr.itl_median * np.exp(ITL_SIGMA**2 / 2))
+    itl_sum = np.cumsum(itl_n * tr.itl_median * np.exp(ITL_SIGMA**2 / 2)).tolist()
+    # per minute: the buckets' cumulative counts (over the buckets) and the count
+    ttft_buckets, ttft_count = np.cumsum(ttft, axis=1).tolist(), ttft.sum(axis=1).tolist()
+    itl_buckets, itl_count = np.cumsum(itl, axis=1).tolist(), itl.sum(axis=1).tolist()
     ttft_le = (*TTFT_BUCKETS, float("inf"))
     itl_le = (*ITL_BUCKETS, float("inf"))
+    util, dram_bw = tr.util.tolist(), tr.dram_bw.tolist()
+    running, waiting, kv_usage = tr.running.tolist(), tr.waiting.tolist(), tr.kv_usage.tolist()
+    kv_capacity = tr.kv_capacity_tokens.tolist()
+    agent_up, engine_up = drv.agent_up.tolist(), drv.engine_up.tolist()
     prof = _profile(p.gpu.name)
+    uuids = [f"GPU-sim-{g}" for g in range(p.replicas)]
+    rank_series = [f"vllm:generation_tokens_total,engine={r}" for r in range(ranks)]
     energy = 0.0  # joules per GPU (all the node's GPUs do the same)
     per_tick = max(1, round(sim.tick_seconds / MINUTE))
     for m in range(per_tick - 1, sim.minutes, per_tick):
         t = sim.start + (m + 1) * MINUTE
-        watts = model_power_watts(prof, GpuLoad(float(tr.util[m]), float(tr.dram_bw[m]), 0.0))
+        u, bw = util[m], dram_bw[m]
+        watts = model_power_watts(prof, GpuLoad(u, bw, 0.0))
         energy += watts * MINUTE * per_tick
-        if not drv.agent_up[m]:
+        if not agent_up[m]:
             continue
         gpus = tuple(
             GpuSample(
-                g, f"GPU-sim-{g}", p.gpu.name, t, util_gpu_ratio=float(tr.util[m]),
-                dram_bw_ratio=float(tr.dram_bw[m]), power_watts=watts, energy_joules=energy,
+                g, uuids[g], p.gpu.name, t, util_gpu_ratio=u, dram_bw_ratio=bw, power_watts=watts,
+                energy_joules=energy,
             )
             for g in range(p.replicas)
         )  # fmt: skip
-        if drv.engine_up[m]:
-            gen = float(cum["generation_tokens"][m])
+        if engine_up[m]:
+            gen = cum["generation_tokens"][m]
             signals = ModelSignals(
                 model=model,
-                prompt_tokens_total=float(cum["prompt_tokens"][m]),
+                prompt_tokens_total=cum["prompt_tokens"][m],
                 generation_tokens_total=gen,
-                requests_running=float(tr.running[m]),
-                requests_waiting=float(tr.waiting[m]),
-                kv_cache_usage_ratio=float(tr.kv_usage[m]),
-                preemptions_total=float(cum["preemptions"][m]),
+                requests_running=running[m],
+                requests_waiting=waiting[m],
+                kv_cache_usage_ratio=kv_usage[m],
+                preemptions_total=cum["preemptions"][m],
                 ttft_seconds=Histogram(
-                    tuple(zip(ttft_le, ttft[m].cumsum().tolist(), strict=True)),
-                    float(ttft_sum[m]),
-                    float(ttft[m].sum()),
+                    tuple(zip(ttft_le, ttft_buckets[m], strict=True)), ttft_sum[m], ttft_count[m]
                 ),
-                itl_seconds=Histogram(
-                    tuple(zip(itl_le, itl[m].cumsum().tolist(), strict=True)),
-                    float(itl_sum[m]),
-                    float(itl[m].sum()),
-                ),
-                prefill_seconds_total=float(cum["prefill_seconds"][m]),
-                decode_seconds_total=float(cum["decode_seconds"][m]),
-                kv_capacity_tokens=float(tr.kv_capacity_tokens[m]),
-                counter_parts={
-                    "generation_tokens_total": {
-                        f"vllm:generation_tokens_total,engine={r}": gen / ranks for r in range(ranks)
-                    }
-                },
+                itl_seconds=Histogram(tuple(zip(itl_le, itl_buckets[m], strict=True)), itl_sum[m], itl_count[m]),
+                prefill_seconds_total=cum["prefill_seconds"][m],
+                decode_seconds_total=cum["decode_seconds"][m],
+                kv_capacity_tokens=kv_capacity[m],
+                counter_parts={"generation_tokens_total": {name: gen / ranks for name in rank_series}},
             )
             scrape = EngineScrape(ENGINE, "vllm", t, True, 0.01, (signals,))
         else:

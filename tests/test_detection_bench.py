@@ -7,6 +7,7 @@ import pytest
 
 from agent.bench.detection import (
     DETECTORS,
+    PHASES,
     SCORED_RULES,
     NodeRun,
     detector_events,
@@ -48,3 +49,10 @@ def test_scores_and_the_worst_case_table(node_run: NodeRun) -> None:
 def test_excess_dollars_are_never_negative(node_run: NodeRun) -> None:
     assert all(i.excess_usd >= 0 for i in node_run.incidents)
     assert np.isfinite(node_run.excess_usd_per_minute).all()
+
+
+def test_cpu_seconds_are_reported_per_phase(node_run: NodeRun) -> None:
+    assert tuple(node_run.cpu_seconds) == PHASES
+    assert all(v >= 0.0 for v in node_run.cpu_seconds.values())
+    # two weeks of 1-minute ticks: every phase ran (the forest fitted and scored, the rules stepped)
+    assert all(node_run.cpu_seconds[p] > 0.0 for p in PHASES)

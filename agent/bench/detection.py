@@ -29,12 +29,14 @@ worst and the median over (traffic model, seed).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import multiprocessing
+import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -291,7 +293,7 @@ class NodeRun:
     intervals: Mapping[str, list[tuple[float, float]]]  # rule id → firing (start, end), epoch seconds
     annotations: Mapping[str, list[tuple[float, str]]]  # rule id → (fired at, price change named) per alert
     seconds: float  # wall-clock seconds the run took
-    cpu_seconds: Mapping[str, float] = field(default_factory=dict)  # CPU seconds of the run per phase (PHASES)
+    cpu_seconds: Mapping[str, float] = field(default_factory=dict)  # CPU seconds per phase (PHASES)
 
 
 def bench_rules() -> RuleSet:
@@ -299,6 +301,34 @@ def bench_rules() -> RuleSet:
     shipped = load_default_rules()
     literal = parse_rules({"rules": [dict(LITERAL_RULE)]}, "bench")
     return RuleSet((*shipped.rules, *literal), dict(shipped.sources))
+
+
+class TrainingWindows:
+    """The forest's training windows as read back from the store (what the daemon's fit process
+    reads: ``store.records`` of the trailing ``training_seconds``, as windows), each minute read once.
+
+    A model minute's record no longer changes once the windows up to ``now`` are written: the window
+    join writes a minute's window once, windows of later ticks start at or after ``now``, and the
+    anomaly score written back is not a training input. So the fit of each day reads only the
+    minutes since the previous fit instead of the whole week again: the same windows in the same
+    order (a test compares it with a full read)."""
+
+    def __init__(self, store: Store, training_seconds: float) -> None:
+        self.store = store
+        self.training_seconds = training_seconds  # seconds
+        self._held: deque[tuple[float, CostWindow]] = deque()  # (minute, window) in the store's order
+        self._read_until = -math.inf  # epoch seconds: minutes before this were read already
+
+    def at(self, now: float) -> list[CostWindow]:
+        """The windows of minutes in [now − training_seconds, now), oldest first (``now`` never
+        earlier than a previous call's)."""
+        since = now - self.training_seconds
+        for r in self.store.records(max(since, self._read_until), now, kinds=("model",)):
+            self._held.append((r.minute, window_from_record(r)))
+        self._read_until = max(self._read_until, now)
+        while self._held and self._held[0][0] < since:
+            self._held.popleft()
+        return [w for _, w in self._held]
 
 
 IN_MEMORY = Path(":memory:")  # SQLite's in-memory database, for the store and the outbox
@@ -349,23 +379,7 @@ async def _run_through_agent(
     last_fit = sim.start
     versions_seen: dict[str, float] = {}
     next_step = sim.start + HOUR
-    # The forest's training windows as read back from the store (what the daemon's fit process
-    # reads), each minute read once: a record never changes once the minute it starts has been
-    # written (the window join writes a minute's window once, windows of later ticks start later,
-    # and the anomaly score written back is not a training input), so the fit of every day reads
-    # only the minutes since the previous one instead of the whole week again. Same windows, same order.
-    training: deque[tuple[float, CostWindow]] = deque()  # (minute, window) in the store's order
-    read_until = -math.inf  # epoch seconds: minutes before this are in ``training`` (or too old)
-
-    def training_windows(now: float) -> list[CostWindow]:
-        nonlocal read_until
-        since = now - forest.training_seconds
-        for r in store.records(max(since, read_until), now, kinds=("model",)):
-            training.append((r.minute, window_from_record(r)))
-        read_until = max(read_until, now)
-        while training and training[0][0] < since:
-            training.popleft()
-        return [w for _, w in training]
+    training = TrainingWindows(store, forest.training_seconds)
 
     async def flush(now: float) -> None:
         nonlocal pending, last_fit
@@ -384,7 +398,7 @@ async def _run_through_agent(
         settle = [v + forest.version_settle_seconds for v in versions_seen.values()]
         if now - last_fit >= forest.refit_seconds or any(last_fit < s <= now for s in settle):
             with ph("forest_fit"):
-                forest.fit(training_windows(now), now)
+                forest.fit(training.at(now), now)
             last_fit = now
         clock.advance(max(0.0, now - clock.now()))
         with ph("rules"):
@@ -576,6 +590,25 @@ def format_worst_table(
     return lines
 
 
+@contextlib.contextmanager
+def _one_blas_thread_each() -> Iterator[None]:
+    """Worker processes started inside get one BLAS/OpenMP thread each (the variables are read
+    when numpy loads). Why: the workers already share the machine's cores; OpenBLAS's own threads
+    only spin waiting for work (the forest's least-squares fit took 7× the CPU with them), and the
+    results are the same."""
+    names = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+    saved = {n: os.environ.get(n) for n in names}
+    os.environ.update(dict.fromkeys(names, "1"))
+    try:
+        yield
+    finally:
+        for n, v in saved.items():
+            if v is None:
+                os.environ.pop(n, None)
+            else:
+                os.environ[n] = v
+
+
 def run(
     seeds: int = 5,
     first_seed: int = 1,
@@ -599,6 +632,9 @@ def run(
         for s in range(first_seed, first_seed + seeds)
         for n in range(nodes)
     ]
+    # the 1-minute nodes first, the 5-minute ones (node 2, about half the work) last: both workers
+    # stay busy to the end instead of one finishing a long run alone
+    jobs.sort(key=lambda j: j[2] == 2)
     runs: list[NodeRun] = []
     columns = (
         TextColumn("[progress.description]{task.description}"),
@@ -609,6 +645,7 @@ def run(
     )
     with (
         Progress(*columns, disable=not progress, transient=True) as bar,
+        _one_blas_thread_each(),
         multiprocessing.get_context("spawn").Pool(max(1, workers)) as pool,
     ):
         task = bar.add_task("simulated node-runs", total=len(jobs))
@@ -630,6 +667,7 @@ def run(
                 name, [(detector_events(r.intervals, ids), r) for r in mine], warmup
             )
     seconds = time.perf_counter() - t0
+    cpu = {p: sum(r.cpu_seconds.get(p, 0.0) for r in runs) for p in PHASES}  # CPU seconds per phase
     n_reg = sum(1 for r in runs for i in r.incidents if i.regression and i.start >= r.start + warmup)
     node_weeks = sum((r.minutes * MINUTE - warmup) / WEEK for r in runs)
     print_fn(
@@ -672,10 +710,12 @@ def run(
     print_fn(
         "targets on the worst case (combined): recall ≥ 95 % for realised ≥ 1.2×, median delay ≤ 15 m, "
         f"≤ 1 false alarm per node-week; forest alone ≥ 80 %. Ran in {seconds:.0f} s "
-        f"({sum(r.seconds for r in runs):.0f} s of node-runs on {workers} worker(s))"
+        f"({sum(r.seconds for r in runs):.0f} s of node-runs on {workers} worker(s); "
+        f"{sum(cpu.values()):.0f} CPU s: " + ", ".join(f"{k} {v:.0f}" for k, v in cpu.items()) + ")"
     )
     return {
         "seconds": seconds,
+        "cpu_seconds": cpu,
         "incidents": n_reg,
         "node_weeks": node_weeks,
         "price_named": [named, n_price],

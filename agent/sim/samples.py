@@ -129,7 +129,9 @@ def ticks(sim: SimulatedNode) -> Iterator[Tick]:
                 ttft_seconds=Histogram(
                     tuple(zip(ttft_le, ttft_buckets[m], strict=True)), ttft_sum[m], ttft_count[m]
                 ),
-                itl_seconds=Histogram(tuple(zip(itl_le, itl_buckets[m], strict=True)), itl_sum[m], itl_count[m]),
+                itl_seconds=Histogram(
+                    tuple(zip(itl_le, itl_buckets[m], strict=True)), itl_sum[m], itl_count[m]
+                ),
                 prefill_seconds_total=cum["prefill_seconds"][m],
                 decode_seconds_total=cum["decode_seconds"][m],
                 kv_capacity_tokens=kv_capacity[m],

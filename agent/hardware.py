@@ -50,6 +50,7 @@ name that names a board variant its key does not ("NVIDIA H200 NVL" is not the H
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -113,6 +114,9 @@ GPUS: Mapping[str, GpuSpec] = {
 }
 
 
+# Why cached: the window join asks for the same few names (each GPU's, each price entry's) for
+# every GPU at every tick; a name's words and figures never change (both results are immutable).
+@functools.lru_cache(maxsize=1024)
 def name_tokens(name: str) -> frozenset[str]:
     """The lower-cased words of a GPU name, split on spaces, hyphens and underscores."""
     return frozenset(t for t in re.split(r"[\s\-_]+", name.lower()) if t)
@@ -123,6 +127,7 @@ _KEYS: tuple[tuple[frozenset[str], GpuSpec], ...] = tuple(
 )
 
 
+@functools.lru_cache(maxsize=1024)
 def gpu_spec(nvml_name: str) -> GpuSpec | None:
     """The figures of a GPU by the name NVML reports (the key with the most tokens all in the
     name), or None when no key matches. A MIG instance ("… MIG 3g.40gb") gets its parent's figures."""

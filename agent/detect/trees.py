@@ -54,30 +54,45 @@ class TreeEnsemble:
     def score_samples(self, x: np.ndarray) -> np.ndarray:
         """scikit-learn's ``score_samples`` of rows ``x`` (higher = more normal)."""
         rows = np.asarray(x, dtype=np.float32).astype(np.float64)
+        if not len(rows):
+            return np.zeros(0)
+        walk = self._walk()
         # why chunks of 512 rows: the (trees × rows) index arrays then stay in the CPU cache
-        return (
-            np.concatenate(
-                [self._score_chunk(rows[i : i + CHUNK_ROWS]) for i in range(0, len(rows), CHUNK_ROWS)]
-            )
-            if len(rows)
-            else np.zeros(0)
+        return np.concatenate(
+            [self._score_chunk(rows[i : i + CHUNK_ROWS], *walk) for i in range(0, len(rows), CHUNK_ROWS)]
         )
 
-    def _score_chunk(self, rows: np.ndarray) -> np.ndarray:
-        n, n_cols = rows.shape
+    def _walk(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The trees laid out for walking: (each tree's first node, the feature compared at each
+        node, the children, the thresholds), flat over all trees. ``children[2 · node + go_left]``
+        is the next node's flat index; a leaf (and padding) is its own child on both sides, so a
+        row that reached a leaf stays there for the remaining levels without a per-level test."""
         t, m = self.feature.shape
+        leaf = self.feature == LEAF
+        base = (np.arange(t, dtype=np.int64) * m)[:, None]
+        itself = base + np.arange(m, dtype=np.int64)[None, :]
+        right = np.where(leaf, itself, base + self.right)
+        left = np.where(leaf, itself, base + self.left)
+        children = np.stack([right, left], axis=-1).ravel()
+        feature = np.where(leaf, 0, self.feature).ravel()
+        return base, feature, children, self.threshold.ravel()
+
+    def _score_chunk(
+        self,
+        rows: np.ndarray,
+        base: np.ndarray,
+        feature: np.ndarray,
+        children: np.ndarray,
+        threshold: np.ndarray,
+    ) -> np.ndarray:
+        n, n_cols = rows.shape
         flat_rows = rows.ravel()
-        feature, threshold = self.feature.ravel(), self.threshold.ravel()
-        left, right = self.left.ravel(), self.right.ravel()
-        base = (np.arange(t, dtype=np.int64) * m)[:, None]  # each tree's first node in the flat arrays
         row_base = (np.arange(n, dtype=np.int64) * n_cols)[None, :]
-        node = np.broadcast_to(base, (t, n)).copy()  # flat index of each (tree, row)'s current node
+        node = np.broadcast_to(base, (len(base), n)).copy()  # flat index of each (tree, row)'s current node
         for _ in range(self.max_depth):
-            f = np.take(feature, node)
-            leaf = f == LEAF
-            value = np.take(flat_rows, row_base + np.where(leaf, 0, f))
-            child = np.where(value <= np.take(threshold, node), np.take(left, node), np.take(right, node))
-            node = np.where(leaf, node, base + child)
+            # left when x[feature] <= threshold (a NaN goes right, as in scikit-learn)
+            go_left = np.take(flat_rows, row_base + np.take(feature, node)) <= np.take(threshold, node)
+            node = np.take(children, 2 * node + go_left)
         depths = np.take(self.leaf_depth.ravel(), node).sum(axis=0)
         return np.asarray(-(2.0 ** (-depths / self.denominator)))
 

@@ -39,6 +39,7 @@ import re
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import chain
 from operator import itemgetter
 from typing import Any
 
@@ -178,6 +179,7 @@ class Adapter:
         object.__setattr__(self, "families", frozenset(families))
         object.__setattr__(self, "parser", FamilyParser(families))
         object.__setattr__(self, "bucket_plans", {})
+        object.__setattr__(self, "map_plans", [])
 
     families: frozenset[str] = field(init=False, default=frozenset())  # wire families it reads
     # (signal, series, averaged?, counter?, one name and no filter?) in preference order: the map's work list
@@ -187,6 +189,8 @@ class Adapter:
     bucket_plans: dict[
         tuple[int, tuple[int, ...]], tuple[tuple[Mapping[str, str], ...], _BucketPlan | None]
     ] = field(init=False, repr=False, compare=False, default_factory=dict)
+    # Page structures seen (see _map): [names, labels, default model, max_models, plan or None, tries]
+    map_plans: list[list[Any]] = field(init=False, repr=False, compare=False, default_factory=list)
 
     def read(
         self,
@@ -197,30 +201,27 @@ class Adapter:
     ) -> Reading:
         """Parse a page (OpenMetrics text when ``openmetrics``) and map it with its checks;
         raises ParseError on a malformed wanted line."""
-        return _Mapping(self, self.parser.parse(text, openmetrics), default_model, max_models).run()
+        return _map(self, self.parser.parse(text, openmetrics), default_model, max_models)
 
     def parse(
         self, text: str, default_model: str | None = None, openmetrics: bool = False
     ) -> tuple[ModelSignals, ...]:
         """The models of :meth:`read` (raises ParseError on a malformed wanted line)."""
-        return (
-            _Mapping(self, self.parser.parse(text, openmetrics), default_model, DEFAULT_MAX_MODELS)
-            .run()
-            .models
-        )
+        return _map(self, self.parser.parse(text, openmetrics), default_model, DEFAULT_MAX_MODELS).models
 
     def forget(self) -> None:
         """Drop what earlier pages taught the parser and the map (label blocks, page and bucket
         layouts): the next page is read as a first scrape (benchmarks)."""
         self.parser.forget()
         self.bucket_plans.clear()
+        self.map_plans.clear()
 
     def map(
         self, page: Page, default_model: str | None = None, max_models: int = DEFAULT_MAX_MODELS
     ) -> Reading:
         """One :class:`ModelSignals` per model seen on the page, sorted by model name, with the
         series refused and the series folded (see the module docstring)."""
-        return _Mapping(self, page, default_model, max_models).run()
+        return _map(self, page, default_model, max_models)
 
 
 @dataclass(frozen=True, slots=True)
@@ -727,3 +728,201 @@ class _Mapping:
                 values[model]["histogram_parts"] = per_hist
         models = tuple([ModelSignals(model=m, **values[m]) for m in sorted(values) if values[m]])
         return Reading(models, tuple(self.invalid), self.dropped)
+
+
+# --- Two-phase map: a page layout's mapping worked out once, then only its values applied ---------
+# The map's output is a function of the page's structure (names and labels, in order), the default
+# model and max_models, and of its values only through arithmetic (sums, scales, means) and
+# comparisons (range checks, bucket order). A page seen a second time with the same structure is
+# mapped once more with each value replaced by a _Traced stand-in that records every comparison's
+# outcome (the guards) and every value's arithmetic; the recorded map becomes a compiled function.
+# Later pages of that structure run it: when every guard holds, the slow map would take exactly the
+# same branches, so it returns the same Reading from the same operations in the same order; when a
+# guard fails (a value turned hostile, a bucket decreased), the page is mapped the slow way.
+# Why 8: one adapter serves every engine of its kind on the node, as the parser's LAYOUTS.
+MAP_PLANS = 8
+# Why 1,024 samples: compiling costs ~a millisecond per hundred samples, once per layout; larger
+# pages (the dense vLLM page: 3,008 samples) are already far above the speed target without it.
+PLAN_SAMPLES = 1024
+_NAME = itemgetter(0)  # a Sample's name
+
+
+class _Untraceable(Exception):
+    """A value was used in a way the recorder cannot replay (formatted, hashed, converted)."""
+
+
+class _Recorder:
+    """Guards and constants of one traced map."""
+
+    __slots__ = ("consts", "guards")
+
+    def __init__(self) -> None:
+        self.consts: list[object] = []
+        self.guards: list[str] = []
+
+    def const(self, x: object) -> str:
+        self.consts.append(x)
+        return f"K[{len(self.consts) - 1}]"
+
+
+class _Traced:
+    """A page value during tracing: its value now and the expression computing it from ``v``."""
+
+    __slots__ = ("code", "rec", "val")
+
+    def __init__(self, code: str, val: Any, rec: _Recorder) -> None:
+        self.code, self.val, self.rec = code, val, rec
+
+    def _code(self, other: object) -> tuple[str, Any]:
+        if isinstance(other, _Traced):
+            return other.code, other.val
+        if type(other) not in (float, int):
+            raise _Untraceable
+        return self.rec.const(other), other
+
+    def _op(self, other: object, sym: str, reflected: bool) -> _Traced:
+        code, val = self._code(other)
+        expr = f"({code} {sym} {self.code})" if reflected else f"({self.code} {sym} {code})"
+        a, b = (val, self.val) if reflected else (self.val, val)
+        res = {"+": lambda: a + b, "-": lambda: a - b, "*": lambda: a * b, "/": lambda: a / b}[sym]()
+        return _Traced(expr, res, self.rec)
+
+    def _cmp(self, other: object, sym: str) -> bool:
+        code, val = self._code(other)
+        res = {
+            "<": lambda: self.val < val,
+            "<=": lambda: self.val <= val,
+            ">": lambda: self.val > val,
+            ">=": lambda: self.val >= val,
+            "==": lambda: self.val == val,
+            "!=": lambda: self.val != val,
+        }[sym]()
+        expr = f"({self.code} {sym} {code})"
+        self.rec.guards.append(expr if res else f"not {expr}")
+        return bool(res)
+
+    def __add__(self, o: object) -> _Traced:
+        return self._op(o, "+", False)
+
+    def __radd__(self, o: object) -> _Traced:
+        return self._op(o, "+", True)
+
+    def __sub__(self, o: object) -> _Traced:
+        return self._op(o, "-", False)
+
+    def __rsub__(self, o: object) -> _Traced:
+        return self._op(o, "-", True)
+
+    def __mul__(self, o: object) -> _Traced:
+        return self._op(o, "*", False)
+
+    def __rmul__(self, o: object) -> _Traced:
+        return self._op(o, "*", True)
+
+    def __truediv__(self, o: object) -> _Traced:
+        return self._op(o, "/", False)
+
+    def __rtruediv__(self, o: object) -> _Traced:
+        return self._op(o, "/", True)
+
+    def __lt__(self, o: object) -> bool:
+        return self._cmp(o, "<")
+
+    def __le__(self, o: object) -> bool:
+        return self._cmp(o, "<=")
+
+    def __gt__(self, o: object) -> bool:
+        return self._cmp(o, ">")
+
+    def __ge__(self, o: object) -> bool:
+        return self._cmp(o, ">=")
+
+    def __eq__(self, o: object) -> bool:
+        return self._cmp(o, "==")
+
+    def __ne__(self, o: object) -> bool:
+        return self._cmp(o, "!=")
+
+    def __bool__(self) -> bool:
+        res = bool(self.val)
+        expr = f"bool({self.code})"
+        self.rec.guards.append(expr if res else f"not {expr}")
+        return res
+
+    def _refused(self, *_: object) -> Any:
+        raise _Untraceable
+
+    __hash__ = __float__ = __int__ = __index__ = __repr__ = __str__ = __format__ = _refused
+    __neg__ = __pos__ = __abs__ = __round__ = __floordiv__ = __mod__ = __pow__ = _refused
+
+
+_BUILDERS: dict[type, str] = {Histogram: "H", ModelSignals: "M", Reading: "R"}
+
+
+def _source(x: object, rec: _Recorder) -> str:
+    """Python source rebuilding ``x`` (a map's output, holding traced values) from ``v``."""
+    t = type(x)
+    if isinstance(x, _Traced):
+        return x.code
+    if x is None or t in (float, int, str, bool):
+        return rec.const(x)
+    if isinstance(x, tuple) and t is tuple:
+        return "(" + "".join(_source(i, rec) + "," for i in x) + ")"
+    if isinstance(x, dict) and t is dict:
+        return "{" + ",".join(f"{_source(k, rec)}:{_source(i, rec)}" for k, i in x.items()) + "}"
+    builder = _BUILDERS.get(t)
+    if builder is None or not dataclasses.is_dataclass(x):
+        raise _Untraceable
+    args = ",".join(f"{f.name}={_source(getattr(x, f.name), rec)}" for f in dataclasses.fields(x))
+    return f"{builder}({args})"
+
+
+def _compile(
+    adapter: Adapter, page: Page, flat: list[Sample], default_model: str | None, max_models: int
+) -> Any:
+    """The page's map as a function of its values (``v``, in page order) returning the Reading, or
+    None when a guard fails; None when the map cannot be traced."""
+    rec = _Recorder()
+    stand_ins: list[Any] = [_Traced(f"v[{i}]", s.value, rec) for i, s in enumerate(flat)]
+    traced = iter(stand_ins)
+    stand_in: Any = {
+        name: [s._replace(value=next(traced)) for s in samples] for name, samples in page.items()
+    }
+    try:
+        reading = _Mapping(adapter, stand_in, default_model, max_models).run()
+        body = _source(reading, rec)
+    except _Untraceable:
+        return None
+    guard = "    if not (" + " and ".join(rec.guards) + "):\n        return None\n" if rec.guards else ""
+    src = f"def plan(v):\n{guard}    return {body}\n"
+    scope: dict[str, Any] = {"K": rec.consts, "H": Histogram, "M": ModelSignals, "R": Reading}
+    exec(compile(src, f"<{adapter.kind} map plan>", "exec"), scope)
+    return scope["plan"]
+
+
+def _map(adapter: Adapter, page: Page, default_model: str | None, max_models: int) -> Reading:
+    """:class:`_Mapping`'s Reading, through a compiled plan when the page's structure was seen before."""
+    flat = list(chain.from_iterable(page.values()))
+    if len(flat) > PLAN_SAMPLES:
+        return _Mapping(adapter, page, default_model, max_models).run()
+    names = tuple(map(_NAME, flat))
+    labels = tuple(map(_LABELS, flat))
+    plans = adapter.map_plans
+    for entry in plans:
+        if entry[2] == default_model and entry[3] == max_models and entry[1] == labels and entry[0] == names:
+            plan = entry[4]
+            if plan is not None:
+                got = plan(list(map(_VALUE, flat)))
+                if got is not None:
+                    return got
+            reading = _Mapping(adapter, page, default_model, max_models).run()
+            if plan is None and entry[5] < 3:  # seen before: trace it (a few tries: a value may be hostile)
+                entry[5] += 1
+                plan = _compile(adapter, page, flat, default_model, max_models)
+                if plan is not None and plan(list(map(_VALUE, flat))) == reading:
+                    entry[4] = plan
+            return reading
+    if len(plans) >= MAP_PLANS:
+        del plans[0]
+    plans.append([names, labels, default_model, max_models, None, 0])
+    return _Mapping(adapter, page, default_model, max_models).run()

@@ -761,6 +761,9 @@ class _Recorder:
         self.guards: list[str] = []
 
     def const(self, x: object) -> str:
+        """Source for the constant ``x``: a literal where its repr reads back as the same value."""
+        if x is None or type(x) in (bool, int, str) or (type(x) is float and math.isfinite(x)):
+            return f"({x!r})"
         self.consts.append(x)
         return f"K[{len(self.consts) - 1}]"
 

@@ -20,7 +20,7 @@ import io
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -206,8 +206,8 @@ def render_markdown(r: WeeklyReport) -> str:
         ]
     else:
         out.append("None found in this week's data.")
-    out += _dollars_markdown(r)
-    out += _bound_markdown(r)
+    out += _table_markdown(_dollars_table(r))
+    out += _table_markdown(_bound_table(r))
     days = [_day(r.start + (i + 1) * DAY_SECONDS)[:10] for i in range(len(r.daily_usd))]
     out += ["", "## Cost per day", "", "| day | cost | idle |", "|---|---:|---:|"]
     idle = list(r.daily_idle_usd) or [None] * len(days)
@@ -295,39 +295,53 @@ def _dollars_summary(r: WeeklyReport) -> str:
     return text + "."
 
 
-def _dollars_markdown(r: WeeklyReport) -> list[str]:
-    """The "where the dollars went" section (Markdown lines)."""
-    out = ["", f"## {DOLLARS_TITLE}", "", _dollars_summary(r), "", DOLLARS_NOTE, ""]
-    out.append("| " + " | ".join(DOLLARS_HEAD) + " |")
-    out.append("|---|---|" + "---:|" * (len(DOLLARS_HEAD) - 2))
-    for m in r.models:
-        cells = _dollars_row(m.dollars, m.usd_per_1m_output, m.dollars.floor_usd_per_1m)
+@dataclass(frozen=True, slots=True)
+class _Table:
+    """One section of the report: a title, a summary line, a note, and a table of model versions."""
+
+    title: str
+    summary: str
+    note: str
+    head: Sequence[str]
+    rows: Sequence[tuple[ModelWeek, list[str]]]  # each version and its cells after the two names
+    total: list[str]  # the cells of the "all" row
+
+
+def _table_markdown(t: _Table) -> list[str]:
+    """A section as Markdown lines."""
+    out = ["", f"## {t.title}", "", t.summary, "", t.note, ""]
+    out.append("| " + " | ".join(t.head) + " |")
+    out.append("|---|---|" + "---:|" * (len(t.head) - 2))
+    for m, cells in t.rows:
         out.append(f"| {esc.md(m.model)} | {esc.md(m.model_version)} | " + " | ".join(cells) + " |")
-    d = r.dollars
-    out.append("| (all) | | " + " | ".join(_dollars_row(d, r.usd_per_1m_output, d.floor_usd_per_1m)) + " |")
+    out.append("| (all) | | " + " | ".join(t.total) + " |")
     return out
 
 
-def _dollars_html(r: WeeklyReport) -> list[str]:
-    """The "where the dollars went" section (HTML lines)."""
+def _table_html(t: _Table) -> list[str]:
+    """A section as HTML lines."""
     h = [
-        f"<h2>{escape(DOLLARS_TITLE)}</h2>",
-        f"<p>{escape(_dollars_summary(r))}</p>",
-        f'<p class="muted">{escape(DOLLARS_NOTE)}</p>',
-        "<table><tr>" + "".join(f"<th>{escape(c)}</th>" for c in DOLLARS_HEAD) + "</tr>",
+        f"<h2>{escape(t.title)}</h2>",
+        f"<p>{escape(t.summary)}</p>",
+        f'<p class="muted">{escape(t.note)}</p>',
+        "<table><tr>" + "".join(f"<th>{escape(c)}</th>" for c in t.head) + "</tr>",
     ]
-    for m in r.models:
-        cells = _dollars_row(m.dollars, m.usd_per_1m_output, m.dollars.floor_usd_per_1m)
+    for m, cells in t.rows:
         h.append(
             f"<tr><td{_nw(m.model)}>{escape(m.model)}</td><td{_nw(m.model_version)}>{escape(m.model_version)}</td>"
             + "".join(f'<td class="n">{escape(c)}</td>' for c in cells)
             + "</tr>"
         )
-    d = r.dollars
-    cells = _dollars_row(d, r.usd_per_1m_output, d.floor_usd_per_1m)
-    h.append("<tr><td><b>all</b></td><td></td>" + "".join(f'<td class="n">{escape(c)}</td>' for c in cells))
+    h.append("<tr><td><b>all</b></td><td></td>" + "".join(f'<td class="n">{escape(c)}</td>' for c in t.total))
     h.append("</tr></table>")
     return h
+
+
+def _dollars_table(r: WeeklyReport) -> _Table:
+    """The "where the dollars went" section."""
+    rows = [(m, _dollars_row(m.dollars, m.usd_per_1m_output, m.dollars.floor_usd_per_1m)) for m in r.models]
+    total = _dollars_row(r.dollars, r.usd_per_1m_output, r.dollars.floor_usd_per_1m)
+    return _Table(DOLLARS_TITLE, _dollars_summary(r), DOLLARS_NOTE, DOLLARS_HEAD, rows, total)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -377,37 +391,10 @@ def _bound_summary(r: WeeklyReport) -> str:
     )
 
 
-def _bound_markdown(r: WeeklyReport) -> list[str]:
-    """The "where GPU time goes" section (Markdown lines)."""
-    out = ["", f"## {BOUND_TITLE}", "", _bound_summary(r), "", BOUND_NOTE, ""]
-    out.append("| " + " | ".join(BOUND_HEAD) + " |")
-    out.append("|---|---|" + "---:|" * (len(BOUND_HEAD) - 2))
-    for m in r.models:
-        out.append(
-            f"| {esc.md(m.model)} | {esc.md(m.model_version)} | " + " | ".join(_bound_row(m.gpu_time)) + " |"
-        )
-    out.append("| (all) | | " + " | ".join(_bound_row(r.gpu_time)) + " |")
-    return out
-
-
-def _bound_html(r: WeeklyReport) -> list[str]:
-    """The "where GPU time goes" section (HTML lines)."""
-    h = [
-        f"<h2>{escape(BOUND_TITLE)}</h2>",
-        f"<p>{escape(_bound_summary(r))}</p>",
-        f'<p class="muted">{escape(BOUND_NOTE)}</p>',
-        "<table><tr>" + "".join(f"<th>{escape(c)}</th>" for c in BOUND_HEAD) + "</tr>",
-    ]
-    for m in r.models:
-        h.append(
-            f"<tr><td{_nw(m.model)}>{escape(m.model)}</td><td{_nw(m.model_version)}>{escape(m.model_version)}</td>"
-            + "".join(f'<td class="n">{escape(c)}</td>' for c in _bound_row(m.gpu_time))
-            + "</tr>"
-        )
-    cells = _bound_row(r.gpu_time)
-    h.append("<tr><td><b>all</b></td><td></td>" + "".join(f'<td class="n">{escape(c)}</td>' for c in cells))
-    h.append("</tr></table>")
-    return h
+def _bound_table(r: WeeklyReport) -> _Table:
+    """The "where GPU time goes" section."""
+    rows = [(m, _bound_row(m.gpu_time)) for m in r.models]
+    return _Table(BOUND_TITLE, _bound_summary(r), BOUND_NOTE, BOUND_HEAD, rows, _bound_row(r.gpu_time))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -910,8 +897,8 @@ def render_html(r: WeeklyReport) -> str:
         h.append("</table>")
     else:
         h.append("<p>None found in this week's data.</p>")
-    h += _dollars_html(r)
-    h += _bound_html(r)
+    h += _table_html(_dollars_table(r))
+    h += _table_html(_bound_table(r))
     h += [
         "<h2>Week over week by model and version</h2>",
         "<table><tr><th>model</th><th>version</th><th>cost</th><th>output tokens</th><th>$/1M output</th>"

@@ -29,7 +29,6 @@ import json
 import os
 import runpy
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from agent.bench.procs import children, cpu_seconds, free_port, status_mb
 
 WARMUP_SECONDS = 8.0  # imports, first NVML open, first scrapes: not the steady state we measure
 TARGET_CPU_S_PER_MIN = 0.6  # 1 % of one core
@@ -164,37 +165,6 @@ def _read_meter(pid: int, counters: Path, seq: int) -> dict[str, Any]:
     return data
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
-
-
-def _peak_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
-
-
 async def _serve_sim(out: Path) -> None:
     """Run the simulated node until SIGTERM; write the engines' config to ``out``."""
     from agent.clock import SystemClock
@@ -236,7 +206,7 @@ def run(seconds: float = 60.0, print_fn: Callable[[str], Any] = print) -> dict[s
         try:
             _wait_for(engines_file.exists, 30, "the simulated node")
             engines = json.loads(engines_file.read_text())
-            port = _free_port()
+            port = free_port()
             cfg = {
                 "node": "bench-node",
                 "state_dir": str(d / "state"),
@@ -275,7 +245,7 @@ def run(seconds: float = 60.0, print_fn: Callable[[str], Any] = print) -> dict[s
             _wait_for(_up, 60, "the daemon's /healthz")
             time.sleep(WARMUP_SECONDS)
             meter0 = _read_meter(daemon.pid, d / "nvml-cpu.json", 1)
-            cpu0, t0 = _cpu_seconds(daemon.pid), time.monotonic()
+            cpu0, t0 = cpu_seconds(daemon.pid), time.monotonic()
             next_scrape = t0
             scrapes = 0
             with Progress(
@@ -295,12 +265,12 @@ def run(seconds: float = 60.0, print_fn: Callable[[str], Any] = print) -> dict[s
                     bar.update(task, completed=time.monotonic() - t0)
                     time.sleep(0.25)
             wall = time.monotonic() - t0
-            cpu = _cpu_seconds(daemon.pid) - cpu0
+            cpu = cpu_seconds(daemon.pid) - cpu0
             meter1 = _read_meter(daemon.pid, d / "nvml-cpu.json", 2)
-            rss = _peak_rss_mb(daemon.pid)
-            workers = _children(daemon.pid)  # the isolation-forest worker
-            worker_rss = sum(_peak_rss_mb(p) for p in workers)
-            worker_cpu = sum(_cpu_seconds(p) for p in workers)  # since it started (imports included)
+            rss = status_mb(daemon.pid, "VmHWM") or float("nan")
+            workers = children(daemon.pid)  # the isolation-forest worker
+            worker_rss = sum(status_mb(p, "VmHWM") or 0.0 for p in workers)
+            worker_cpu = sum(cpu_seconds(p) for p in workers)  # since it started (imports included)
             assert daemon.poll() is None, (d / "daemon.log").read_text()
             with urllib.request.urlopen(engines[0]["url"], timeout=5) as r:
                 page = r.read().decode()

@@ -52,6 +52,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from agent.bench.procs import free_port, status_mb
 from agent.clock import AcceleratedClock
 from agent.records import iso
 
@@ -243,16 +244,6 @@ def _total(m: Series, name: str) -> float:
     return sum(v for (n, _), v in m.items() if n == name)
 
 
-def _rss_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
-
-
 def _slope_per_day(points: list[tuple[float, float]]) -> float | None:
     """Least-squares slope of (simulated seconds, MB) in MB per simulated day."""
     if len(points) < 3:
@@ -391,7 +382,7 @@ class Soak:
                 "gpus": [FAULTY_GPU],
             }
         )
-        self.port = _free_port()
+        self.port = free_port()
         self._write_config(engines, receiver.port)
         self._spawn()
         total = self.hours * 3600.0
@@ -451,7 +442,7 @@ class Soak:
                         if now - last_outbox_read >= 2.0:  # delivered rows are pruned after a day
                             self.ever_enqueued |= {(r[0], r[1], r[2]) for r in self._outbox_rows()}
                             last_outbox_read = now
-                        rss = _rss_mb(life.pid)
+                        rss = status_mb(life.pid, "VmRSS")
                         if rss is not None:
                             life.rss.append((elapsed, rss))
                         await asyncio.sleep(PROBE_SECONDS)
@@ -682,14 +673,6 @@ def run(hours: float = 6.0, speed: float = 240.0, seed: int = 7) -> int:
     soak = Soak(hours, speed, seed, print)
     ok = asyncio.run(soak.run())
     return 0 if ok else 1
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,46 +34,13 @@ import yaml
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from agent.bench.procs import children, cpu_seconds, free_port, status_mb
+
 PROBE_SECONDS = 0.05  # seconds between /metrics probes
 TARGET_MS = 200.0
 TARGET_PEAK_RATIO = 1.5
 TARGET_AGENT_MB = 100.0  # whole agent, steady (issue 8): less than dcgm-exporter's 128 Mi request
 MAX_WAIT_SECONDS = 600.0  # for the warm-up and then for a fit process to exit: beyond that it hangs
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _status_kb(pid: int, key: str) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return float(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far (all its threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _children(pid: int) -> list[int]:
-    """Processes whose parent is ``pid`` (the daemon's fit process)."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
 
 
 def top_up(path: Path, days: float, ahead: float = 180.0) -> int:
@@ -140,14 +106,14 @@ def run(
                     os.link(hist, store)
             top_up(hist, days)
         size_mb = hist.stat().st_size / 1e6
-        port = _free_port()
+        port = free_port()
         cfg = {
             "node": "bench-node",
             "state_dir": str(state),
             "intervals": {"nvml_seconds": 1, "scrape_seconds": 5, "window_seconds": 60},
             "nvml": {"backend": "fake", "fake_count": 8},
             "engines": [
-                {"name": "engine-0", "kind": "vllm", "url": f"http://127.0.0.1:{_free_port()}/metrics"}
+                {"name": "engine-0", "kind": "vllm", "url": f"http://127.0.0.1:{free_port()}/metrics"}
             ],
             "store": {"retention_days": days + 1},
             "exporters": {"prometheus": {"host": "127.0.0.1", "port": port}},
@@ -198,32 +164,32 @@ def run(
                     ms = (time.monotonic() - t0) * 1000
                     if ok and t_first is None:
                         t_first = time.monotonic()
-                        cpu_first = _cpu_seconds(daemon.pid)
+                        cpu_first = cpu_seconds(daemon.pid)
                         bar.update(task, description="replaying history; probing /metrics every 50 ms")
                     if ok and t_warm is None:
                         latencies.append(ms)
                     if warmed.is_set() and t_warm is None:
                         t_warm = time.monotonic()
-                        cpu_warm = _cpu_seconds(daemon.pid)
+                        cpu_warm = cpu_seconds(daemon.pid)
                         bar.update(task, description="warmed up; measuring steady RSS")
-                    kids = _children(daemon.pid)
+                    kids = children(daemon.pid)
                     now = time.monotonic()
                     for k in kids:
-                        hwm = _status_kb(k, "VmHWM")
+                        hwm = status_mb(k, "VmHWM")
                         if hwm is not None:
-                            fit_peak[k] = max(fit_peak.get(k, 0.0), hwm / 1024)
+                            fit_peak[k] = max(fit_peak.get(k, 0.0), hwm)
                             fit_first.setdefault(k, now)
                             fit_last[k] = now
                     if t_warm is not None:
-                        v = _status_kb(daemon.pid, "VmRSS")
+                        v = status_mb(daemon.pid, "VmRSS")
                         if v is not None:
-                            rss.append(v / 1024)
+                            rss.append(v)
                         if kids:
                             t_quiet = None
                             agent_rss.clear()
                         elif v is not None:
                             t_quiet = t_quiet or now
-                            agent_rss.append(v / 1024)
+                            agent_rss.append(v)
                         if t_quiet is not None and now - max(t_warm, t_quiet) > steady:
                             break
                     if daemon.poll() is not None:
@@ -231,7 +197,7 @@ def run(
                     if now - t_start > 2 * MAX_WAIT_SECONDS:
                         raise RuntimeError("no warm-up or a fit that never ends:\n" + "".join(log[-20:]))
                     time.sleep(PROBE_SECONDS)
-            peak = (_status_kb(daemon.pid, "VmHWM") or float("nan")) / 1024
+            peak = status_mb(daemon.pid, "VmHWM") or float("nan")
         finally:
             daemon.send_signal(signal.SIGTERM)
             try:

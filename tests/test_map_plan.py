@@ -38,7 +38,9 @@ HEADS = {
 
 
 def _planned(adapter: object) -> int:
-    return sum(1 for entry in adapter.map_plans if entry[4] is not None)  # type: ignore[attr-defined]
+    """Compiled plans: for pages mapped as given, and for pages read through a parser layout."""
+    by_page = sum(1 for entry in adapter.map_plans if entry[4] is not None)  # type: ignore[attr-defined]
+    return by_page + sum(1 for entry in adapter.layout_plans if entry[3] is not None)  # type: ignore[attr-defined]
 
 
 def _tgi(text: str) -> object:
@@ -140,3 +142,51 @@ def test_dp_rank_histogram_parts_through_the_plan() -> None:
     again = a.read(text)
     assert again == first
     assert any(m.histogram_parts for m in again.models)
+
+
+def _perturbed_text(text: str, rnd: random.Random) -> str:
+    out = []
+    for line in text.splitlines():
+        head, _, value = line.rpartition(" ")
+        if line.startswith("#") or not head:
+            out.append(line)
+            continue
+        try:
+            v = float(value)
+        except ValueError:
+            out.append(line)
+            continue
+        r = rnd.random()
+        new = value
+        if r < 0.02:
+            new = "NaN"
+        elif r < 0.04:
+            new = repr(-v - 1.0)
+        elif r < 0.06:
+            new = "+Inf"
+        elif r < 0.08:
+            new = "2e15"
+        elif r < 0.14:
+            new = repr(v * rnd.uniform(0.5, 1.5))
+        elif r < 0.5:
+            new = repr(v + rnd.randint(0, 3))
+        out.append(f"{head} {new}")
+    return "\n".join(out) + "\n"
+
+
+def test_pages_read_through_a_layout_plan_agree_with_the_slow_map() -> None:
+    rnd = random.Random(8)
+    for fixture, kind in (("tgi.txt", "tgi"), ("vllm_v1_dp2.txt", "vllm"), ("trtllm_serve.txt", "trtllm")):
+        a = ADAPTERS[kind]
+        a.forget()
+        text = (FIXTURES / fixture).read_text()
+        text = "\n".join(ln for ln in text.splitlines() if not ln.startswith("$") and ln.strip() != "...")
+        for default_model, max_models in ((None, 64), ("cfg", 1)):
+            for _ in range(3):  # read line by line, then its layout known, then its layout's map compiled
+                a.read(text, default_model, max_models=max_models)
+            assert _planned(a) >= 1, fixture
+            for _ in range(60):
+                t = _perturbed_text(text, rnd)
+                fast = a.read(t, default_model, max_models=max_models)
+                slow = _Mapping(a, a.parser.parse(t), default_model, max_models).run()
+                assert repr(fast) == repr(slow), fixture

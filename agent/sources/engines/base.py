@@ -180,6 +180,7 @@ class Adapter:
         object.__setattr__(self, "parser", FamilyParser(families))
         object.__setattr__(self, "bucket_plans", {})
         object.__setattr__(self, "map_plans", [])
+        object.__setattr__(self, "layout_plans", [])
 
     families: frozenset[str] = field(init=False, default=frozenset())  # wire families it reads
     # (signal, series, averaged?, counter?, one name and no filter?) in preference order: the map's work list
@@ -191,6 +192,8 @@ class Adapter:
     ] = field(init=False, repr=False, compare=False, default_factory=dict)
     # Page structures seen (see _map): [names, labels, default model, max_models, plan or None, tries]
     map_plans: list[list[Any]] = field(init=False, repr=False, compare=False, default_factory=list)
+    # The parser's page layouts seen (see _read): [layout, default model, max_models, plan or None, tries]
+    layout_plans: list[list[Any]] = field(init=False, repr=False, compare=False, default_factory=list)
 
     def read(
         self,
@@ -201,13 +204,13 @@ class Adapter:
     ) -> Reading:
         """Parse a page (OpenMetrics text when ``openmetrics``) and map it with its checks;
         raises ParseError on a malformed wanted line."""
-        return _map(self, self.parser.parse(text, openmetrics), default_model, max_models)
+        return _read(self, text, default_model, openmetrics, max_models)
 
     def parse(
         self, text: str, default_model: str | None = None, openmetrics: bool = False
     ) -> tuple[ModelSignals, ...]:
         """The models of :meth:`read` (raises ParseError on a malformed wanted line)."""
-        return _map(self, self.parser.parse(text, openmetrics), default_model, DEFAULT_MAX_MODELS).models
+        return _read(self, text, default_model, openmetrics, DEFAULT_MAX_MODELS).models
 
     def forget(self) -> None:
         """Drop what earlier pages taught the parser and the map (label blocks, page and bucket
@@ -215,6 +218,7 @@ class Adapter:
         self.parser.forget()
         self.bucket_plans.clear()
         self.map_plans.clear()
+        self.layout_plans.clear()
 
     def map(
         self, page: Page, default_model: str | None = None, max_models: int = DEFAULT_MAX_MODELS
@@ -881,16 +885,11 @@ def _source(x: object, rec: _Recorder) -> str:
 
 
 def _compile(
-    adapter: Adapter, page: Page, flat: list[Sample], default_model: str | None, max_models: int
+    adapter: Adapter, stand_in: Any, rec: _Recorder, default_model: str | None, max_models: int
 ) -> Any:
-    """The page's map as a function of its values (``v``, in page order) returning the Reading, or
-    None when a guard fails; None when the map cannot be traced."""
-    rec = _Recorder()
-    stand_ins: list[Any] = [_Traced(f"v[{i}]", s.value, rec) for i, s in enumerate(flat)]
-    traced = iter(stand_ins)
-    stand_in: Any = {
-        name: [s._replace(value=next(traced)) for s in samples] for name, samples in page.items()
-    }
+    """The map of ``stand_in`` (a page whose values are ``_Traced`` stand-ins for ``v[i]``) as a
+    function of ``v`` returning the Reading, or None when a guard fails; None when the map cannot
+    be traced."""
     try:
         reading = _Mapping(adapter, stand_in, default_model, max_models).run()
         body = _source(reading, rec)
@@ -921,7 +920,11 @@ def _map(adapter: Adapter, page: Page, default_model: str | None, max_models: in
             reading = _Mapping(adapter, page, default_model, max_models).run()
             if plan is None and entry[5] < 3:  # seen before: trace it (a few tries: a value may be hostile)
                 entry[5] += 1
-                plan = _compile(adapter, page, flat, default_model, max_models)
+                rec = _Recorder()
+                stand_ins: list[Any] = [_Traced(f"v[{i}]", s.value, rec) for i, s in enumerate(flat)]
+                traced = iter(stand_ins)
+                stand_in = {name: [s._replace(value=next(traced)) for s in ss] for name, ss in page.items()}
+                plan = _compile(adapter, stand_in, rec, default_model, max_models)
                 if plan is not None and plan(list(map(_VALUE, flat))) == reading:
                     entry[4] = plan
             return reading
@@ -929,3 +932,40 @@ def _map(adapter: Adapter, page: Page, default_model: str | None, max_models: in
         del plans[0]
     plans.append([names, labels, default_model, max_models, None, 0])
     return _Mapping(adapter, page, default_model, max_models).run()
+
+
+def _read(
+    adapter: Adapter, text: str, default_model: str | None, openmetrics: bool, max_models: int
+) -> Reading:
+    """Parse and map a page; a page of a layout the parser knows skips its samples altogether when
+    that layout's map is compiled (the plan takes the page's values as the parser converted them)."""
+    got = adapter.parser.read_layout(text, openmetrics)
+    if isinstance(got, dict):
+        return _map(adapter, got, default_model, max_models)
+    layout, values = got
+    if len(values) > PLAN_SAMPLES:
+        return _Mapping(adapter, adapter.parser.page_of(layout, values), default_model, max_models).run()
+    plans = adapter.layout_plans
+    for entry in plans:
+        if entry[0] is layout and entry[1] == default_model and entry[2] == max_models:
+            plan = entry[3]
+            if plan is not None:
+                reading = plan(values)
+                if reading is not None:
+                    return reading
+            break
+    else:
+        if len(plans) >= MAP_PLANS:
+            del plans[0]
+        entry = [layout, default_model, max_models, None, 0]
+        plans.append(entry)
+    reading = _Mapping(adapter, adapter.parser.page_of(layout, values), default_model, max_models).run()
+    # a layout seen again: trace its map (a few tries: a value may be hostile, the trace then fails)
+    if entry[3] is None and entry[4] < 3:
+        entry[4] += 1
+        rec = _Recorder()
+        stand_in = adapter.parser.page_of(layout, [_Traced(f"v[{i}]", x, rec) for i, x in enumerate(values)])
+        plan = _compile(adapter, stand_in, rec, default_model, max_models)
+        if plan is not None and plan(values) == reading:
+            entry[3] = plan
+    return reading

@@ -38,11 +38,11 @@ import logging
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from itertools import repeat
 from operator import itemgetter
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 logger = logging.getLogger(__name__)
 
@@ -251,6 +251,13 @@ class FamilyParser:
         the whole tail; a tail that is not one plain number (a timestamp, an exemplar) is read
         line by line.
         """
+        got = self.read_layout(text, openmetrics)
+        return got if isinstance(got, dict) else self.page_of(*got)
+
+    def read_layout(self, text: str, openmetrics: bool = False) -> Page | tuple[_Layout, list[float]]:
+        """:meth:`parse`'s samples, or, for a page laid out as one read before, that layout (the
+        same object each time) and the page's values, one per wanted line: ``page_of(layout,
+        values)`` is the page's samples."""
         text = f"\n{text}\n"
         if openmetrics:
             text = _cut_at_eof(text)
@@ -264,23 +271,26 @@ class FamilyParser:
                 if "_" in "".join(tails):  # float() takes "1_000"; the format does not
                     break
                 try:
-                    values = list(map(float, tails))
+                    return layout, list(map(float, tails))
                 except ValueError:  # more than a value: read line by line
                     break
-                picks, names, labels, wire_names, spans = layout
-                made = list(
-                    map(
-                        tuple.__new__,  # Sample(...) without its Python-level __new__
-                        repeat(Sample),
-                        zip(names, labels, map(values.__getitem__, picks), repeat(None)),
-                    )
-                )
-                # (one slice per wire name: both are the layout's)
-                out: Page = dict(zip(wire_names, map(made.__getitem__, spans)))  # noqa: B905
-                if self._canonical and not self._canonical.keys().isdisjoint(out):
-                    self._canonicalise(out)
-                return out
         return self._read_lines(lines, heads, openmetrics)
+
+    def page_of(self, layout: _Layout, values: Sequence[Any]) -> Page:
+        """The samples of a page of ``layout`` (from :meth:`read_layout`) with ``values``."""
+        picks, names, labels, wire_names, spans = layout
+        made = list(
+            map(
+                tuple.__new__,  # Sample(...) without its Python-level __new__
+                repeat(Sample),
+                zip(names, labels, map(values.__getitem__, picks), repeat(None)),
+            )
+        )
+        # (one slice per wire name: both are the layout's)
+        out: Page = dict(zip(wire_names, map(made.__getitem__, spans)))  # noqa: B905
+        if self._canonical and not self._canonical.keys().isdisjoint(out):
+            self._canonicalise(out)
+        return out
 
     def _read_lines(
         self, lines: list[tuple[str, str, str, str, str, str]], heads: tuple[str, ...], openmetrics: bool

@@ -190,3 +190,14 @@ def test_pages_read_through_a_layout_plan_agree_with_the_slow_map() -> None:
                 fast = a.read(t, default_model, max_models=max_models)
                 slow = _Mapping(a, a.parser.parse(t), default_model, max_models).run()
                 assert repr(fast) == repr(slow), fixture
+
+
+def test_a_sum_over_hundreds_of_series_is_mapped_the_slow_way() -> None:
+    # 300 series of one gauge: the traced sum nests deeper than Python's parser takes, so no plan
+    a = ADAPTERS["tgi"]
+    a.forget()
+    text = "".join(f'tgi_queue_size{{shard="{i}"}} 2\n' for i in range(300))
+    for _ in range(3):
+        (m,) = a.read(text).models
+        assert m.requests_waiting == 600.0
+    assert _planned(a) == 0

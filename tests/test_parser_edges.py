@@ -290,3 +290,13 @@ def test_a_parser_asked_for_nothing_reads_nothing_even_an_empty_quoted_name() ->
     p = FamilyParser([])
     assert p.parse('{""} 1\n{"", a="b"} 2\nx 3\n') == {}
     assert p._layouts == []
+
+
+def test_read_layout_reads_the_text_format_by_default_and_hands_back_a_known_layout() -> None:
+    # the text format: "# EOF" is a comment, so the series' second line (the last) wins
+    p = FamilyParser(["t_x"])
+    page = p.read_layout("t_x 1\n# EOF\nt_x 2\n")
+    assert isinstance(page, dict) and [s.value for s in page["t_x"]] == [2.0]
+    layout, values = p.read_layout("t_x 5\n# EOF\nt_x 7\n")  # the same layout: its values, per line
+    assert values == [5.0, 7.0]
+    assert p.page_of(layout, values) == {"t_x": [Sample("t_x", {}, 7.0, None)]}

@@ -898,7 +898,11 @@ def _compile(
     guard = "    if not (" + " and ".join(rec.guards) + "):\n        return None\n" if rec.guards else ""
     src = f"def plan(v):\n{guard}    return {body}\n"
     scope: dict[str, Any] = {"K": rec.consts, "H": Histogram, "M": ModelSignals, "R": Reading}
-    exec(compile(src, f"<{adapter.kind} map plan>", "exec"), scope)
+    try:
+        code = compile(src, f"<{adapter.kind} map plan>", "exec")
+    except (SyntaxError, RecursionError, MemoryError):  # a sum nested past the parser's limits
+        return None
+    exec(code, scope)
     return scope["plan"]
 
 

@@ -6,10 +6,10 @@ checkout) and for two generated vLLM pages (a ~100 KB page of 2 models and a den
 ``text_string_to_metric_families`` over the same text. Each figure is the median of several
 repeats of this process's CPU time per parse (batches of calls), the two parsers timed in turn;
 the adapter is warm, as after an engine's first scrape: the page's label blocks, its layout (the
-same wanted lines in the same order) and its histograms' bucket layouts are known, so every value
-on the page is still converted and checked on every call, as on a live engine whose values change
-between scrapes; a second column times a first scrape (nothing known). It prints one line per page
-and the minimum ratios, and returns the figures. It prints figures; nothing asserts on them.
+same wanted lines in the same order), its histograms' bucket layouts and its compiled map are known,
+so every value on the page is still converted and checked on every call, as on a live engine whose
+values change between scrapes; a second column times a first scrape (nothing known). It prints one
+line per page and the minimum ratios, and returns the figures. It prints figures; nothing asserts on them.
 """
 
 from __future__ import annotations

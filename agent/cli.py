@@ -201,10 +201,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         run_parse()
     elif args.what == "detection":
+        from agent.bench.detection import DEFAULT_WEEKS, QUICK_WEEKS
         from agent.bench.detection import run as run_detection
 
         seeds = 1 if args.quick else args.seeds
-        run_detection(seeds=seeds, first_seed=args.seed, weeks=args.weeks, workers=args.workers)
+        weeks = args.weeks if args.weeks is not None else QUICK_WEEKS if args.quick else DEFAULT_WEEKS
+        run_detection(seeds=seeds, first_seed=args.seed, weeks=weeks, workers=args.workers)
     elif args.what == "soak":
         from agent.bench.soak import run as run_soak
 
@@ -339,7 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--seconds", type=float, default=60.0, help="overhead: wall seconds measured")
     b.add_argument("--seed", type=int, default=7, help="detection: first random seed; soak: random seed")
-    b.add_argument("--weeks", type=int, default=4, help="detection: weeks of simulated history")
+    b.add_argument(
+        "--weeks", type=int, default=None, help="detection: weeks of history (default 2; --quick: 4)"
+    )
     b.add_argument("--seeds", type=int, default=5, help="detection: seeds per traffic model")
     b.add_argument("--quick", action="store_true", help="detection: one seed per traffic model (CI)")
     b.add_argument("--workers", type=int, default=2, help="detection: worker processes")

@@ -69,11 +69,11 @@ logger = logging.getLogger(__name__)
 DETECTORS = ("literal", "defaults", "forest", "combined")
 GRACE_SECONDS = 1800.0  # an alert up to 30 min after a regression ended still counts as its detection
 # The default grid: 5 seeds per traffic model × 3 nodes × DEFAULT_WEEKS. Why 2 weeks: the run must
-# take ≤ 5 minutes on the 2-core machine (2 workers), and a node-week costs ~9 CPU s at 1-minute
-# ticks (the forest's daily and per-version refits in scikit-learn are about half of it); 5 seeds ×
-# 2 models × 3 nodes × 2 weeks is ~470 CPU s, 3 weeks ~700 (over). The first week fills the
-# baselines, so each node is graded on one week. ``--quick`` (CI: one seed per model) runs
-# QUICK_WEEKS so that every incident kind, the price-book change included, lands in a graded week.
+# take ≤ 5 minutes on the 2-core machine (2 workers). Measured: that grid took 552 CPU s (293 s on
+# 2 workers); a node-week costs 9–12 CPU s (more once the forest trains on a full week), so 3 weeks
+# would take ~850 and 4 weeks ~1,400 (5 × --quick's 282). The first week fills the baselines, so
+# each node is graded on one week. ``--quick`` (CI: one seed per model) runs QUICK_WEEKS so that
+# every incident kind, the price-book change included, lands in a graded week.
 DEFAULT_WEEKS = 2
 QUICK_WEEKS = 4
 TARGET_FACTOR = 1.2  # the targets apply to regressions whose realised cost per token rose 1.2× or more

@@ -7,6 +7,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from synthetic_history import backfill_simulated
 
 from agent.clock import ManualClock
@@ -42,7 +43,9 @@ def test_a_costly_minute_scores_above_one_and_a_normal_one_below(tmp_path: Path)
     assert score is not None and score > 1
     # the score is in the store for rules to read as anomaly_score
     rec = store.records(end, end + MINUTE, kinds=("model",))[0]
-    assert rec.sums["anomaly.w"] > 0 and rec.sums["anomaly.s"] / rec.sums["anomaly.w"] == score
+    # stored as score × seconds and read back divided: equal up to rounding
+    stored = rec.sums["anomaly.s"] / rec.sums["anomaly.w"]
+    assert rec.sums["anomaly.w"] > 0 and stored == pytest.approx(score, rel=1e-12)
     # normal minutes of the last day: almost all below 1 (the forest is calibrated on its training week)
     day = [window_from_record(r) for r in store.records(end - DAY, end, kinds=("model",))]
     normal_scores = [x for x in scorer.forest.score_many(day) if x is not None]

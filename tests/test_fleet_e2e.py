@@ -51,7 +51,10 @@ def test_engine_and_nvml_down_reach_slack_and_inhibit_gpu_lost(tmp_path: Path) -
         assert {t.split(" on ")[-1] for t in _titles(receiver) if "NVML" in t} == {"node-a", "node-b"}
         time.sleep(2)  # a further flush: a lost-GPU notification would have arrived by now
         assert not [t for t in _titles(receiver) if "lost or unreadable" in t], "NvmlDown inhibits GpuLost"
-        assert receiver.bodies("/pagerduty") == [], "warnings do not page"
+        # Warnings do not page. The one page: the catalogue's synthetic TTFT (p95 ≈ 2 s) puts the
+        # realtime class over its 0.5 s SLO, a critical alert.
+        paged = [b["payload"]["summary"] for b in receiver.bodies("/pagerduty")]
+        assert all(s.startswith("realtime class p95 TTFT") for s in paged), paged
         firing = prom.query('ALERTS{alertstate="firing", alertname="InfercostGpuLost"}')
         assert len(firing) == 4, "GpuLost fires in Prometheus; only Alertmanager holds it back"
         assert receiver.errors == [], "what Alertmanager posted has the vendors' documented shape"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.catalog import CATALOG
+from agent.catalog import CATALOG, HISTOGRAMS
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES_DIR = ROOT / "rules" / "prometheus"
@@ -50,7 +50,12 @@ def test_promtool_unit_tests(test_file: Path) -> None:
 
 
 def test_rule_tests_exist() -> None:
-    assert {p.name for p in RULE_TESTS} >= {"infercost_test.yml", "infercost_regression_test.yml"}
+    assert {p.name for p in RULE_TESTS} >= {
+        "infercost_test.yml",
+        "infercost_regression_test.yml",
+        "infercost_class_test.yml",
+        "infercost_class_cost_test.yml",
+    }
 
 
 def test_every_alert_is_tested() -> None:
@@ -64,6 +69,7 @@ def test_every_alert_is_tested() -> None:
 
 def test_rules_read_only_catalogued_series() -> None:
     exported = {m.full_name for m in CATALOG}
+    exported |= {h.full_name + s for h in HISTOGRAMS for s in ("", "_bucket", "_sum", "_count")}
     used = set(re.findall(r"\binfercost_[a-z0-9_]+", RULES.read_text()))
     # Recorded names embed "infercost_…" after a level prefix ("model:infercost_cost_usd:rate1h").
     recorded = {r["record"] for r in _rules() if "record" in r}
@@ -98,7 +104,10 @@ def test_agent_down_covers_a_failing_and_a_missing_agent() -> None:
 def test_seven_day_baselines_need_six_days_of_history() -> None:
     for rule in _rules():
         if "alert" in rule and "ratio_7d" in str(rule["expr"]):
-            assert "model:infercost_history_hours:count7d >= 144" in str(rule["expr"]), rule["alert"]
+            # the guard at the alert's own level (model:… or class:…)
+            level = re.findall(r"(\w+):infercost_usd_per_1m_output_tokens:ratio_7d", str(rule["expr"]))
+            guard = f"{level[0]}:infercost_history_hours:count7d >= 144"
+            assert guard in str(rule["expr"]), rule["alert"]
 
 
 def test_helm_chart_ships_the_same_rules() -> None:

@@ -88,6 +88,13 @@ def test_shares_hand_computed() -> None:
     assert s == pytest.approx({"compute": 0.24, "memory": 0.40, "communication": 0.16, "idle": 0.2})
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("field", ["sm", "tensor", "dram"])
+def test_a_non_finite_reading_makes_the_split_absent(field: str, bad: float) -> None:
+    values = {"sm": 0.8, "tensor": 0.3, "dram": 0.5, field: bad}
+    assert bound_shares(gpm(prx=12.8e9, **values), PCIE5, None) is None
+
+
 def test_shares_scale_by_the_sum_of_pressures() -> None:
     # busy 0.6; pressures 0.2, 0.6, 0.0 (total 0.8) → compute 0.6·0.25 = 0.15, memory 0.45
     s = bound_shares(gpm(sm=0.6, tensor=0.2, dram=0.6), PCIE5, None)

@@ -22,6 +22,7 @@ passes nothing for them).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -82,6 +83,8 @@ def bound_shares(
     busy, tensor, dram = gpm.sm_active_ratio, gpm.tensor_active_ratio, gpm.dram_bw_ratio
     if busy is None or tensor is None or dram is None:
         return None
+    if not (math.isfinite(busy) and math.isfinite(tensor) and math.isfinite(dram)):
+        return None  # a NaN or infinite reading is no measurement: absent, not clamped to 0 or 1
     comm = communication_ratio(gpm, pcie_peak_bytes_per_s, nvlink_peak_bytes_per_s)
     if comm is None:
         return None

@@ -333,6 +333,9 @@ _SIGNAL_LIST: tuple[Signal, ...] = (
     _mean("ttft_p99_seconds", "model", "ttft_p99", "seconds"),
     _mean("itl_p99_seconds", "model", "itl_p99", "seconds"),
     _mean("anomaly_score", "model", "anomaly", "score"),
+    # the share of the window's time the isolation forest judged (it abstains on a request mix it
+    # was not trained on): a rule over anomaly_score's mean should not speak for an hour from minutes
+    Signal("anomaly_judged_ratio", "model", ("anomaly.w", "seconds"), _rate, "ratio"),
     _mean("engine_up", "engine", "up", "ratio"),
     _mean("engine_scrape_duration_seconds", "engine", "scrape", "seconds"),
     _mean("nvml_up", "node", "nvml_up", "ratio"),

@@ -336,6 +336,9 @@ _SIGNAL_LIST: tuple[Signal, ...] = (
     # the share of the window's time the isolation forest judged (it abstains on a request mix it
     # was not trained on): a rule over anomaly_score's mean should not speak for an hour from minutes
     Signal("anomaly_judged_ratio", "model", ("anomaly.w", "seconds"), _rate, "ratio"),
+    # the share of the judged time whose score was above 1: unlike the score's mean, a few minutes
+    # scoring 26 (a scale-up's warm-up) cannot carry an hour
+    Signal("anomalous_ratio", "model", ("anomalous_seconds", "anomaly.w"), _rate, "ratio"),
     _mean("engine_up", "engine", "up", "ratio"),
     _mean("engine_scrape_duration_seconds", "engine", "scrape", "seconds"),
     _mean("nvml_up", "node", "nvml_up", "ratio"),

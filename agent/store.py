@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # Why 1 GiB: 35 days of 1-minute rows for ~50 series is ~150 MB; the cap only guards a runaway
 # label set from filling the node's disk.
 DEFAULT_MAX_BYTES = 1 << 30
@@ -91,7 +91,9 @@ def _gauge_cols(names: Sequence[str]) -> list[str]:
 
 
 MODEL_COLS_V1 = list(MODEL_SUMS) + _gauge_cols(MODEL_GAUGES)  # as migration 1 made them
-MODEL_COLS = [*MODEL_COLS_V1, *SPLIT_SUMS, *BOUND_SUMS]  # schema 5: where the dollars went; 6: bounds
+# schema 7: seconds of the minute whose anomaly score was above 1 (how much of an hour was anomalous)
+ANOMALY_SUMS = ("anomalous_seconds",)
+MODEL_COLS = [*MODEL_COLS_V1, *SPLIT_SUMS, *BOUND_SUMS, *ANOMALY_SUMS]  # schema 5: dollars went; 6: bounds
 GPU_COLS_V1 = [*_gauge_cols(GPU_GAUGES), "energy_first", "energy_last"]  # as migration 1 made them
 GPU_COST_SUMS = ("cost_usd", "idle_usd", "unallocated_usd")  # dollars per GPU (schema 4)
 GPU_COLS = [*GPU_COLS_V1, *GPU_COST_SUMS]
@@ -166,6 +168,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (  # where each model minute's GPU time went: GPU-seconds and dollars by bound (agent.cost.bound);
         # the rows kept from before read 0 in all eight, i.e. no split (absent), as a minute without GPM
         *(f"ALTER TABLE model_minutes ADD COLUMN {c} REAL NOT NULL DEFAULT 0" for c in BOUND_SUMS),
+    ),
+    (  # how much of each scored minute was anomalous (score > 1); rows kept from before read 0
+        *(f"ALTER TABLE model_minutes ADD COLUMN {c} REAL NOT NULL DEFAULT 0" for c in ANOMALY_SUMS),
     ),
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION
@@ -504,11 +509,13 @@ class Store:
     def write_anomaly_score(
         self, node: str, engine: str, model: str, model_version: str, minute: float, score: float
     ) -> None:
-        """Set the anomaly score (0–1) of one model-version minute (the isolation forest's output)."""
+        """Set the anomaly score of one model-version minute (the isolation forest's output; above 1
+        is anomalous: the minute's seconds then count in ``anomalous_seconds``)."""
         self._db.execute(
-            "UPDATE model_minutes SET anomaly_s = ? * seconds, anomaly_w = seconds "
+            "UPDATE model_minutes SET anomaly_s = ? * seconds, anomaly_w = seconds, "
+            "anomalous_seconds = CASE WHEN ? > 1 THEN seconds ELSE 0 END "
             "WHERE node=? AND engine=? AND model=? AND model_version=? AND minute=?",
-            (score, node, engine, model, model_version, _minute(minute)),
+            (score, score, node, engine, model, model_version, _minute(minute)),
         )
 
     # -- reads ----------------------------------------------------------------------------------

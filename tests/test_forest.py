@@ -226,3 +226,37 @@ def test_minimum_history_is_time_not_rows(week: SimulatedHistory) -> None:
     assert 570 <= len(day2) <= 580
     assert ForestDetector(None).fit(day2) == [(week.engine, week.model)]
     assert ForestDetector(None).fit(day2[: len(day2) // 2]) == []
+
+
+def _with_mix(w: CostWindow, prompt_factor: float) -> CostWindow:
+    return dataclasses.replace(w, usage=dataclasses.replace(w.usage, prompt_tokens=w.usage.prompt_tokens * prompt_factor))
+
+
+def test_a_mix_first_seen_in_the_last_day_is_not_judged_until_it_is_a_day_old(week: SimulatedHistory) -> None:
+    # Days 0–5 as usual, then 12 hours of 3× prompts (a day of long-prompt traffic that began at 12:00).
+    shift = week.start + 5 * DAY + 12 * HOUR
+    history = [_with_mix(w, 3.0) if w.usage.start >= shift else w for w in week.windows]
+    probe = _with_mix(_at(week, 5, 15), 3.0)  # one of those minutes
+    # fitted at day 6 00:00: the new mix is 12 hours old, inside the 1st–99th percentiles of the
+    # training set (7 % of it) but not yet judged
+    det = ForestDetector(None, seed=3)
+    assert det.fit([w for w in history if w.usage.end <= week.start + 6 * DAY], week.start + 6 * DAY)
+    assert det.score(probe) is None
+    assert det.score(_at(week, 5, 11)) is not None  # the usual mix still is
+    # a day later (refit at day 6 18:00, the shift now 30 hours old): judged
+    det.fit([w for w in history if w.usage.end <= week.start + 6 * DAY + 18 * HOUR], week.start + 6 * DAY + 18 * HOUR)
+    assert det.score(probe) is not None
+
+
+def test_a_degenerate_score_spread_cannot_blow_a_minute_up() -> None:
+    from agent.detect.forest import RAW_SPREAD_FLOOR, _calibrate
+
+    # every training row scored the same (a group whose residuals all sat in the dead band)
+    median, threshold = _calibrate(np.full(500, 0.42), 0.995, RAW_SPREAD_FLOOR)
+    assert median == pytest.approx(0.42) and threshold == pytest.approx(0.42 + RAW_SPREAD_FLOOR)
+    # the most isolated point possible (raw score 1) is then at most (1 − 0.42) / 0.05 ≈ 11.6, not 58 0000
+    assert (1.0 - median) / (threshold - median) < 12
+    # a usual spread is kept as it is
+    rng = np.random.default_rng(0)
+    raw = rng.uniform(0.35, 0.65, 2000)
+    assert _calibrate(raw, 0.995, RAW_SPREAD_FLOOR)[1] == pytest.approx(float(np.quantile(raw, 0.995)))

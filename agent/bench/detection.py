@@ -20,7 +20,8 @@ merged (as Alertmanager grouping by node would page once), and each merged inter
 An event that starts within a regression (or ``grace`` after its end) detects it; any other event
 is a false alarm. Recall targets count regressions by their **realised** change in cost per token
 (actual ÷ healthy counterfactual over the incident's busier-than-median minutes), not their nominal
-factor. Delay runs from the first minute the realised cost per token is ≥ 10 % up; dollars before
+factor. Delay runs from the first minute the realised cost per token is 1.2× up (≥ 10 % up for
+regressions that never reach 1.2×; see :func:`onset`; the delay from 10 % up is printed too); dollars before
 detection are the regression's excess cost from its start to its detection (all of it if missed).
 The first week (baselines filling) is not scored. The table gives, per detector and per rule, the
 worst and the median over (traffic model, seed).
@@ -59,7 +60,16 @@ from agent.detect.rules import RuleSet, load_default_rules, parse_rules
 from agent.records import window_from_record
 from agent.samples import CostWindow
 from agent.sim.samples import ENGINE, engine_config, price_book_of, ticks
-from agent.sim.workload import DAY, HOUR, MINUTE, WEEK, Incident, SimulatedNode, simulate_node
+from agent.sim.workload import (
+    DAY,
+    HOUR,
+    MINUTE,
+    TARGET_FACTOR,
+    WEEK,
+    Incident,
+    SimulatedNode,
+    simulate_node,
+)
 from agent.sinks.notify import Notifier
 from agent.sinks.outbox import Outbox
 from agent.store import Store
@@ -76,7 +86,6 @@ GRACE_SECONDS = 1800.0  # an alert up to 30 min after a regression ended still c
 # every incident kind, the price-book change included, lands in a graded week.
 DEFAULT_WEEKS = 2
 QUICK_WEEKS = 4
-TARGET_FACTOR = 1.2  # the targets apply to regressions whose realised cost per token rose 1.2× or more
 # Rules scored on their own in the table (the cost and efficiency rules; the others guard health).
 SCORED_RULES = (
     "cost_per_token_regression",
@@ -134,12 +143,14 @@ class DetectorScore:
     detected: int
     regressions_target: int  # regressions of ≥ TARGET_FACTOR
     detected_target: int
-    delays_minutes: tuple[float, ...]  # per detected regression, minutes from visible onset
+    delays_minutes: tuple[float, ...]  # per detected regression, minutes from its onset (see onset())
     false_alarms: int  # events matching no regression
     node_weeks: float  # evaluated node-weeks
     usd_before_detection: float  # dollars of excess cost before detection (all regressions)
     false_alarms_by_cause: Mapping[str, int] = field(default_factory=dict)
     missed: tuple[str, ...] = ()  # "kind ×factor" of each missed regression
+    # per detected regression, minutes from the first minute its cost per token was 10 % up
+    delays_from_visible_minutes: tuple[float, ...] = ()
 
     @property
     def recall(self) -> float | None:
@@ -155,6 +166,12 @@ class DetectorScore:
     def median_delay_minutes(self) -> float | None:
         """Median detection delay in minutes."""
         return float(np.median(self.delays_minutes)) if self.delays_minutes else None
+
+    @property
+    def median_delay_from_visible_minutes(self) -> float | None:
+        """Median detection delay in minutes, clocked from the first minute 10 % up."""
+        ds = self.delays_from_visible_minutes
+        return float(np.median(ds)) if ds else None
 
     @property
     def p90_delay_minutes(self) -> float | None:
@@ -228,6 +245,20 @@ def false_alarm_cause(t: float, incidents: Sequence[Incident], grace: float = GR
     return "normal traffic"
 
 
+def onset(inc: Incident) -> float:
+    """When a regression's detection clock starts (epoch seconds): the first minute its cost per
+    token is TARGET_FACTOR up when it ever is (a step: its deploy; a drift over days: the minute it
+    has grown to the size the targets are about), else the first minute it is 10 % up.
+
+    Why not always 10 % up: a drift takes hours to grow from 1.1× to 1.2×, and no detector here
+    alerts below about 1.15× (the cost rule's factor is 1.2, chosen so that the everyday wander does
+    not page); clocked from 1.1×, a drift's delay measures its slope, not the detector. Both clocks
+    are printed."""
+    if inc.realised >= TARGET_FACTOR - 1e-9 and inc.at_target is not None:
+        return inc.at_target
+    return inc.visible
+
+
 def score_detector(
     detector: str,
     per_node: Sequence[tuple[Sequence[float], NodeTruth]],
@@ -239,6 +270,7 @@ def score_detector(
     """
     regressions = detected = reg_t = det_t = false_alarms = 0
     delays: list[float] = []
+    early: list[float] = []
     usd = 0.0
     weeks = 0.0
     causes: dict[str, int] = {}
@@ -258,7 +290,8 @@ def score_detector(
             if at is not None:
                 detected += 1
                 det_t += big
-                delays.append(max(0.0, at - inc.visible) / MINUTE)
+                delays.append(max(0.0, at - onset(inc)) / MINUTE)
+                early.append(max(0.0, at - inc.visible) / MINUTE)
             else:
                 missed.append(f"{inc.kind} ×{inc.realised:.2g}")
             usd += excess_before(sim.excess_usd_per_minute, sim.start, inc, at)
@@ -278,6 +311,7 @@ def score_detector(
         usd_before_detection=usd,
         false_alarms_by_cause=causes,
         missed=tuple(missed),
+        delays_from_visible_minutes=tuple(early),
     )
 
 
@@ -715,6 +749,11 @@ def run(
                 per_rule.setdefault(rule_id, {})[cause] = v
         fa_rows = "; ".join(f"{rid}: {fmt(c)}" for rid, c in sorted(per_rule.items())) or "none"
         print_fn(f"  {gen}: false alarms (combined) by the rule that raised them, by cause: {fa_rows}")
+    early = _summary([g["combined"].median_delay_from_visible_minutes for g in groups.values()], max)
+    print_fn(
+        "combined: p50 delay clocked from the first minute 10 % up instead (drifts then count the hours "
+        f"they take to grow to 1.2×): worst {_fmt(early[0], '.0f', ' m')} / median {_fmt(early[1], '.0f', ' m')}"
+    )
     print_fn(
         "targets on the worst case (combined): recall ≥ 95 % for realised ≥ 1.2×, median delay ≤ 15 m, "
         f"≤ 1 false alarm per node-week; forest alone ≥ 80 %. Ran in {seconds:.0f} s "
@@ -733,6 +772,9 @@ def run(
             name: {
                 "recall_target": [g[name].recall_target for g in groups.values()],
                 "median_delay_minutes": [g[name].median_delay_minutes for g in groups.values()],
+                "median_delay_from_visible_minutes": [
+                    g[name].median_delay_from_visible_minutes for g in groups.values()
+                ],
                 "false_alarms_per_node_week": [g[name].false_alarms_per_node_week for g in groups.values()],
             }
             for name in names

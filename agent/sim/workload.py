@@ -53,6 +53,10 @@ BENIGN_KINDS = (
 )
 
 
+VISIBLE_FACTOR = 1.1  # a regression is visible from the first minute its cost per token is 10 % up
+TARGET_FACTOR = 1.2  # the size of regression the detection targets are about (realised ≥ 1.2×)
+
+
 @dataclass(frozen=True, slots=True)
 class Incident:
     """One labelled interval of the simulated history."""
@@ -65,6 +69,8 @@ class Incident:
     visible: float = 0.0  # seconds since the epoch, first minute the realised cost per token is ≥ 10 % up
     realised: float = 1.0  # realised cost-per-token ratio (actual ÷ healthy) over the incident's busy minutes
     excess_usd: float = 0.0  # dollars, extra cost over the healthy counterfactual during the incident
+    # seconds since the epoch, first minute it is TARGET_FACTOR (20 %) up; None when no minute is
+    at_target: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -423,7 +429,7 @@ def label_incidents(
     out: list[Incident] = []
     for kind, a, b, factor in plan:
         regression = kind in REGRESSION_KINDS
-        visible, realised, usd = a, 1.0, 0.0
+        visible, realised, usd, at_target = a, 1.0, 0.0, None
         if regression:
             seg = ratio[a:b]
             busy = healthy.generation_tokens[a:b] >= np.quantile(healthy.generation_tokens, 0.5)
@@ -432,13 +438,15 @@ def label_incidents(
             realised = float(cost_a[a:b][sel].sum() / gen_a[a:b][sel].sum()) / float(
                 cost_h[a:b][sel].sum() / gen_h[a:b][sel].sum()
             )
-            hits = np.nonzero(seg >= 1.1)[0]
+            hits = np.nonzero(seg >= VISIBLE_FACTOR)[0]
             visible = a + int(hits[0]) if len(hits) else a
+            big = np.nonzero(seg >= TARGET_FACTOR)[0]
+            at_target = start + (a + int(big[0])) * MINUTE if len(big) else None
             usd = float(np.clip(excess[a:b], 0.0, None).sum())
         out.append(
             Incident(
                 kind, start + a * MINUTE, start + b * MINUTE, factor, regression,
-                start + visible * MINUTE, realised, usd,
+                start + visible * MINUTE, realised, usd, at_target,
             )
         )  # fmt: skip
     return tuple(out), excess

@@ -48,7 +48,7 @@ from agent.samples import CostWindow
 
 logger = logging.getLogger(__name__)
 
-STATE_FORMAT = 5  # bump when the persisted layout changes; other formats are ignored on load
+STATE_FORMAT = 6  # bump when the persisted layout changes; other formats are ignored on load
 STATE_FILE = f"forest-v{STATE_FORMAT}.npz"
 
 FEATURE_NAMES: tuple[str, ...] = (

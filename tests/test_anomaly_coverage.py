@@ -9,17 +9,17 @@ minute, the seconds whose score was above 1 (schema 7), and two signals read it:
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
+from oldstore import old_store
 from synthetic_history import backfill_simulated
 
 from agent.clock import ManualClock
 from agent.detect.evaluator import RuleEvaluator
 from agent.detect.rules import load_default_rules
 from agent.records import MINUTE, SIGNALS, MinuteRecord
-from agent.store import MIGRATIONS, SCHEMA_VERSION, Store
+from agent.store import SCHEMA_VERSION, Store
 
 T0 = 1_780_000_000.0 // 86400 * 86400 + 14 * 3600  # 14:00 UTC
 SERIES = [("n1", "eng", "m", "v1")]
@@ -55,20 +55,14 @@ def test_the_store_keeps_the_anomalous_seconds_of_each_scored_minute(tmp_path: P
 
 
 def test_a_schema_6_file_migrates_and_keeps_its_scores(tmp_path: Path) -> None:
-    p = tmp_path / "old.sqlite"
-    db = sqlite3.connect(p)
-    db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-    for v in range(6):
-        for stmt in MIGRATIONS[v]:
-            db.execute(stmt)
-    db.execute("INSERT INTO meta VALUES ('schema_version', '6')")
-    db.execute(
+    p = old_store(
+        tmp_path / "old.sqlite",
+        6,
         "INSERT INTO model_minutes (node, engine, model, model_version, minute, covered_until, seconds, "
-        "generation_tokens, cost_usd, anomaly_s, anomaly_w) VALUES ('n1', 'eng', 'm', 'v1', ?, ?, 60, 6000, 0.05, 150, 60)",
+        "generation_tokens, cost_usd, anomaly_s, anomaly_w) "
+        "VALUES ('n1', 'eng', 'm', 'v1', ?, ?, 60, 6000, 0.05, 150, 60)",
         (int(T0), T0 + 60),
     )
-    db.commit()
-    db.close()
     st = Store(p, 35, ManualClock(T0 + 3600))
     assert st.schema_version() == SCHEMA_VERSION == 7
     (r,) = st.records(T0, T0 + 60, ("model",))

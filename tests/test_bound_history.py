@@ -11,11 +11,11 @@ GPU-seconds 30 / 18 / 6 / 6, dollars 0.025 / 0.015 / 0.005 / 0.005.
 from __future__ import annotations
 
 import dataclasses
-import sqlite3
 from pathlib import Path
 
 import pytest
 import yaml
+from oldstore import old_store
 
 from agent.clock import ManualClock
 from agent.cost.bound import BOUNDS
@@ -96,21 +96,14 @@ def test_store_keeps_the_bound_split_and_reads_it_back(tmp_path: Path) -> None:
 
 
 def test_a_schema_5_store_is_migrated_and_keeps_its_minutes(tmp_path: Path) -> None:
-    p = tmp_path / "h.sqlite"
-    db = sqlite3.connect(p)
-    db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-    for v in range(5):
-        for stmt in MIGRATIONS[v]:
-            db.execute(stmt)
-    db.execute("INSERT INTO meta VALUES ('schema_version', '5')")
-    db.execute(
+    p = old_store(
+        tmp_path / "h.sqlite",
+        5,
         "INSERT INTO model_minutes (node, engine, model, model_version, minute, covered_until, seconds, "
         "generation_tokens, cost_usd, prompt_usd, split_usd) "
         "VALUES ('n1', 'e1', 'llama', 'v1', ?, ?, 60, 6000, 0.05, 0.0125, 0.05)",
         (int(T0), T0 + 60),
     )
-    db.commit()
-    db.close()
     st = Store(p, 35, ManualClock(T0 + 3600))
     assert st.schema_version() == SCHEMA_VERSION == len(MIGRATIONS)
     (r,) = st.records(T0, T0 + 60, ("model",))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from oldstore import old_store
 
 from agent.clock import ManualClock
 from agent.cost.inputs import EngineSpec, GpuRate, PriceTable
@@ -84,24 +85,15 @@ def test_gpu_dollars_in_history_and_the_rule_report_and_counters_agree(tmp_path:
 
 
 def test_an_old_store_is_migrated_to_hold_gpu_dollars(tmp_path: Path) -> None:
-    import sqlite3
-
     from agent.store import MIGRATIONS
 
-    p = tmp_path / "h.sqlite"
-    db = sqlite3.connect(p)
-    db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-    for v in range(3):
-        for stmt in MIGRATIONS[v]:
-            db.execute(stmt)
-    db.execute("INSERT INTO meta VALUES ('schema_version', '3')")
-    db.execute(
+    p = old_store(
+        tmp_path / "h.sqlite",
+        3,
         "INSERT INTO gpu_minutes (node, gpu, minute, covered_until, up_s, up_w) "
         "VALUES ('n1', '0', ?, ?, 1, 1)",
         (int(T0), T0 + 1),
     )
-    db.commit()
-    db.close()
     st = Store(p, 35, ManualClock(T0))
     assert st.schema_version() == len(MIGRATIONS)
     (r,) = st.records(T0, T0 + 60, ("gpu",))

@@ -153,12 +153,14 @@ def test_a_drift_is_clocked_from_the_minute_it_is_1_2x_up_and_a_small_step_from_
     minutes = int(2 * WEEK / MINUTE)
     w = int(WEEK / MINUTE)
     drift = replace(
-        _inc("drift", w + 1000, w + 4000, factor=1.5, visible_min=w + 1500), at_target=T0 + (w + 1700) * MINUTE
+        _inc("drift", w + 1000, w + 4000, factor=1.5, visible_min=w + 1500),
+        at_target=T0 + (w + 1700) * MINUTE,
     )
     small = _inc("step", w + 5000, w + 5300, factor=1.1, visible_min=w + 5000)  # never 1.2× up
     # a drift that reached 1.2× in one minute but 1.15× over its busy minutes: clocked from 10 % up
     mild = replace(
-        _inc("drift", w + 6000, w + 8000, factor=1.15, visible_min=w + 6500), at_target=T0 + (w + 7000) * MINUTE
+        _inc("drift", w + 6000, w + 8000, factor=1.15, visible_min=w + 6500),
+        at_target=T0 + (w + 7000) * MINUTE,
     )
     events = [T0 + (w + 1730) * MINUTE, T0 + (w + 5012) * MINUTE, T0 + (w + 7100) * MINUTE]
     s = score_detector("x", [(events, _sim((drift, small, mild), minutes))], WEEK)

@@ -12,11 +12,11 @@ batch is $2.00 per 1M output tokens (6,000 tokens → $0.012), at the largest ba
 from __future__ import annotations
 
 import dataclasses
-import sqlite3
 from pathlib import Path
 
 import pytest
 import yaml
+from oldstore import old_store
 
 from agent.clock import ManualClock
 from agent.detect.evaluator import RuleEvaluator
@@ -107,20 +107,13 @@ def test_store_keeps_the_split_and_reads_it_back(tmp_path: Path) -> None:
 
 
 def test_a_schema_4_store_is_migrated_and_keeps_its_minutes(tmp_path: Path) -> None:
-    p = tmp_path / "h.sqlite"
-    db = sqlite3.connect(p)
-    db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-    for v in range(4):
-        for stmt in MIGRATIONS[v]:
-            db.execute(stmt)
-    db.execute("INSERT INTO meta VALUES ('schema_version', '4')")
-    db.execute(
+    p = old_store(
+        tmp_path / "h.sqlite",
+        4,
         "INSERT INTO model_minutes (node, engine, model, model_version, minute, covered_until, seconds, "
         "generation_tokens, cost_usd) VALUES ('n1', 'e1', 'llama', 'v1', ?, ?, 60, 6000, 0.05)",
         (int(T0), T0 + 60),
     )
-    db.commit()
-    db.close()
     st = Store(p, 35, ManualClock(T0 + 3600))
     assert st.schema_version() == len(MIGRATIONS)  # 4 → the latest (5 added these columns)
     (r,) = st.records(T0, T0 + 60, ("model",))

@@ -229,7 +229,9 @@ def test_minimum_history_is_time_not_rows(week: SimulatedHistory) -> None:
 
 
 def _with_mix(w: CostWindow, prompt_factor: float) -> CostWindow:
-    return dataclasses.replace(w, usage=dataclasses.replace(w.usage, prompt_tokens=w.usage.prompt_tokens * prompt_factor))
+    return dataclasses.replace(
+        w, usage=dataclasses.replace(w.usage, prompt_tokens=w.usage.prompt_tokens * prompt_factor)
+    )
 
 
 def test_a_mix_first_seen_in_the_last_day_is_not_judged_until_it_is_a_day_old(week: SimulatedHistory) -> None:
@@ -244,7 +246,10 @@ def test_a_mix_first_seen_in_the_last_day_is_not_judged_until_it_is_a_day_old(we
     assert det.score(probe) is None
     assert det.score(_at(week, 5, 11)) is not None  # the usual mix still is
     # a day later (refit at day 6 18:00, the shift now 30 hours old): judged
-    det.fit([w for w in history if w.usage.end <= week.start + 6 * DAY + 18 * HOUR], week.start + 6 * DAY + 18 * HOUR)
+    det.fit(
+        [w for w in history if w.usage.end <= week.start + 6 * DAY + 18 * HOUR],
+        week.start + 6 * DAY + 18 * HOUR,
+    )
     assert det.score(probe) is not None
 
 

@@ -750,9 +750,10 @@ def run(
         fa_rows = "; ".join(f"{rid}: {fmt(c)}" for rid, c in sorted(per_rule.items())) or "none"
         print_fn(f"  {gen}: false alarms (combined) by the rule that raised them, by cause: {fa_rows}")
     early = _summary([g["combined"].median_delay_from_visible_minutes for g in groups.values()], max)
+    worst_early, median_early = _fmt(early[0], ".0f", " m"), _fmt(early[1], ".0f", " m")
     print_fn(
         "combined: p50 delay clocked from the first minute 10 % up instead (drifts then count the hours "
-        f"they take to grow to 1.2×): worst {_fmt(early[0], '.0f', ' m')} / median {_fmt(early[1], '.0f', ' m')}"
+        f"they take to grow to 1.2×): worst {worst_early} / median {median_early}"
     )
     print_fn(
         "targets on the worst case (combined): recall ≥ 95 % for realised ≥ 1.2×, median delay ≤ 15 m, "

@@ -85,6 +85,9 @@ GRACE_SECONDS = 1800.0  # an alert up to 30 min after a regression ended still c
 # each node is graded on one week. ``--quick`` (CI: one seed per model) runs QUICK_WEEKS so that
 # every incident kind, the price-book change included, lands in a graded week.
 DEFAULT_WEEKS = 2
+# The default first seed: seeds 31–35 were never used to choose a default (the rules' and the
+# forest's defaults were chosen on seeds 1–5, 11–13 and 21–25), so the default run is held out.
+HELD_OUT_SEED = 31
 QUICK_WEEKS = 4
 # Rules scored on their own in the table (the cost and efficiency rules; the others guard health).
 SCORED_RULES = (
@@ -124,14 +127,7 @@ LITERAL_RULE: Mapping[str, Any] = {
     "summary": "literal 1.5 × 7-day mean",
 }
 
-# Why a 1 h mean held 30 m: one minute's score is noisy (about 0.5 % of normal minutes exceed 1
-# by construction), and a traffic burst's scale-up transient (replicas that cost while they load,
-# requests queued meanwhile, then a slow scale-down) looks like a cost regression for up to an
-# hour. The forest is the slow second opinion (drifts, costs with no efficiency signal); the
-# rules are the fast path. Measured on seeds 3, 7 and 11: against a 10 m mean held 30 m it cut
-# the forest's false alarms per node-week from 1.33 / 0.44 / 0.89 to 0.56 / 0.33 / 0.22, with
-# recall 63–70 % either way and its median delay 31–66 m instead of 31–37 m.
-FOREST_ID = "cost_anomaly"  # the shipped rule over the forest's anomaly_score (rules/agent/default.yaml)
+FOREST_ID = "cost_anomaly"  # the shipped rule over the forest's scores (its why: rules/agent/default.yaml)
 
 
 @dataclass(frozen=True, slots=True)

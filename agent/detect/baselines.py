@@ -180,6 +180,15 @@ class TrailingBaseline:
         self._expire(b, now)
         return b.held
 
+    def oldest(self, bucket: Hashable, now: float) -> float | None:
+        """The start of the oldest minute in the bucket's window ending at ``now`` (None: empty)."""
+        self._promote(now)
+        b = self._buckets.get(bucket)
+        if b is None:
+            return None
+        self._expire(b, now)
+        return b.starts[0] + MINUTE * b.head if b.held else None
+
     def mean(self, bucket: Hashable, now: float) -> tuple[float | None, int]:
         """(signal over the summed inputs, minutes) for the window ending at ``now``; a baseline
         built for quantiles keeps no sums and raises TypeError."""

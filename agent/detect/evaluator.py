@@ -193,9 +193,15 @@ class _CompiledRule:
         return findings
 
     def _base(self, bkey: tuple[Any, ...], now: float) -> tuple[float | None, int]:
-        """The baseline (mean or quantile) of one bucket and the minutes it holds."""
+        """The baseline (mean or quantile) of one bucket and the minutes it holds (none while its
+        oldest minute is younger than the rule's ``min_age``)."""
         assert self.baseline is not None and self.rule.baseline is not None
-        q = self.rule.baseline.quantile
+        spec = self.rule.baseline
+        if spec.min_age > 0:
+            oldest = self.baseline.oldest(bkey, now)
+            if oldest is None or oldest > now - spec.min_age:
+                return None, 0
+        q = spec.quantile
         return self.baseline.mean(bkey, now) if q is None else self.baseline.quantile(bkey, now, q)
 
     def _evaluate(self, key: Labels, sums: Sequence[float], now: float) -> Finding | None:

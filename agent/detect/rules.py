@@ -152,6 +152,9 @@ class BaselineSpec(_Frozen):
     # Minutes younger than this do not join the baseline yet (None: the rule's over + for), so a
     # regression is not averaged into its own baseline while its `for` runs.
     exclude_recent: float | None = None  # seconds (write 30m, 1h ...)
+    # A bucket's oldest minute must be at least this old (seconds; write 1d): a like-for-like baseline
+    # made only of today's minutes of a new load or mix is today's traffic compared with itself.
+    min_age: float = 0.0
 
     @field_validator("window", mode="before")
     @classmethod
@@ -162,6 +165,11 @@ class BaselineSpec(_Frozen):
     @classmethod
     def _dur_opt(cls, v: Any) -> float | None:
         return None if v is None else parse_duration(v)
+
+    @field_validator("min_age", mode="before")
+    @classmethod
+    def _age(cls, v: Any) -> float:
+        return parse_duration(v)
 
     @field_validator("stat")
     @classmethod

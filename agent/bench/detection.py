@@ -85,9 +85,10 @@ GRACE_SECONDS = 1800.0  # an alert up to 30 min after a regression ended still c
 # each node is graded on one week. ``--quick`` (CI: one seed per model) runs QUICK_WEEKS so that
 # every incident kind, the price-book change included, lands in a graded week.
 DEFAULT_WEEKS = 2
-# The default first seed: seeds 41–45 were never used to choose a default (the rules' and the
-# forest's defaults were chosen on seeds 1–5, 11–13, 21–25 and 31–35), so the default run is held out.
-HELD_OUT_SEED = 41
+# The default first seed: seeds 51–55 were never used to choose a default (the rules' and the
+# forest's defaults were chosen on seeds 1–5, 11–13, 21–25, 31–35 and 41–45), so the default run is
+# held out.
+HELD_OUT_SEED = 51
 QUICK_WEEKS = 4
 # Rules scored on their own in the table (the cost and efficiency rules; the others guard health).
 SCORED_RULES = (

@@ -201,17 +201,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         run_parse()
     elif args.what == "detection":
-        from agent.bench.detection import DEFAULT_WEEKS, HELD_OUT_SEED, QUICK_WEEKS
+        from agent.bench.detection import DEFAULT_WEEKS, HELD_OUT_SEED, QUICK_SEED, QUICK_WEEKS
         from agent.bench.detection import run as run_detection
 
         seeds = 1 if args.quick else args.seeds
         weeks = args.weeks if args.weeks is not None else QUICK_WEEKS if args.quick else DEFAULT_WEEKS
-        first = args.seed if args.seed is not None else 7 if args.quick else HELD_OUT_SEED
+        first = args.seed if args.seed is not None else QUICK_SEED if args.quick else HELD_OUT_SEED
         run_detection(seeds=seeds, first_seed=first, weeks=weeks, workers=args.workers)
     elif args.what == "soak":
         from agent.bench.soak import run as run_soak
 
-        return run_soak(hours=args.hours, speed=args.speed, seed=7 if args.seed is None else args.seed)
+        seed = {} if args.seed is None else {"seed": args.seed}  # else the soak's own default
+        return run_soak(hours=args.hours, speed=args.speed, **seed)
     elif args.what == "startup":
         from agent.bench.startup import run as run_startup
 

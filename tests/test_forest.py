@@ -265,3 +265,11 @@ def test_a_degenerate_score_spread_cannot_blow_a_minute_up() -> None:
     rng = np.random.default_rng(0)
     raw = rng.uniform(0.35, 0.65, 2000)
     assert _calibrate(raw, 0.995, RAW_SPREAD_FLOOR)[1] == pytest.approx(float(np.quantile(raw, 0.995)))
+
+
+def test_a_non_finite_score_is_absent(week: SimulatedHistory, fitted: ForestDetector) -> None:
+    w = _at(week, 6, 15)
+    assert fitted.score(w) is not None
+    # an infinite energy reading (a hostile value the join let through) makes an infinite residual
+    bad = dataclasses.replace(w, usage=dataclasses.replace(w.usage, energy_joules=float("inf")))
+    assert fitted.score(bad) is None

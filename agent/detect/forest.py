@@ -350,9 +350,7 @@ class ForestDetector:
             logger.info("forest %s/%s fitted on %d windows (version %s)", key[0], key[1], len(x), newest)
         return refitted
 
-    def _train(
-        self, x: np.ndarray, fitted_at: float, version: str, settled: np.ndarray | None = None
-    ) -> _Fitted:
+    def _train(self, x: np.ndarray, fitted_at: float, version: str, settled: np.ndarray) -> _Fitted:
         fill = np.nanmedian(x, axis=0)
         fill = np.where(np.isnan(fill), 0.0, fill)
         x = np.where(np.isnan(x), fill, x)
@@ -360,7 +358,7 @@ class ForestDetector:
         signed = (x[:, :N_OUTCOMES] - _basis(x) @ coef) * np.asarray(BAD_DIRECTION)
         centre = np.median(signed, axis=0)
         # the mixes it judges: those of minutes a day old (all of them while fewer than a tree's worth)
-        seen = x[:, _MIX] if settled is None or settled.sum() < MIN_TRAINING_ROWS else x[settled, _MIX]
+        seen = x[:, _MIX] if settled.sum() < MIN_TRAINING_ROWS else x[settled, _MIX]
         mix_range = (
             float(np.quantile(seen, MIX_QUANTILE)),
             float(np.quantile(seen, 1.0 - MIX_QUANTILE)),
@@ -460,7 +458,9 @@ class ForestDetector:
             x = np.vstack(rows)
             scores = self._scores(fit, x)
             for i, s, ok in zip(idx, scores, self._judgeable(fit, x), strict=True):
-                out[i] = float(s) if ok else None
+                # a non-finite score (a feature out of every range) is no verdict: absent, so it
+                # never reaches the store's sums (one NaN would void a rule's whole hour) or /metrics
+                out[i] = float(s) if ok and math.isfinite(s) else None
         return out
 
     # -- persistence --------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from agent.cost.attribution import ModelCharge, ModelTokens, attribute, engine_gpus
 from agent.cost.bound import GpmActivity, bound_shares
 from agent.cost.counters import CounterMemory, counter_increase
-from agent.cost.efficiency import DecodeObservation, ModelFigures, decode_efficiency
+from agent.cost.efficiency import DecodeObservation, ModelFigures, decode_efficiency, mean_decode_batch
 from agent.cost.floor import CostFloor, cost_floor
 from agent.cost.inputs import EngineSpec, PriceTable
 from agent.cost.latency import HistogramMemory, histogram_increase
@@ -304,7 +304,7 @@ class WindowJoiner:
             gpu_util_ratio=_mean(charges[u].reading.util_ratio for u in mc.gpus),
             mem_bw_ratio=_mean(charges[u].reading.bw_ratio for u in mc.gpus),
             power_watts=mc.power_watts,
-            requests_running=cur.requests_running if cur else None,
+            requests_running=_running(cur, kinds.get(spec.name) or spec.kind, st, now - start),
             kv_cache_usage_ratio=cur.kv_cache_usage_ratio if cur else None,
             preemptions=st.inc("preemptions_total"),
             ttft_p99_seconds=_p99(ttft),
@@ -389,6 +389,17 @@ def _bound_of(samples: Sequence[GpuSample]) -> dict[str, float] | None:
     return bound_shares(gpm, spec.pcie_bytes_per_s, spec.nvlink_bytes_per_s)
 
 
+def _running(cur: ModelSignals | None, kind: str, st: _ModelStep, seconds: float) -> float | None:
+    """Requests running over the window: the gauge as read, or over a coarse window (history at
+    5-minute steps) the mean batch from the engine's decode request-seconds, where it has them
+    (:func:`agent.cost.efficiency.mean_decode_batch`): one instant of a bursty 5 minutes put a
+    minute in the wrong load band of the like-for-like rules."""
+    if cur is None:
+        return None
+    batch = mean_decode_batch(kind, st.inc("decode_seconds_total"), seconds)
+    return cur.requests_running if batch is None else batch
+
+
 def _efficiency(
     usage: UsageWindow, cur: ModelSignals | None, kind: str, spec: EngineSpec, gpu_names: Sequence[str]
 ) -> float | None:
@@ -400,7 +411,7 @@ def _efficiency(
         engine_kind=kind,
         generation_tokens=usage.generation_tokens,
         decode_seconds=usage.decode_seconds,
-        requests_running=usage.requests_running,
+        requests_running=cur.requests_running,
         kv_cache_usage_ratio=usage.kv_cache_usage_ratio,
         kv_capacity_tokens=cur.kv_capacity_tokens,
         replicas=ranks,

@@ -111,7 +111,9 @@ def test_a_coarse_window_takes_its_batch_from_the_decode_counter_not_the_one_ins
     # 5-minute history: the gauges read 16 running and half the cache at the scrape instant, but
     # 2,400 request-seconds of decode over 300 s is a mean batch of 8: the resident cache was half
     # what the instant shows (25,000 tokens at the instant's context per sequence)
-    coarse = obs(decode_seconds=2400.0, generation_tokens=24_000.0, requests_running=16.0, window_seconds=300.0)
+    coarse = obs(
+        decode_seconds=2400.0, generation_tokens=24_000.0, requests_running=16.0, window_seconds=300.0
+    )
     assert decode_efficiency(coarse, FIG) == pytest.approx((140e9 + 25_000 * KV70) / H100_BW / 0.1)
     # a daemon tick (60 s): its lumpy request-seconds do not override the gauge (resident 50,000)
     tick = obs(decode_seconds=480.0, generation_tokens=4800.0, requests_running=16.0, window_seconds=60.0)

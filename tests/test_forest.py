@@ -273,3 +273,33 @@ def test_a_non_finite_score_is_absent(week: SimulatedHistory, fitted: ForestDete
     # an infinite energy reading (a hostile value the join let through) makes an infinite residual
     bad = dataclasses.replace(w, usage=dataclasses.replace(w.usage, energy_joules=float("inf")))
     assert fitted.score(bad) is None
+
+
+@pytest.mark.parametrize("ongoing_hours", [30, 40])
+def test_an_ended_regression_is_never_learnt_and_a_lasting_one_only_once_it_has_lasted(
+    week: SimulatedHistory, ongoing_hours: int
+) -> None:
+    # The refit's week holds a 6-hour 1.5× step that ended (day 3) and a 1.5× change going on for
+    # the last 30 or 40 hours: together over 20 % of the week (the old rule then learnt both).
+    det = ForestDetector(None, seed=3)
+    det.fit([w for w in week.windows if w.usage.end <= week.start + 5 * DAY])
+
+    def regressed(w: CostWindow) -> bool:
+        t = w.usage.start - week.start
+        ended = 3 * DAY + 8 * HOUR <= t < 3 * DAY + 14 * HOUR
+        return w.usd_per_1m_output is not None and (ended or t >= 7 * DAY - ongoing_hours * HOUR)
+
+    det.fit([_regressed(w, 1.5) if regressed(w) else w for w in week.windows], now=week.start + 7 * DAY)
+    kept = det.trained_on(week.engine, week.model)
+    ended_rows = 6 * 60
+    assert kept <= len(week.windows) - ended_rows  # the ended step is left out either way
+    probe = [_regressed(_at(week, d, h), 1.5) for d, h in ((2, 14), (4, 3), (1, 10))]
+    scores = det.score_many(probe)
+    if ongoing_hours == 30:
+        # under 20 % of the week (33.6 h) so far: still a regression, left out; a 1.5× minute stays
+        # anomalous (the old rule learnt it: 0.87–1.08)
+        assert kept <= len(week.windows) - ended_rows - 30 * 60
+        assert all(s is not None and s > 1.0 for s in scores), scores
+    else:
+        # 40 h: the new normal, learnt (its minutes kept, normal and regressed alike)
+        assert kept >= len(week.windows) - ended_rows - 60

@@ -303,3 +303,30 @@ def test_an_ended_regression_is_never_learnt_and_a_lasting_one_only_once_it_has_
     else:
         # 40 h: the new normal, learnt (its minutes kept, normal and regressed alike)
         assert kept >= len(week.windows) - ended_rows - 60
+
+
+def test_a_mix_inside_the_range_with_little_training_time_near_it_is_not_judged(
+    week: SimulatedHistory,
+) -> None:
+    from agent.detect.forest import MIX_SUPPORT_SECONDS
+
+    # Days 0–2 at the usual mix, days 3–5 at 8× the prompts: the 1st–99th percentiles span both, but
+    # nothing was seen between them (a mix ×2.8, halfway in log10)
+    history = [_with_mix(w, 8.0) if w.usage.start >= week.start + 3 * DAY else w for w in week.windows]
+    det = ForestDetector(None, seed=3)
+    assert det.fit([w for w in history if w.usage.end <= week.start + 6 * DAY], week.start + 7 * DAY)
+    usual, long, between = (
+        _at(week, 6, 15),
+        _with_mix(_at(week, 6, 15), 8.0),
+        _with_mix(_at(week, 6, 15), 2.8),
+    )
+    assert det.score(usual) is not None and det.score(long) is not None
+    assert det.score(between) is None
+    # hours of that mix at the same time of day in the next training week and it is judged
+    hours = 8
+    assert hours * HOUR > 2 * MIX_SUPPORT_SECONDS
+    start = week.start + 1 * DAY + 11 * HOUR
+    more = [_with_mix(w, 2.8) if start <= w.usage.start < start + hours * HOUR else w for w in history]
+    det = ForestDetector(None, seed=3)
+    assert det.fit([w for w in more if w.usage.end <= week.start + 6 * DAY], week.start + 7 * DAY)
+    assert det.score(between) is not None

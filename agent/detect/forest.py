@@ -48,7 +48,7 @@ from agent.samples import CostWindow
 
 logger = logging.getLogger(__name__)
 
-STATE_FORMAT = 7  # bump when the persisted layout changes; other formats are ignored on load
+STATE_FORMAT = 8  # bump when the persisted layout changes; other formats are ignored on load
 STATE_FILE = f"forest-v{STATE_FORMAT}.npz"
 
 FEATURE_NAMES: tuple[str, ...] = (
@@ -110,6 +110,17 @@ MIX_MARGIN_LOG10 = 0.0
 # forest's 12 remaining false alarms on the core model (scores 1.5–2.5 on cost per output token and
 # GPU utilisation for the rest of the day). A mix that lasts is judged from the next day's refit on.
 MIX_SETTLE_SECONDS = 86400.0
+# ... and only where those minutes hold enough of a like mix: at least MIX_SUPPORT_SECONDS of them
+# within ±MIX_SUPPORT_LOG10 (≈ ±12 % of the ratio) of the minute's own. Why: the 1st–99th percentiles
+# leave 1 % of the week beyond each edge whatever its step, but near an edge the context fit rests on
+# a few dozen windows, fewer still at 5-minute steps (a week is 2,016 of them). On the benchmark's
+# seeds 51–55 (2 weeks, both traffic models) the forest's remaining false alarms were hours whose
+# judged minutes sat at an edge of the range (a long-prompt day on a 5-minute node: its minutes 2 %
+# inside the top edge scored 1.2–3.4 on cost per output token). Why 3 hours: the least a context
+# fit of a mix's cost needs to have seen (a daily peak and a trough of it) — see the README's figures.
+MIX_SUPPORT_LOG10 = 0.05
+MIX_SUPPORT_SECONDS = 3 * 3600.0
+MIX_BIN_LOG10 = 0.01  # the support histogram's bin width (log10 of the ratio)
 # The forest is an ensemble of small forests, one per group of related outcome residuals, and the
 # score is the largest group score. Why: in one 10-dimensional forest a point that is extreme in
 # a single feature (roofline efficiency down 30 %, say) is rarely isolated before the trees' depth
@@ -200,6 +211,8 @@ class _Fitted:
     centre: np.ndarray  # training median of each signed residual (the "usual" point)
     scale: np.ndarray  # training quantile of each transformed residual (MAGNITUDE_OUTCOMES' unit)
     mix_range: tuple[float, float]  # log10 prompt/output ratios the training set spans
+    mix_hist_start: float  # left edge of the first MIX_BIN_LOG10 bin of the settled mixes' histogram
+    mix_hist: np.ndarray  # seconds of settled training windows per mix bin (see MIX_SUPPORT_SECONDS)
     median: float  # training median of the combined score
     threshold: float  # training quantile of the combined score: normalised score 1
     fitted_at: float  # seconds since the epoch (end of the last training window)
@@ -333,6 +346,7 @@ class ForestDetector:
             usable = [(w, f) for w, f in ((w, features(w)) for w in recent) if f is not None]
             rows = [f for _, f in usable]
             ends = np.array([w.usage.end for w, _ in usable])
+            secs = np.array([w.usage.duration for w, _ in usable])
             covered = sum(w.usage.duration for w, _ in usable)
             if covered < self.min_training_seconds or len(rows) < MIN_TRAINING_ROWS:
                 logger.debug(
@@ -346,9 +360,9 @@ class ForestDetector:
             previous = self._fits.get(key)
             if previous is not None:
                 keep = self._trainable(previous, x, ends)
-                x, ends = x[keep], ends[keep]
+                x, ends, secs = x[keep], ends[keep], secs[keep]
             newest = max(recent, key=lambda w: w.usage.end).usage.model_version
-            self._fits[key] = self._train(x, end, newest, settled=ends <= end - MIX_SETTLE_SECONDS)
+            self._fits[key] = self._train(x, end, newest, ends <= end - MIX_SETTLE_SECONDS, secs)
             refitted.append(key)
             logger.info("forest %s/%s fitted on %d windows (version %s)", key[0], key[1], len(x), newest)
         return refitted
@@ -381,7 +395,9 @@ class ForestDetector:
             return ~flagged | (age_hours < run_hours)
         return ~flagged
 
-    def _train(self, x: np.ndarray, fitted_at: float, version: str, settled: np.ndarray) -> _Fitted:
+    def _train(
+        self, x: np.ndarray, fitted_at: float, version: str, settled: np.ndarray, seconds: np.ndarray
+    ) -> _Fitted:
         fill = np.nanmedian(x, axis=0)
         fill = np.where(np.isnan(fill), 0.0, fill)
         x = np.where(np.isnan(x), fill, x)
@@ -389,11 +405,15 @@ class ForestDetector:
         signed = (x[:, :N_OUTCOMES] - _basis(x) @ coef) * np.asarray(BAD_DIRECTION)
         centre = np.median(signed, axis=0)
         # the mixes it judges: those of minutes a day old (all of them while fewer than a tree's worth)
-        seen = x[:, _MIX] if settled.sum() < MIN_TRAINING_ROWS else x[settled, _MIX]
+        few = settled.sum() < MIN_TRAINING_ROWS
+        seen, seen_s = (x[:, _MIX], seconds) if few else (x[settled, _MIX], seconds[settled])
         mix_range = (
             float(np.quantile(seen, MIX_QUANTILE)),
             float(np.quantile(seen, 1.0 - MIX_QUANTILE)),
         )
+        first = math.floor(float(seen.min()) / MIX_BIN_LOG10)
+        bins = np.floor(seen / MIX_BIN_LOG10).astype(int) - first
+        mix_hist = np.bincount(bins, weights=seen_s)
         z = _transform(x, coef, centre)
         # at least DEAD_BAND: a residual just past the dead band is not yet a multiple of anything
         scale = np.maximum(np.quantile(z[:, :N_OUTCOMES], self.quantile, axis=0), DEAD_BAND)
@@ -426,6 +446,8 @@ class ForestDetector:
             centre,
             scale,
             mix_range,
+            first * MIX_BIN_LOG10,
+            mix_hist,
             median,
             threshold,
             fitted_at,
@@ -457,10 +479,17 @@ class ForestDetector:
 
     @staticmethod
     def _judgeable(fit: _Fitted, x: np.ndarray) -> np.ndarray:
-        """Rows whose request mix lies within what the forest was trained on (see MIX_MARGIN_LOG10)."""
+        """Rows whose request mix lies within what the forest was trained on and has enough
+        settled training time near it (see MIX_QUANTILE and MIX_SUPPORT_SECONDS)."""
         mix = x[:, _MIX]
         lo, hi = fit.mix_range
-        return np.isnan(mix) | ((mix >= lo - MIX_MARGIN_LOG10) & (mix <= hi + MIX_MARGIN_LOG10))
+        in_range = (mix >= lo - MIX_MARGIN_LOG10) & (mix <= hi + MIX_MARGIN_LOG10)
+        cum = np.concatenate([[0.0], np.cumsum(fit.mix_hist)])
+        k = round(MIX_SUPPORT_LOG10 / MIX_BIN_LOG10)
+        idx = np.floor((np.nan_to_num(mix) - fit.mix_hist_start) / MIX_BIN_LOG10).astype(int)
+        n = len(fit.mix_hist)
+        support = cum[np.clip(idx + k + 1, 0, n)] - cum[np.clip(idx - k, 0, n)]
+        return np.isnan(mix) | (in_range & (support >= MIX_SUPPORT_SECONDS))
 
     @staticmethod
     def _normalise(fit: _Fitted, raw: np.ndarray) -> np.ndarray:
@@ -518,8 +547,16 @@ class ForestDetector:
                     p + "centre": fit.centre,
                     p + "scale": fit.scale,
                     p + "numbers": np.array(
-                        [*fit.mix_range, fit.median, fit.threshold, fit.fitted_at, float(fit.n_train)]
+                        [
+                            *fit.mix_range,
+                            fit.mix_hist_start,
+                            fit.median,
+                            fit.threshold,
+                            fit.fitted_at,
+                            float(fit.n_train),
+                        ]
                     ),
+                    p + "mix_hist": fit.mix_hist,
                     p + "version": np.array([fit.version], dtype=str),
                 }
             )
@@ -550,11 +587,11 @@ class ForestDetector:
                         TreeEnsemble.from_arrays({k: z[f"{p}g{g}/{k}"] for k in TreeEnsemble.ARRAY_NAMES})
                         for g in range(len(FEATURE_GROUPS))
                     ]
-                    lo, hi, median, threshold, fitted_at, n_train = z[p + "numbers"].tolist()
+                    lo, hi, hist_start, median, threshold, fitted_at, n_train = z[p + "numbers"].tolist()
                     fits[(engine, model)] = _Fitted(
                         forests, z[p + "group_calibration"], z[p + "fill"], z[p + "coef"], z[p + "centre"],
-                        z[p + "scale"],
-                        (lo, hi), median, threshold, fitted_at, str(z[p + "version"][0]), int(n_train),
+                        z[p + "scale"], (lo, hi), hist_start, z[p + "mix_hist"],
+                        median, threshold, fitted_at, str(z[p + "version"][0]), int(n_train),
                     )  # fmt: skip
         except Exception as err:  # a truncated or foreign file: refit rather than crash
             logger.warning("forest state %s unreadable (%s); will refit", path, err)

@@ -167,3 +167,5 @@ def test_a_drift_is_clocked_from_the_minute_it_is_1_2x_up_and_a_small_step_from_
     assert s.delays_minutes == (30.0, 12.0, 600.0)
     assert s.delays_from_visible_minutes == (230.0, 12.0, 600.0)
     assert s.median_delay_minutes == 30.0 and s.median_delay_from_visible_minutes == 230.0
+    # the recall target's population (realised ≥ 1.2×): the drift only
+    assert s.delays_target_minutes == (30.0,) and s.median_delay_target_minutes == 30.0

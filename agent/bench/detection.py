@@ -149,6 +149,8 @@ class DetectorScore:
     missed: tuple[str, ...] = ()  # "kind ×factor" of each missed regression
     # per detected regression, minutes from the first minute its cost per token was 10 % up
     delays_from_visible_minutes: tuple[float, ...] = ()
+    # per detected regression realised ≥ TARGET_FACTOR (the recall target's), minutes from its onset
+    delays_target_minutes: tuple[float, ...] = ()
 
     @property
     def recall(self) -> float | None:
@@ -169,6 +171,13 @@ class DetectorScore:
     def median_delay_from_visible_minutes(self) -> float | None:
         """Median detection delay in minutes, clocked from the first minute 10 % up."""
         ds = self.delays_from_visible_minutes
+        return float(np.median(ds)) if ds else None
+
+    @property
+    def median_delay_target_minutes(self) -> float | None:
+        """Median detection delay in minutes of the regressions realised ≥ 1.2× (those the recall
+        target counts; the table's delay counts every detected regression, smaller ones included)."""
+        ds = self.delays_target_minutes
         return float(np.median(ds)) if ds else None
 
     @property
@@ -269,6 +278,7 @@ def score_detector(
     regressions = detected = reg_t = det_t = false_alarms = 0
     delays: list[float] = []
     early: list[float] = []
+    big_delays: list[float] = []
     usd = 0.0
     weeks = 0.0
     causes: dict[str, int] = {}
@@ -290,6 +300,8 @@ def score_detector(
                 det_t += big
                 delays.append(max(0.0, at - onset(inc)) / MINUTE)
                 early.append(max(0.0, at - inc.visible) / MINUTE)
+                if big:
+                    big_delays.append(delays[-1])
             else:
                 missed.append(f"{inc.kind} ×{inc.realised:.2g}")
             usd += excess_before(sim.excess_usd_per_minute, sim.start, inc, at)
@@ -310,6 +322,7 @@ def score_detector(
         false_alarms_by_cause=causes,
         missed=tuple(missed),
         delays_from_visible_minutes=tuple(early),
+        delays_target_minutes=tuple(big_delays),
     )
 
 
@@ -753,6 +766,12 @@ def run(
         "combined: p50 delay clocked from the first minute 10 % up instead (drifts then count the hours "
         f"they take to grow to 1.2×): worst {worst_early} / median {median_early}"
     )
+    big = _summary([g["combined"].median_delay_target_minutes for g in groups.values()], max)
+    print_fn(
+        "combined: p50 delay of the regressions realised ≥ 1.2× only (those the recall target counts; "
+        f"the table counts every detected one): worst {_fmt(big[0], '.0f', ' m')} / median "
+        f"{_fmt(big[1], '.0f', ' m')}"
+    )
     print_fn(
         "targets on the worst case (combined): recall ≥ 95 % for realised ≥ 1.2×, median delay ≤ 15 m, "
         f"≤ 1 false alarm per node-week; forest alone ≥ 80 %. Ran in {seconds:.0f} s "
@@ -774,6 +793,7 @@ def run(
                 "median_delay_from_visible_minutes": [
                     g[name].median_delay_from_visible_minutes for g in groups.values()
                 ],
+                "median_delay_target_minutes": [g[name].median_delay_target_minutes for g in groups.values()],
                 "false_alarms_per_node_week": [g[name].false_alarms_per_node_week for g in groups.values()],
             }
             for name in names

@@ -159,6 +159,29 @@ def test_roofline_efficiency_is_decode_time_over_the_resident_kv_ceiling() -> No
     assert 0.49 < w.roofline_ratio < 0.51
 
 
+@pytest.mark.parametrize(
+    ("kind", "step", "decode", "running"),
+    [
+        ("vllm", 300.0, 2400.0, 8.0),  # history at 5-minute steps: the counter's mean batch
+        ("vllm", 120.0, 960.0, 8.0),  # 2 minutes is already coarse
+        ("vllm", 119.0, 952.0, 16.0),  # a daemon tick: the gauge as read
+        ("tgi", 300.0, 2400.0, 16.0),  # engine seconds of decode say nothing of the batch
+        ("vllm", 300.0, 0.0, 16.0),  # no decode time in the window: the gauge
+    ],
+)
+def test_a_coarse_windows_requests_running_is_the_decode_counters_mean_batch(
+    kind: str, step: float, decode: float, running: float
+) -> None:
+    j = WindowJoiner("n1", (EngineSpec(name="a", gpus=(0,)),), book())
+    sig = {"requests_running": 16.0, "kv_cache_usage_ratio": 0.5}  # the gauge at the scrape instant
+    for t, g, d in ((T0, 0.0, 0.0), (T0 + step, 24_000.0, decode)):
+        j.add_round(rnd(t))
+        m = ModelSignals("m", 0.0, g, decode_seconds_total=d, **sig)
+        res = j.close_tick(t, {"a": EngineScrape("a", kind, t, True, 0.0, (m,))})
+    (w,) = res.windows
+    assert w.usage.requests_running == pytest.approx(running)
+
+
 def test_a_gpu_in_mig_mode_is_paid_once_through_its_instances() -> None:
     parent = GpuSample(0, "GPU-0", H100, T0, util_gpu_ratio=None)
     inst = [GpuSample(0, f"MIG-{k}", f"{H100} MIG 1g.10gb", T0, mig_parent_uuid="GPU-0") for k in range(7)]

@@ -271,10 +271,10 @@ def test_markdown_csv_json_and_html() -> None:
 def test_the_real_join_to_the_report_by_hand(tmp_path: Path) -> None:
     """One H100 at $3.60/h, 60 % busy, serving 70B fp16 (140 GB of weights, 320 KiB of KV per token,
     400,000 tokens of KV cache). Each 600 s tick: 240,000 prompt and 120,000 output tokens (200
-    tok/s), 300 s of prefill and 900 s of decode request time, 16 sequences running, the KV cache a
-    quarter full.
+    tok/s), 3,200 s of prefill and 9,600 s of decode request time (16 sequences decoding all tick: a
+    coarse window's batch is read from that counter), 16 sequences running, the KV cache a quarter full.
 
-    Per tick $0.60: prompt $0.15 (300 / 1200 of the phase time), output $0.45; $0.625 per 1M prompt
+    Per tick $0.60: prompt $0.15 (3,200 / 12,800 of the phase time), output $0.45; $0.625 per 1M prompt
     tokens, $3.75 per 1M output of decode; usage $0.36 (60 % busy), waste $0.24.
     Floor: a step reads 140e9 + 100,000 × 327,680 bytes at 3.35 TB/s = 51.5725 ms for 16 tokens:
     $0.001/s × 0.0515725 / 16 × 1e6 = $3.2233 per 1M (a ceiling of 310 tok/s); the 120,000 tokens at
@@ -303,8 +303,8 @@ def test_the_real_join_to_the_report_by_hand(tmp_path: Path) -> None:
             "llama-70b",
             prompt_tokens_total=240_000.0 * k,
             generation_tokens_total=120_000.0 * k,
-            prefill_seconds_total=300.0 * k,
-            decode_seconds_total=900.0 * k,
+            prefill_seconds_total=3200.0 * k,
+            decode_seconds_total=9600.0 * k,
             requests_running=16.0,
             kv_cache_usage_ratio=0.25,
         )

@@ -125,6 +125,7 @@ def test_a_coarse_window_takes_its_batch_from_the_decode_counter_not_the_one_ins
     assert mean_decode_batch("vllm", 960.0, 120.0) == 8.0
     assert mean_decode_batch("vllm", 952.0, 119.0) is None
     assert mean_decode_batch("vllm", 0.0, 300.0) is None
+    assert mean_decode_batch("vllm", 0.6, 300.0) == pytest.approx(0.002)  # one short request is a batch
     assert mean_decode_batch("vllm", None, 300.0) is None
     # a gauge that read no running sequence cannot say the context per sequence: the cache as read
     idle = obs(decode_seconds=2400.0, generation_tokens=24_000.0, requests_running=0.0, window_seconds=300.0)

@@ -330,3 +330,17 @@ def test_a_mix_inside_the_range_with_little_training_time_near_it_is_not_judged(
     det = ForestDetector(None, seed=3)
     assert det.fit([w for w in more if w.usage.end <= week.start + 6 * DAY], week.start + 7 * DAY)
     assert det.score(between) is not None
+
+
+def test_a_change_in_most_minutes_is_learnt_even_when_no_unbroken_run_shows_it(
+    week: SimulatedHistory,
+) -> None:
+    # 1.5× in two hours of every three all week (more than half the minutes, never a run of hours)
+    det = ForestDetector(None, seed=3)
+    det.fit([w for w in week.windows if w.usage.end <= week.start + 5 * DAY])
+
+    def regressed(w: CostWindow) -> bool:
+        return w.usd_per_1m_output is not None and int((w.usage.start - week.start) // HOUR) % 3 != 0
+
+    det.fit([_regressed(w, 1.5) if regressed(w) else w for w in week.windows], now=week.start + 7 * DAY)
+    assert det.trained_on(week.engine, week.model) == sum(features(w) is not None for w in week.windows)

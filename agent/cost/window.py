@@ -290,6 +290,8 @@ class WindowJoiner:
         p_tok = st.inc("prompt_tokens_total") or 0.0
         g_tok = st.inc("generation_tokens_total") or 0.0
         ttft, itl, e2e = (st.observed.get(name) for name in HISTOGRAMS)
+        sc_kind = kinds.get(spec.name) or spec.kind
+        decode_s = st.inc("decode_seconds_total")
         usage = UsageWindow(
             node=self.node,
             engine=spec.name,
@@ -304,7 +306,7 @@ class WindowJoiner:
             gpu_util_ratio=_mean(charges[u].reading.util_ratio for u in mc.gpus),
             mem_bw_ratio=_mean(charges[u].reading.bw_ratio for u in mc.gpus),
             power_watts=mc.power_watts,
-            requests_running=_running(cur, kinds.get(spec.name) or spec.kind, st, now - start),
+            requests_running=_running(cur, sc_kind, decode_s, now - start),
             kv_cache_usage_ratio=cur.kv_cache_usage_ratio if cur else None,
             preemptions=st.inc("preemptions_total"),
             ttft_p99_seconds=_p99(ttft),
@@ -317,13 +319,12 @@ class WindowJoiner:
             throttled_gpu_seconds=mc.throttled_gpu_seconds,
             priority_class=spec.class_of(mc.model),
             prefill_seconds=st.inc("prefill_seconds_total"),
-            decode_seconds=st.inc("decode_seconds_total"),
+            decode_seconds=decode_s,
             cached_prompt_tokens=st.inc("cached_prompt_tokens_total"),
         )
         cost = mc.cost_usd
         tokens = p_tok + g_tok
         prompt_usd = prompt_cost(cost, usage.prefill_seconds, usage.decode_seconds) if tokens > 0 else None
-        sc_kind = kinds.get(spec.name) or spec.kind
         names = [charges[u].reading.sample.name for u in mc.gpus]
         roof = _efficiency(usage, cur, sc_kind, spec, names)
         floor = _floor(usage, cur, spec, names, cost)
@@ -389,14 +390,16 @@ def _bound_of(samples: Sequence[GpuSample]) -> dict[str, float] | None:
     return bound_shares(gpm, spec.pcie_bytes_per_s, spec.nvlink_bytes_per_s)
 
 
-def _running(cur: ModelSignals | None, kind: str, st: _ModelStep, seconds: float) -> float | None:
+def _running(
+    cur: ModelSignals | None, kind: str, decode_seconds: float | None, seconds: float
+) -> float | None:
     """Requests running over the window: the gauge as read, or over a coarse window (history at
     5-minute steps) the mean batch from the engine's decode request-seconds, where it has them
     (:func:`agent.cost.efficiency.mean_decode_batch`): one instant of a bursty 5 minutes put a
     minute in the wrong load band of the like-for-like rules."""
     if cur is None:
         return None
-    batch = mean_decode_batch(kind, st.inc("decode_seconds_total"), seconds)
+    batch = mean_decode_batch(kind, decode_seconds, seconds)
     return cur.requests_running if batch is None else batch
 
 

@@ -376,7 +376,7 @@ class ForestDetector:
         minutes had most of them anomalous for at least ``max_clean_fraction`` of the training
         window: that run is kept whole, anomalous minutes before it are still left out. When more
         than half of all judged minutes scored anomalous, whatever their order, everything is
-        kept (the model changed in a pattern no run shows, e.g. only at night).
+        kept (the model changed in a pattern no unbroken run shows, e.g. two hours in every three).
         Why not "more than ``max_clean_fraction`` of the rows in all" (until now): one step and a
         day of a drift still going on added up to 23 % of a week, so both were learnt as the
         usual; their residuals set the scale, and a 1.5× step half a day later scored 0.7 (the

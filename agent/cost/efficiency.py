@@ -78,10 +78,10 @@ MAX_PREFILL_SHARE = 0.9
 # A window at least this long is coarse history (imported at 5-minute steps, say): its gauges are
 # one instant of it, its counters the whole of it. Why 2 minutes: the daemon's own windows are one
 # tick (15–60 s), over which request-seconds (added when a request finishes) are lumpier than the
-# gauge; over minutes they are the better mean. Measured: at 5-minute steps the benchmark's Azure-
-# trace model (arrivals bursty minute to minute) raised 5 of its 6 decode-efficiency false alarms on
-# seeds 51–55 from the one-instant gauge; with the counter's mean batch, 1 (`infercost bench
-# detection`, node 2 of each seed).
+# gauge; over minutes they are the better mean. Measured (`infercost bench detection --seed 51`,
+# node 2 of each seed read at 5-minute steps): on the Azure-trace model (arrivals bursty minute to
+# minute) 5 of the decode-efficiency rule's 6 false alarms and both of the cost rule's came from the
+# one-instant gauges; with the counter's mean batch for the efficiency and the load band, 4 and 0.
 COARSE_WINDOW_SECONDS = 120.0
 
 

@@ -114,7 +114,7 @@ MIX_SETTLE_SECONDS = 86400.0
 # within ±MIX_SUPPORT_LOG10 (≈ ±12 % of the ratio) of the minute's own. Why: the 1st–99th percentiles
 # leave 1 % of the week beyond each edge whatever its step, but near an edge the context fit rests on
 # a few dozen windows, fewer still at 5-minute steps (a week is 2,016 of them). On the benchmark's
-# seeds 51–55 (2 weeks, both traffic models) the forest's remaining false alarms were hours whose
+# seeds 51–55 (`infercost bench detection --seed 51`) the forest's remaining false alarms were hours whose
 # judged minutes sat at an edge of the range (a long-prompt day on a 5-minute node: its minutes 2 %
 # inside the top edge scored 1.2–3.4 on cost per output token): the forest rule's false alarms there
 # 6 → 4, its recall on realised ≥ 1.2× unchanged (30 of 30). Why 3 hours: a few of the day's load
@@ -380,9 +380,10 @@ class ForestDetector:
         Why not "more than ``max_clean_fraction`` of the rows in all" (until now): one step and a
         day of a drift still going on added up to 23 % of a week, so both were learnt as the
         usual; their residuals set the scale, and a 1.5× step half a day later scored 0.7 (the
-        benchmark's Azure-trace model, seed 53). On seeds 51–55 (2 weeks, both traffic models) the
-        forest rule alone caught 30 of 30 regressions realised ≥ 1.2× (28 before), its false alarms
-        2 → 6 (4 with the mix-support gate, MIX_SUPPORT_SECONDS).
+        benchmark's Azure-trace model, seed 53). On seeds 51–55 (`infercost bench detection --seed
+        51`'s node-runs, scored by its functions) the forest rule alone caught 30 of 30 regressions
+        realised ≥ 1.2× (28 before), its false alarms 2 → 6 (4 with the mix-support gate,
+        MIX_SUPPORT_SECONDS).
         """
         judged = self._judgeable(previous, x)
         flagged = (self._scores(previous, x) > self.clean_above) & judged

@@ -316,6 +316,9 @@ _SIGNAL_LIST: tuple[Signal, ...] = (
         "tokens/GPU-s",
     ),
     Signal("cost_usd_per_hour", "model", ("cost_usd", "seconds"), _per_hour, "USD/h"),
+    # the price book's GPU-hour rate in effect for the model's GPUs (its GPU dollars per GPU-hour):
+    # flat while the book is, so a change is seen the minute it takes effect
+    Signal("usd_per_gpu_hour", "model", ("gpu_time_usd", "gpu_seconds"), _per_hour, "USD/GPU-h"),
     Signal("cost_usd", "model", ("cost_usd",), _total, "USD"),
     Signal("energy_cost_usd", "model", ("energy_usd",), _total, "USD"),
     Signal("idle_cost_usd", "model", ("idle_usd",), _total, "USD"),

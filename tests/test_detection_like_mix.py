@@ -116,3 +116,57 @@ def test_like_load_falls_back_to_the_next_band_down_when_the_band_has_no_history
             t += 60
     assert fired["plain"] == []
     assert fired["lower"] and fired["lower"][0] > 240 * 60
+
+
+def _band_fired(between: bool, phases: list[tuple[int, float, float]]) -> list[float]:
+    """Feed (minutes, requests running, cost factor) phases at a fixed mix through a ×2-band
+    like-load rule (factor 1.2, no hold); the minutes it fired at from minute 240 (the history's
+    own change of load at minute 120 fires too: its first 5-minute windows mix both)."""
+    from agent.detect.rules import parse_rules
+
+    r = _rule("r")
+    r["factor"], r["for"] = 1.2, "0s"
+    r["baseline"] = {
+        "window": "1d",
+        "min_minutes": 30,
+        "like_load": {"signal": "requests_running", "band_ratio": 2.0, "between_bands": between},
+    }
+    rs = parse_rules({"rules": [r]}, "t")
+    ev, am = RuleEvaluator(rs), AlertManager(rs)
+    fired: list[float] = []
+    t = MONDAY
+    for minutes, running, cost in phases:
+        for _ in range(minutes):
+            rec = _minute(t, 100.0, 3.0, cost)
+            rec = MinuteRecord(
+                rec.kind, rec.labels, rec.minute, {**rec.sums, "running.s": running * 60, "running.w": 60.0}
+            )
+            events = am.step(ev.step(t + 60, [rec]), t + 60)
+            fired += [(e.at - MONDAY) / 60 for e in events if e.kind == "firing"]
+            t += 60
+    return [m for m in fired if m >= 240]
+
+
+# Two hours at 11.3 requests in flight (band 3 of ×2 bands, 8–16, at its centre) costing 1.0, two at
+# 5.66 (band 2's centre) costing 1.6: the cost per token of the quieter band is 1.6× (smaller batches).
+HISTORY = [(120, 11.3, 1.0), (120, 5.66, 1.6)]
+
+
+def test_between_bands_reads_the_baseline_at_the_windows_own_load() -> None:
+    # 8.2 in flight (band 3's low edge) costing 1.3: against band 3's 1.0 that is +30 % and fires;
+    # between bands the baseline there is 1.0^0.54 × 1.6^0.46 ≈ 1.24 and 1.3 is +5 %: quiet.
+    evening = [(60, 8.2, 1.3)]
+    assert _band_fired(False, [*HISTORY, *evening])
+    assert _band_fired(True, [*HISTORY, *evening]) == []
+    # a real regression at that load (1.6 against ≈ 1.24) still fires, 4 minutes in (the 5-minute
+    # window passes 1.2 × 1.24 once 4 of its minutes are 1.6: the first 1.6 minute is minute 240)
+    assert _band_fired(True, [*HISTORY, (60, 8.2, 1.6)]) == [244.0]
+
+
+def test_between_bands_keeps_the_bands_own_figure_without_a_neighbour_or_at_its_centre() -> None:
+    # band 2 never seen: 8.2 in flight is compared with band 3's 1.0, as without the option
+    only_band_3 = [(240, 11.3, 1.0), (60, 8.2, 1.3)]
+    assert _band_fired(True, only_band_3) == _band_fired(False, only_band_3) != []
+    # at band 3's centre the neighbour has no weight: 1.3 is +30 % either way
+    centre = [*HISTORY, (60, 11.3, 1.3)]
+    assert _band_fired(True, centre) == _band_fired(False, centre) != []

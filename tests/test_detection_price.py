@@ -10,7 +10,7 @@ import yaml
 from agent.detect.alerts import AlertManager
 from agent.detect.deploys import PriceTracker
 from agent.detect.evaluator import RuleEvaluator
-from agent.detect.rules import load_rules
+from agent.detect.rules import load_default_rules, load_rules
 from agent.records import MinuteRecord
 
 MONDAY = 1699833600.0  # 2023-11-13 00:00 UTC, a Monday
@@ -71,3 +71,37 @@ def test_a_cost_alert_after_a_price_change_names_it(tmp_path: Path) -> None:
     assert alert.annotations["description"].startswith(
         "Deploy: none. Price change: price of its GPUs $2 → $3"
     )
+
+
+def _run_default_price_rule(prices: list[float]) -> list[tuple[str, float, dict[str, str]]]:
+    """Feed one minute per price through the shipped price_increase rule; (event, minute, annotations)."""
+    rule = load_default_rules().get("price_increase")
+    assert rule is not None
+    rules = [rule]
+    tracker = PriceTracker()
+    ev = RuleEvaluator(rules)
+    am = AlertManager(rules, price_lookup=lambda r, f: c.describe() if (c := tracker.lookup(r, f)) else None)
+    out = []
+    for i, price in enumerate(prices):
+        t = MONDAY + 60 * i
+        rec = [_minute(t, price)]
+        tracker.observe(rec)
+        out += [(e.kind, i, dict(e.alert.annotations)) for e in am.step(ev.step(t + 60, rec), t + 60)]
+    return [(k, i, a) for k, i, a in out if k in ("firing", "resolved")]
+
+
+def test_the_default_price_rule_says_so_minutes_after_the_book_changes_and_names_it() -> None:
+    events = _run_default_price_rule([2.0] * 240 + [2.5] * 480)  # +25 % at minute 240
+    (fired, at, notes), (resolved, end, _) = events
+    assert fired == "firing" and 240 + 5 <= at <= 240 + 12  # its 5-minute window, held 5 minutes
+    assert "$2 → $2.5 per GPU-hour (+25.0 %)" in notes["price_change"]
+    assert "+25.0 %" in notes["summary"]
+    # said once: it resolves when the new price is most of the 3 hours it compares with
+    assert resolved == "resolved" and 240 + 80 <= end <= 240 + 120
+
+
+def test_the_default_price_rule_is_quiet_on_a_price_cut_and_on_a_flat_book() -> None:
+    assert _run_default_price_rule([2.0] * 240 + [1.6] * 240) == []
+    assert _run_default_price_rule([2.0] * 480) == []
+    # +5 % is under its 1.1 factor
+    assert _run_default_price_rule([2.0] * 240 + [2.1] * 240) == []

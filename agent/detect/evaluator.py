@@ -10,6 +10,7 @@ minute costs O(rules × series): weeks of minutes evaluate in seconds.
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -204,6 +205,26 @@ class _CompiledRule:
         q = spec.quantile
         return self.baseline.mean(bkey, now) if q is None else self.baseline.quantile(bkey, now, q)
 
+    def _between_bands(
+        self, key: Labels, bucket: tuple[Any, ...], sums: Sequence[float], base: float, now: float
+    ) -> float:
+        """The baseline at the window's load: the band's figure moved towards the nearer
+        neighbour band's, geometrically, by the load's distance from the band's centre (at a
+        band's edge, half-way to its neighbour's). The band's own when the neighbour has none."""
+        spec = self.rule.baseline
+        assert spec is not None and spec.like_load is not None and spec.like_load.band_ratio is not None
+        load = self._band_load(sums)
+        band, how, mix = bucket
+        if load is None or band is None or load <= 0 or base <= 0:
+            return base
+        offset = math.log(load) / math.log(spec.like_load.band_ratio) - band - 0.5  # −0.5 … 0.5
+        other = band + 1 if offset > 0 else band - 1
+        near, n = self._base((self._baseline_key(key), (other, how, mix)), now)
+        if near is None or n < spec.min_minutes or near <= 0:
+            return base
+        w = abs(offset)
+        return math.exp((1.0 - w) * math.log(base) + w * math.log(near))
+
     def _evaluate(self, key: Labels, sums: Sequence[float], now: float) -> Finding | None:
         rule = self.rule
         value = self.sig_fn([sums[i] for i in self.sig_idx])
@@ -226,12 +247,15 @@ class _CompiledRule:
             return None
         base, n = self._base((self._baseline_key(key), bucket), now)
         like = rule.baseline.like_load
-        if (base is None or n < rule.baseline.min_minutes) and like is not None and like.fallback == "lower":
+        own = base is not None and n >= rule.baseline.min_minutes
+        if not own and like is not None and like.fallback == "lower":
             band, how, mix = bucket
             if band is not None:
                 base, n = self._base((self._baseline_key(key), (band - 1, how, mix)), now)
         if base is None or n < rule.baseline.min_minutes:
             return None
+        if own and like is not None and like.between_bands and like.band_ratio is not None:
+            base = self._between_bands(key, bucket, sums, base, now)
         limit = rule.factor * base
         if not self.cmp(value, limit):
             return None

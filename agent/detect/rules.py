@@ -127,6 +127,12 @@ class LikeLoad(_Frozen):
     # cost per token is higher and tokens per GPU-second lower, so the comparison stays conservative
     # for those signals. Not for signals that rise with load (TTFT): leave it "none" there.
     fallback: Literal["none", "lower"] = "none"
+    # Read the baseline at the window's own load, between the two nearest bands' baselines
+    # (geometric, by where the load sits between their centres), not the band's one figure: cost
+    # per token moves ~1.5× across a ×1.5 band at low load, so a window at the band's low edge was
+    # compared with minutes mostly near its high edge (an evening's fall in load read as +20 %).
+    # A neighbour band without a baseline leaves the band's own.
+    between_bands: bool = False
 
 
 class LikeMix(_Frozen):

@@ -170,3 +170,13 @@ def test_between_bands_keeps_the_bands_own_figure_without_a_neighbour_or_at_its_
     # at band 3's centre the neighbour has no weight: 1.3 is +30 % either way
     centre = [*HISTORY, (60, 11.3, 1.3)]
     assert _band_fired(True, centre) == _band_fired(False, centre) != []
+
+
+def test_between_bands_carries_the_slope_on_below_the_quietest_band_seen() -> None:
+    # band 2 never seen, but band 4 (22.6 in flight) cost 0.625: the slope from band 4 to band 3
+    # (×1.6 per band) carried on to 8.2 in flight gives ≈ 1.24 there, so 1.3 is quiet, 1.6 fires
+    history = [(120, 22.6, 0.625), (120, 11.3, 1.0)]
+    assert _band_fired(False, [*history, (60, 8.2, 1.3)])
+    assert _band_fired(True, [*history, (60, 8.2, 1.3)]) == []
+    (fired,) = _band_fired(True, [*history, (60, 8.2, 1.6)])
+    assert 240 < fired <= 245

@@ -127,6 +127,31 @@ def test_a_coarse_window_takes_its_batch_from_the_decode_counter_not_the_one_ins
     assert mean_decode_batch("vllm", 0.0, 300.0) is None
     assert mean_decode_batch("vllm", 0.6, 300.0) == pytest.approx(0.002)  # one short request is a batch
     assert mean_decode_batch("vllm", None, 300.0) is None
-    # a gauge that read no running sequence cannot say the context per sequence: the cache as read
+    # a gauge that read no running sequence cannot say the context per sequence: no figure (it was the
+    # cache as read, and on bursty traffic those windows read up to 2× too low)
     idle = obs(decode_seconds=2400.0, generation_tokens=24_000.0, requests_running=0.0, window_seconds=300.0)
-    assert decode_efficiency(idle, FIG) == pytest.approx((140e9 + 50_000 * KV70) / H100_BW / 0.1)
+    assert decode_efficiency(idle, FIG) is None
+
+
+@pytest.mark.parametrize(
+    ("decode_seconds", "known"),
+    [(2400.0, True), (9600.0, True), (9601.0, False), (2399.0, False), (1200.0, False)],
+)
+def test_a_coarse_window_whose_instant_is_more_than_2x_off_its_mean_batch_has_no_efficiency(
+    decode_seconds: float, known: bool
+) -> None:
+    # the gauge read 16 running; the counter's mean batch over 300 s is decode_seconds / 300: from
+    # 8 to 32 the instant's context per sequence stands for the window, beyond it (a lull or a
+    # burst at the instant) it does not
+    w = obs(
+        decode_seconds=decode_seconds, generation_tokens=24_000.0, requests_running=16.0, window_seconds=300.0
+    )
+    assert (decode_efficiency(w, FIG) is not None) is known
+    # a daemon tick is never judged so: its gauge is the window's
+    tick = obs(
+        decode_seconds=decode_seconds / 5,
+        generation_tokens=4800.0,
+        requests_running=16.0,
+        window_seconds=60.0,
+    )
+    assert decode_efficiency(tick, FIG) is not None

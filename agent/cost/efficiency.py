@@ -83,6 +83,10 @@ MAX_PREFILL_SHARE = 0.9
 # minute) 5 of the decode-efficiency rule's 6 false alarms and both of the cost rule's came from the
 # one-instant gauges; with the counter's mean batch for the efficiency and the load band, 4 and 0.
 COARSE_WINDOW_SECONDS = 120.0
+# A coarse window's context per sequence comes from its gauges' one instant (KV in use ÷ sequences
+# running); when that instant's batch is more than 2× off the window's mean batch (a lull or a burst
+# of arrivals), the instant says little of the window's context: no efficiency for it, not a guess.
+COARSE_BATCH_AGREEMENT = 2.0
 
 
 def mean_decode_batch(engine_kind: str, decode_seconds: float | None, window_seconds: float) -> float | None:
@@ -127,8 +131,12 @@ def decode_efficiency(obs: DecodeObservation, model: ModelFigures) -> float | No
     if obs.kv_cache_usage_ratio is not None and capacity and model.kv_bytes_per_token:
         resident = obs.kv_cache_usage_ratio * capacity
         batch = mean_decode_batch(obs.engine_kind, obs.decode_seconds, obs.window_seconds)
-        if batch is not None and obs.requests_running:
+        if batch is not None:
             # context per sequence from the gauges (one instant), sequences from the counter (all of it)
+            if not obs.requests_running or not (
+                1.0 / COARSE_BATCH_AGREEMENT <= batch / obs.requests_running <= COARSE_BATCH_AGREEMENT
+            ):
+                return None
             resident = min(capacity, resident * batch / obs.requests_running)
     ideal = min_step_seconds(
         model.weights_bytes, resident, model.kv_bytes_per_token or 0.0, obs.bandwidth_bytes_per_s / replicas

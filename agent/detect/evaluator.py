@@ -210,7 +210,9 @@ class _CompiledRule:
     ) -> float:
         """The baseline at the window's load: the band's figure moved towards the nearer
         neighbour band's, geometrically, by the load's distance from the band's centre (at a
-        band's edge, half-way to its neighbour's). The band's own when the neighbour has none."""
+        band's edge, half-way to its neighbour's). Where that neighbour has too little history (the
+        quietest night of the week, below any before it), the slope from the band on the other
+        side carries on; the band's own figure when neither has one."""
         spec = self.rule.baseline
         assert spec is not None and spec.like_load is not None and spec.like_load.band_ratio is not None
         load = self._band_load(sums)
@@ -218,12 +220,13 @@ class _CompiledRule:
         if load is None or band is None or load <= 0 or base <= 0:
             return base
         offset = math.log(load) / math.log(spec.like_load.band_ratio) - band - 0.5  # −0.5 … 0.5
-        other = band + 1 if offset > 0 else band - 1
-        near, n = self._base((self._baseline_key(key), (other, how, mix)), now)
-        if near is None or n < spec.min_minutes or near <= 0:
-            return base
+        step = 1 if offset > 0 else -1
         w = abs(offset)
-        return math.exp((1.0 - w) * math.log(base) + w * math.log(near))
+        for side, sign in ((band + step, 1.0), (band - step, -1.0)):
+            other, n = self._base((self._baseline_key(key), (side, how, mix)), now)
+            if other is not None and n >= spec.min_minutes and other > 0:
+                return base * math.exp(sign * w * math.log(other / base))
+        return base
 
     def _evaluate(self, key: Labels, sums: Sequence[float], now: float) -> Finding | None:
         rule = self.rule

@@ -23,6 +23,7 @@ import ctypes
 import logging
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from agent.clock import Clock
 from agent.config import Config
@@ -31,7 +32,7 @@ from agent.detect.baselines import baseline_of
 from agent.detect.deploys import DeployTracker, PriceTracker
 from agent.detect.evaluator import Finding, RuleEvaluator
 from agent.detect.rules import Rule, RuleSet, load_default_rules, load_rules
-from agent.records import MINUTE, SIGNALS, Alert, AlertEvent, DeployEvent, MinuteRecord
+from agent.records import MINUTE, SIGNALS, Alert, AlertEvent, DeployEvent, MinuteRecord, load_band
 from agent.sinks.notify import Notifier, Sink
 from agent.sinks.outbox import Outbox
 from agent.sinks.registry import sinks_from_config
@@ -48,6 +49,7 @@ LAST_MINUTE_KEY = "pipeline.last_evaluated_minute"
 # allocator's pages partly used, so the slice also sets how much the daemon keeps after the replay:
 # 6 h slices left ~35 MB more resident than 1 h slices on the 35-day, 24-series bench store.
 REPLAY_CHUNK_SECONDS = 3600.0
+BEFORE_CACHE_ENTRIES = 256  # previous versions' figures kept (deploy × signal × load band; a float each)
 
 
 def release_freed_memory() -> bool:
@@ -81,6 +83,10 @@ class Pipeline:
         self.evaluator = RuleEvaluator(rules)
         self.deploys = DeployTracker(compare=self._compare)
         self.prices = PriceTracker()
+        # the previous version's figure before a deploy, per (deploy, signal, load band): that week
+        # is history by then, and every alert pending after the deploy compares with it (re-reading
+        # a week from the store for each was most of the rules' time after a deploy)
+        self._before: dict[tuple[Any, ...], float | None] = {}
         self.alerts = AlertManager(rules, external_url, self.deploys.lookup, self._price_change)
         self._last: float | None = None  # start of the last evaluated minute (epoch seconds)
         self._deploys_seen = 0
@@ -173,15 +179,30 @@ class Pipeline:
             before = after = labels.get("model_version", "")
         kind = SIGNALS[rule.signal].kind
         prev_key = {**key, "model_version": before}
-        prev = baseline_of(
-            self.store.series(kind, prev_key, e.at - window, e.at),
-            rule.signal,
+        band = load_band(band_of, band_ratio or 2.0) if band_of is not None else None
+        memo = (
+            kind,
+            tuple(sorted(prev_key.items())),
             e.at,
             window,
-            band_of=band_of,
-            band_ratio=band_ratio or 2.0,
-            band_signal=band_signal,
+            rule.signal,
+            band,
+            band_ratio,
+            band_signal,
         )
+        if memo not in self._before:
+            if len(self._before) >= BEFORE_CACHE_ENTRIES:
+                self._before.pop(next(iter(self._before)))
+            self._before[memo] = baseline_of(
+                self.store.series(kind, prev_key, e.at - window, e.at),
+                rule.signal,
+                e.at,
+                window,
+                band_of=band_of,
+                band_ratio=band_ratio or 2.0,
+                band_signal=band_signal,
+            ).value
+        prev_value = self._before[memo]
         new_window = max(MINUTE, f.at - e.at)
         new = baseline_of(
             self.store.series(kind, {**key, "model_version": after}, f.at - new_window, f.at),
@@ -192,7 +213,7 @@ class Pipeline:
             band_ratio=band_ratio or 2.0,
             band_signal=band_signal,
         )
-        return prev.value, new.value
+        return prev_value, new.value
 
     # -- the loop's entry points ------------------------------------------------------------------
 

@@ -83,3 +83,41 @@ async def test_deploy_regression_pages_with_the_deploy_and_survives_restart(tmp_
     assert events[0].alert.dedup_key == a.dedup_key
     await again.close()
     store.close()
+
+
+async def test_alerts_after_one_deploy_read_the_previous_versions_week_once(tmp_path: Path) -> None:
+    """Two rules on the same signal turn pending after one deploy: both name the deploy with the
+    previous version's figure, read from the store once (a week of minutes per alert was most of
+    the rules' time after a deploy)."""
+    second = {**RULE, "id": "regression_fast", "for": "5m"}
+    p = tmp_path / "r.yaml"
+    p.write_text(yaml.safe_dump({"rules": [RULE, second]}))
+    rules = load_rules([p])
+    cfg = parse_config({"node": "n1", "state_dir": str(tmp_path)}, "test", environ={})
+    clock = ManualClock(T0)
+    store = Store(tmp_path / "history.sqlite", 35, clock)
+    store.write_windows([window(T0 + i * 60, "v1", 0.03) for i in range(1440)])
+    deploy_at = T0 + 1440 * 60
+    clock.advance(1440 * 60)
+    pipeline = build_pipeline(cfg, store, clock, rules=rules, sinks=[])
+    await pipeline.step(deploy_at)
+    reads: list[str] = []
+    series = store.series
+
+    def counted(kind, labels, start, end):  # type: ignore[no-untyped-def]
+        reads.append(labels.get("model_version", ""))
+        return series(kind, labels, start, end)
+
+    store.series = counted  # type: ignore[method-assign]
+    fired = {}
+    for i in range(25):
+        t = deploy_at + i * 60
+        store.write_windows([window(t, "v2", 0.06)])
+        clock.advance(60)
+        fired.update({e.alert.rule_id: e.alert for e in await pipeline.step(t + 60) if e.kind == "firing"})
+    assert set(fired) == {"regression", "regression_fast"}
+    for a in fired.values():
+        assert a.deploy is not None and a.deploy.previous_value == pytest.approx(5.0)
+    assert reads.count("v1") == 1 and reads.count("v2") >= 2
+    await pipeline.close()
+    store.close()

@@ -86,6 +86,12 @@ COARSE_WINDOW_SECONDS = 120.0
 # A coarse window's context per sequence comes from its gauges' one instant (KV in use ÷ sequences
 # running); when that instant's batch is more than 2× off the window's mean batch (a lull or a burst
 # of arrivals), the instant says little of the window's context: no efficiency for it, not a guess.
+# Measured on the benchmark's Azure-trace model (seed 65, node 2: the same node read at 1-minute and
+# at 5-minute ticks): the 5-minute efficiency ÷ the mean of its five 1-minute ones had a 5th
+# percentile of 0.53 (window-to-window spread 0.21 in log, the 1-minute means' 0.05); with the
+# check 0.68 (0.14), 28 % of that node's windows without a figure (0.1 % on the core model's). On
+# seeds 61–65 the decode-efficiency rule's false alarms went 7 → 0 (all on the Azure model's
+# 5-minute nodes); its worst recall on its own 60 → 40 % (rules + forest: 100 % both).
 COARSE_BATCH_AGREEMENT = 2.0
 
 

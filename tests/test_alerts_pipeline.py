@@ -3,7 +3,9 @@ deploy and compares the versions at like load; a restarted pipeline keeps its ba
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -104,7 +106,7 @@ async def test_alerts_after_one_deploy_read_the_previous_versions_week_once(tmp_
     reads: list[str] = []
     series = store.series
 
-    def counted(kind, labels, start, end):  # type: ignore[no-untyped-def]
+    def counted(kind: Any, labels: Mapping[str, str], start: float, end: float) -> Any:
         reads.append(labels.get("model_version", ""))
         return series(kind, labels, start, end)
 

@@ -178,42 +178,29 @@ class Pipeline:
         if e.kind == "engine":
             before = after = labels.get("model_version", "")
         kind = SIGNALS[rule.signal].kind
-        prev_key = {**key, "model_version": before}
-        band = load_band(band_of, band_ratio or 2.0) if band_of is not None else None
-        memo = (
-            kind,
-            tuple(sorted(prev_key.items())),
-            e.at,
-            window,
-            rule.signal,
-            band,
-            band_ratio,
-            band_signal,
-        )
+        ratio = band_ratio or 2.0
+
+        def figure(version: str, start: float, end: float) -> float | None:
+            """The signal of one version over [start, end) at the finding's load band."""
+            records = self.store.series(kind, {**key, "model_version": version}, start, end)
+            found = baseline_of(
+                records,
+                rule.signal,
+                end,
+                end - start,
+                band_of=band_of,
+                band_ratio=ratio,
+                band_signal=band_signal,
+            )
+            return found.value
+
+        band = load_band(band_of, ratio) if band_of is not None else None
+        memo = (kind, tuple(sorted(key.items())), before, e.at, window, rule.signal, band, ratio, band_signal)
         if memo not in self._before:
             if len(self._before) >= BEFORE_CACHE_ENTRIES:
                 self._before.pop(next(iter(self._before)))
-            self._before[memo] = baseline_of(
-                self.store.series(kind, prev_key, e.at - window, e.at),
-                rule.signal,
-                e.at,
-                window,
-                band_of=band_of,
-                band_ratio=band_ratio or 2.0,
-                band_signal=band_signal,
-            ).value
-        prev_value = self._before[memo]
-        new_window = max(MINUTE, f.at - e.at)
-        new = baseline_of(
-            self.store.series(kind, {**key, "model_version": after}, f.at - new_window, f.at),
-            rule.signal,
-            f.at,
-            new_window,
-            band_of=band_of,
-            band_ratio=band_ratio or 2.0,
-            band_signal=band_signal,
-        )
-        return prev_value, new.value
+            self._before[memo] = figure(before, e.at - window, e.at)
+        return self._before[memo], figure(after, f.at - max(MINUTE, f.at - e.at), f.at)
 
     # -- the loop's entry points ------------------------------------------------------------------
 

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 from agent.detect.evaluator import Finding
 from agent.detect.rules import Rule
-from agent.records import DeployEvent, DeployInfo, MinuteRecord, iso
+from agent.records import SIGNALS, DeployEvent, DeployInfo, MinuteRecord, iso
+
+_GPU_HOUR_PRICE = SIGNALS["usd_per_gpu_hour"]  # the same figure the price_increase rule reads
 
 logger = logging.getLogger(__name__)
 
@@ -153,10 +155,9 @@ class PriceTracker:
         for r in records:
             if r.kind != "model":
                 continue
-            gpu_s, usd = r.sums.get("gpu_seconds", 0.0), r.sums.get("gpu_time_usd", 0.0)
-            if gpu_s <= 0 or usd <= 0:
+            rate = _GPU_HOUR_PRICE.fn([r.sums.get(n, 0.0) for n in _GPU_HOUR_PRICE.inputs])
+            if rate is None or rate <= 0:
                 continue
-            rate = usd / gpu_s * 3600.0
             key = (r.label("node"), r.label("engine"), r.label("model"))
             prev = self._rate.get(key)
             self._rate[key] = rate

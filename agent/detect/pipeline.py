@@ -195,7 +195,7 @@ class Pipeline:
             return found.value
 
         band = load_band(band_of, ratio) if band_of is not None else None
-        memo = (kind, tuple(sorted(key.items())), before, e.at, window, rule.signal, band, ratio, band_signal)
+        memo = (tuple(sorted(key.items())), before, e.at, window, rule.signal, band, ratio, band_signal)
         if memo not in self._before:
             if len(self._before) >= BEFORE_CACHE_ENTRIES:
                 self._before.pop(next(iter(self._before)))

@@ -131,7 +131,8 @@ class LikeLoad(_Frozen):
     # (geometric, by where the load sits between their centres), not the band's one figure: cost
     # per token moves ~1.5× across a ×1.5 band at low load, so a window at the band's low edge was
     # compared with minutes mostly near its high edge (an evening's fall in load read as +20 %).
-    # A neighbour band without a baseline leaves the band's own.
+    # Where the nearer neighbour has no baseline, the slope from the band on the other side is
+    # carried on; with neither, the band's own figure.
     between_bands: bool = False
 
 

@@ -118,18 +118,26 @@ def test_like_load_falls_back_to_the_next_band_down_when_the_band_has_no_history
     assert fired["lower"] and fired["lower"][0] > 240 * 60
 
 
-def _band_fired(between: bool, phases: list[tuple[int, float, float]]) -> list[float]:
+def _band_fired(
+    between: bool, phases: list[tuple[int, float, float]], *, fallback: str = "none", op: str = ">"
+) -> list[float]:
     """Feed (minutes, requests running, cost factor) phases at a fixed mix through a ×2-band
-    like-load rule (factor 1.2, no hold); the minutes it fired at from minute 240 (the history's
-    own change of load at minute 120 fires too: its first 5-minute windows mix both)."""
+    like-load rule (factor 1.2 for ">", 0.8 for "<"; no hold); the minutes it fired at from minute
+    240 (the history's own change of load at minute 120 fires too: its first 5-minute windows mix
+    both)."""
     from agent.detect.rules import parse_rules
 
     r = _rule("r")
-    r["factor"], r["for"] = 1.2, "0s"
+    r["op"], r["factor"], r["for"] = op, 1.2 if op == ">" else 0.8, "0s"
     r["baseline"] = {
         "window": "1d",
         "min_minutes": 30,
-        "like_load": {"signal": "requests_running", "band_ratio": 2.0, "between_bands": between},
+        "like_load": {
+            "signal": "requests_running",
+            "band_ratio": 2.0,
+            "between_bands": between,
+            "fallback": fallback,
+        },
     }
     rs = parse_rules({"rules": [r]}, "t")
     ev, am = RuleEvaluator(rs), AlertManager(rs)
@@ -137,6 +145,10 @@ def _band_fired(between: bool, phases: list[tuple[int, float, float]]) -> list[f
     t = MONDAY
     for minutes, running, cost in phases:
         for _ in range(minutes):
+            if running == 0:  # a gap: no record this minute
+                am.step(ev.step(t + 60, []), t + 60)
+                t += 60
+                continue
             rec = _minute(t, 100.0, 3.0, cost)
             rec = MinuteRecord(
                 rec.kind, rec.labels, rec.minute, {**rec.sums, "running.s": running * 60, "running.w": 60.0}
@@ -180,3 +192,34 @@ def test_between_bands_carries_the_slope_on_below_the_quietest_band_seen() -> No
     assert _band_fired(True, [*history, (60, 8.2, 1.3)]) == []
     (fired,) = _band_fired(True, [*history, (60, 8.2, 1.6)])
     assert 240 < fired <= 245
+
+
+# Two hours at 5.66 requests in flight (band 2's centre) and two at 22.6 (band 4's): band 3 between
+# them (8–16) has no history of its own. The signal falls with load, 1.6 → 0.625 (×1.6 per band).
+AROUND = [(120, 5.66, 1.6), (120, 22.6, 0.625)]
+
+
+def test_a_thin_band_between_two_seen_ones_is_read_between_them_not_from_the_band_below() -> None:
+    # (after a 10-minute gap, so that no window mixes the history's minutes with the probe's)
+    def probe(between: bool, value: float, op: str = ">") -> list[float]:
+        return _band_fired(between, [*AROUND, (10, 0.0, 0.0), (60, 11.3, value)], fallback="lower", op=op)
+
+    # At band 3's centre (11.3 in flight) the two neighbours give 1.6^0.5 × 0.625^0.5 = 1.0 there.
+    # A drop rule ("<" 0.8 ×, as decode efficiency falls with load on a saturating engine): the band
+    # below alone says 1.6, so a usual 1.0 read as −37 % and fired; read between the bands it is quiet,
+    # and a real drop to 0.7 still fires.
+    assert probe(False, 1.0, "<")
+    assert probe(True, 1.0, "<") == []
+    assert probe(True, 0.7, "<")
+    # A rise rule (cost per token, "> 1.2 ×"): against the band below's 1.6, 1.3 went unseen; read
+    # between the bands (1.0) it is +30 % and fires, the usual 1.0 does not.
+    assert probe(False, 1.3) == []
+    assert probe(True, 1.3)
+    assert probe(True, 1.0) == []
+    # with only the band below seen, that band's figure, as before
+    below_only = [(240, 5.66, 1.6), (60, 11.3, 1.0)]
+    assert (
+        _band_fired(True, below_only, fallback="lower", op="<")
+        == _band_fired(False, below_only, fallback="lower", op="<")
+        != []
+    )

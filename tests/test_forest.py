@@ -344,3 +344,40 @@ def test_a_change_in_most_minutes_is_learnt_even_when_no_unbroken_run_shows_it(
 
     det.fit([_regressed(w, 1.5) if regressed(w) else w for w in week.windows], now=week.start + 7 * DAY)
     assert det.trained_on(week.engine, week.model) == sum(features(w) is not None for w in week.windows)
+
+
+def _with_joules_residual(fitted: ForestDetector, w: CostWindow, scales: float) -> CostWindow:
+    """``w`` with its energy raised so that its joules-per-token residual sits ``scales`` of its
+    training quantile past the usual point (everything else unchanged)."""
+    from agent.detect import forest as f
+
+    fit = next(iter(fitted._fits.values()))
+    x = f.features(w)
+    assert x is not None
+    x = np.where(np.isnan(x), fit.fill, x)[None, :]
+    signed = (x[0, 4] - (f._basis(x) @ fit.coef)[0, 4]) * f.BAD_DIRECTION[4]
+    want = fit.centre[4] + f.DEAD_BAND + scales * fit.scale[4]
+    assert w.usage.energy_joules is not None
+    u = dataclasses.replace(w.usage, energy_joules=w.usage.energy_joules * 10 ** (want - signed))
+    return dataclasses.replace(w, usage=u)
+
+
+def test_a_group_gives_no_verdict_on_a_point_inside_its_usual_spread(
+    week: SimulatedHistory, fitted: ForestDetector, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agent.detect import forest as f
+
+    for day, hour in ((6, 15), (6, 4), (5, 11)):
+        w = _at(week, day, hour)
+        # ~2 % more energy per token (0.3 of the usual spread): the dead band's atom at 0 made the
+        # cost group's forest isolate it as fast as a real regression
+        near = _with_joules_residual(fitted, w, 0.3)
+        s = fitted.score(near)
+        assert s is not None and s < 1.0, (day, hour, s)
+        with monkeypatch.context() as m:
+            m.setattr(f, "GROUP_GATE", 0.0)
+            ungated = fitted.score(near)
+        assert ungated is not None and ungated > 1.0, (day, hour, ungated)
+        # past the usual spread it is judged as before
+        far = fitted.score(_with_joules_residual(fitted, w, 1.5))
+        assert far is not None and far > 1.0, (day, hour, far)

@@ -132,7 +132,9 @@ class LikeLoad(_Frozen):
     # per token moves ~1.5× across a ×1.5 band at low load, so a window at the band's low edge was
     # compared with minutes mostly near its high edge (an evening's fall in load read as +20 %).
     # Where the nearer neighbour has no baseline, the slope from the band on the other side is
-    # carried on; with neither, the band's own figure.
+    # carried on; with neither, the band's own figure. Where the window's own band has too little
+    # history but both neighbours have, the baseline is read between the two of them at the
+    # window's load (with `fallback: lower` and only the band below, that band's figure).
     between_bands: bool = False
 
 

@@ -255,6 +255,12 @@ class Signal:
     fn: Callable[[Sequence[float]], float | None]
     unit: str  # for messages: "USD", "ratio", "seconds", ...
 
+    @property
+    def over_last_input(self) -> bool:
+        """Whether the value is the other inputs over the last one, so that a window's value is
+        the mean of its minutes' values weighted by that last input (per-minute baselines)."""
+        return self.fn in _OVER_LAST_INPUT
+
 
 def _per_1m(s: Sequence[float]) -> float | None:
     return s[0] / s[1] * 1e6 if s[1] > 0 else None
@@ -295,6 +301,9 @@ def _part_of(s: Sequence[float]) -> float | None:
 def _covered(s: Sequence[float]) -> float | None:
     """The sum of all but the last over the last (None without dollars)."""
     return sum(s[:-1]) / s[-1] if s[-1] > 0 else None
+
+
+_OVER_LAST_INPUT = (_per_1m, _rate, _per_hour, _share_per_1m, _covered)
 
 
 def _mean(name: str, kind: Kind, short: str, unit: str) -> Signal:

@@ -223,3 +223,52 @@ def test_a_thin_band_between_two_seen_ones_is_read_between_them_not_from_the_ban
         == _band_fired(False, below_only, fallback="lower", op="<")
         != []
     )
+
+
+def _bursty_fired(per_minute: bool, factor: float) -> list[float]:
+    """Four hours of a bursty node whose minutes alternate between 5.66 requests in flight (band 2
+    of ×2 bands, cost 1.6) and 22.6 (band 4, cost 0.625), then an hour of the same at ``factor`` ×
+    the cost; the minutes a ×2-band like-load rule (factor 1.2, no hold) fired at in that hour."""
+    from agent.detect.rules import parse_rules
+
+    r = _rule("r")
+    r["factor"], r["for"] = 1.2, "0s"
+    r["baseline"] = {
+        "window": "1d",
+        "min_minutes": 30,
+        "like_load": {"signal": "requests_running", "band_ratio": 2.0, "per_minute": per_minute},
+    }
+    rs = parse_rules({"rules": [r]}, "t")
+    ev, am = RuleEvaluator(rs), AlertManager(rs)
+    fired: list[float] = []
+    for i in range(300):
+        t = MONDAY + 60 * i
+        quiet = i % 2 == 0
+        running, cost = (5.66, 1.6) if quiet else (22.6, 0.625)
+        rec = _minute(t, 40.0 if quiet else 160.0, 3.0, cost * (factor if i >= 240 else 1.0))
+        rec = MinuteRecord(
+            rec.kind, rec.labels, rec.minute, {**rec.sums, "running.s": running * 60, "running.w": 60.0}
+        )
+        events = am.step(ev.step(t + 60, [rec]), t + 60)
+        fired += [(e.at - MONDAY) / 60 for e in events if e.kind == "firing" and e.at - MONDAY >= 240 * 60]
+    return fired
+
+
+def test_per_minute_reads_each_minute_of_a_bursty_window_against_its_own_band() -> None:
+    # The window's mean load (≈ 12–15 in flight) is in band 3, which no minute was ever in: read by
+    # the window's mean there is no baseline and a 1.3× regression goes unseen. Read minute by
+    # minute, each against its own band (1.6 or 0.625, weighted by its tokens), it fires at once,
+    # and the usual cost does not.
+    assert _bursty_fired(False, 1.3) == []
+    assert _bursty_fired(True, 1.3) and _bursty_fired(True, 1.3)[0] <= 246
+    assert _bursty_fired(True, 1.0) == []
+
+
+def test_per_minute_needs_a_ratio_signal() -> None:
+    from agent.detect.rules import parse_rules
+
+    r = _rule("r")
+    r["signal"] = "cost_usd"
+    r["baseline"]["like_load"] = {"per_minute": True}
+    with pytest.raises(RuleError, match="per_minute"):
+        parse_rules({"rules": [r]}, "t")

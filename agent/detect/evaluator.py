@@ -23,6 +23,10 @@ from agent.safe_regex import compile_safe
 
 logger = logging.getLogger(__name__)
 
+# With ``like_load.per_minute``, a window is judged only when the minutes that have a baseline
+# hold at least this share of its weight (the signal's denominator: tokens, seconds).
+PER_MINUTE_COVER = 0.5
+
 
 @dataclass(frozen=True, slots=True)
 class Finding:
@@ -40,10 +44,12 @@ class Finding:
 
 
 class _Window:
-    __slots__ = ("entries", "sums")
+    __slots__ = ("entries", "marks", "sums")
 
     def __init__(self, n: int) -> None:
         self.entries: deque[tuple[float, tuple[float, ...]]] = deque()
+        # per entry, its baseline bucket and band load (per-minute rules; None otherwise)
+        self.marks: deque[tuple[tuple[Any, ...] | None, float | None] | None] = deque()
         self.sums = [0.0] * n
 
 
@@ -83,6 +89,9 @@ class _CompiledRule:
         self.n = len(names)
         self.cmp = OPS[rule.op]
         self.windows: dict[Labels, _Window] = {}
+        self._memo: dict[tuple[Any, ...], tuple[float | None, int]] = {}  # _base's, for one minute
+        self._memo_at = -1.0
+        self.per_minute = like is not None and like.per_minute
         self.match = [(lbl, compile_safe(rx)) for lbl, rx in rule.match.items()]
         b = rule.baseline
         self.baseline: TrailingBaseline | None = None
@@ -155,8 +164,9 @@ class _CompiledRule:
             s = rec.sums
             for i, n in enumerate(names):
                 vec[i] += s.get(n, 0.0)
-        # 2. push into the windows
+        # 2. push into the windows (a per-minute rule notes each minute's bucket once, here)
         horizon = now - rule.over
+        buckets: dict[Labels, tuple[Any, ...] | None] = {}
         for key, vec in current.items():
             w = self.windows.get(key)
             if w is None:
@@ -164,6 +174,11 @@ class _CompiledRule:
                 self.windows[key] = w
             tv = tuple(vec)
             w.entries.append((minute, tv))
+            if self.per_minute:
+                buckets[key] = self._bucket(tv, minute)
+                w.marks.append((buckets[key], self._band_load(tv)))
+            else:
+                w.marks.append(None)
             for i, v in enumerate(tv):
                 w.sums[i] += v
         # 3. evaluate every series with data in its window
@@ -172,12 +187,13 @@ class _CompiledRule:
             w = self.windows[key]
             while w.entries and w.entries[0][0] < horizon:
                 _, old = w.entries.popleft()
+                w.marks.popleft()
                 for i, v in enumerate(old):
                     w.sums[i] -= v
             if not w.entries:
                 del self.windows[key]
                 continue
-            f = self._evaluate(key, w.sums, now)
+            f = self._evaluate(key, w, now)
             if f is not None:
                 findings.append(f)
         # 4. this minute joins the baselines (after evaluation: a minute is never its own baseline)
@@ -186,7 +202,7 @@ class _CompiledRule:
                 value = self.sig_fn([vec[i] for i in self.sig_idx])
                 if value is None:
                     continue
-                bucket = self._bucket(vec, minute)
+                bucket = buckets[key] if self.per_minute else self._bucket(vec, minute)
                 if bucket is None:
                     continue
                 inputs = tuple(vec[i] for i in self.sig_idx)
@@ -195,18 +211,29 @@ class _CompiledRule:
 
     def _base(self, bkey: tuple[Any, ...], now: float) -> tuple[float | None, int]:
         """The baseline (mean or quantile) of one bucket and the minutes it holds (none while its
-        oldest minute is younger than the rule's ``min_age``)."""
+        oldest minute is younger than the rule's ``min_age``); read once per bucket and minute."""
         assert self.baseline is not None and self.rule.baseline is not None
+        if now != self._memo_at:
+            self._memo.clear()
+            self._memo_at = now
+        hit = self._memo.get(bkey)
+        if hit is not None:
+            return hit
         spec = self.rule.baseline
-        if spec.min_age > 0:
-            oldest = self.baseline.oldest(bkey, now)
-            if oldest is None or oldest > now - spec.min_age:
-                return None, 0
-        q = spec.quantile
-        return self.baseline.mean(bkey, now) if q is None else self.baseline.quantile(bkey, now, q)
+        out: tuple[float | None, int]
+        if spec.min_age > 0 and (
+            (oldest := self.baseline.oldest(bkey, now)) is None or oldest > now - spec.min_age
+        ):
+            out = (None, 0)
+        elif spec.quantile is None:
+            out = self.baseline.mean(bkey, now)
+        else:
+            out = self.baseline.quantile(bkey, now, spec.quantile)
+        self._memo[bkey] = out
+        return out
 
     def _between_bands(
-        self, key: Labels, bucket: tuple[Any, ...], sums: Sequence[float], base: float, now: float
+        self, key: Labels, bucket: tuple[Any, ...], load: float | None, base: float, now: float
     ) -> float:
         """The baseline at the window's load: the band's figure moved towards the nearer
         neighbour band's, geometrically, by the load's distance from the band's centre (at a
@@ -215,7 +242,6 @@ class _CompiledRule:
         side carries on; the band's own figure when neither has one."""
         spec = self.rule.baseline
         assert spec is not None and spec.like_load is not None and spec.like_load.band_ratio is not None
-        load = self._band_load(sums)
         band, how, mix = bucket
         if load is None or band is None or load <= 0 or base <= 0:
             return base
@@ -229,7 +255,7 @@ class _CompiledRule:
         return base
 
     def _across_band(
-        self, key: Labels, bucket: tuple[Any, ...], sums: Sequence[float], below: float, now: float
+        self, key: Labels, bucket: tuple[Any, ...], load: float | None, below: float, now: float
     ) -> float:
         """The baseline at the window's load when its own band is too thin to have one: between
         the bands below (``below``) and above, geometrically, by where the load sits between their
@@ -241,15 +267,64 @@ class _CompiledRule:
         assert spec is not None and spec.like_load is not None and spec.like_load.band_ratio is not None
         band, how, mix = bucket
         above, n = self._base((self._baseline_key(key), (band + 1, how, mix)), now)
-        load = self._band_load(sums)
         if above is None or n < spec.min_minutes or above <= 0 or below <= 0 or not load or load <= 0:
             return below
         # the band below's centre is at band − 0.5, the band above's at band + 1.5 (log units)
         t = (math.log(load) / math.log(spec.like_load.band_ratio) - band + 0.5) / 2.0
         return below * math.exp(min(1.0, max(0.0, t)) * math.log(above / below))
 
-    def _evaluate(self, key: Labels, sums: Sequence[float], now: float) -> Finding | None:
+    def _baseline_at(
+        self, key: Labels, bucket: tuple[Any, ...], load: float | None, now: float
+    ) -> tuple[float | None, int]:
+        """What a window (or one minute of it) in ``bucket`` at ``load`` is compared with, and the
+        minutes that came from: its band's figure, or the fallback's; None with too little history."""
+        spec = self.rule.baseline
+        assert spec is not None
+        like = spec.like_load
+        base, n = self._base((self._baseline_key(key), bucket), now)
+        own = base is not None and n >= spec.min_minutes
+        if not own and like is not None and like.fallback == "lower":
+            band, how, mix = bucket
+            if band is not None:
+                base, n = self._base((self._baseline_key(key), (band - 1, how, mix)), now)
+                if like.between_bands and base is not None and n >= spec.min_minutes:
+                    base = self._across_band(key, bucket, load, base, now)
+        if base is None or n < spec.min_minutes:
+            return None, n
+        if own and like is not None and like.between_bands and like.band_ratio is not None:
+            base = self._between_bands(key, bucket, load, base, now)
+        return base, n
+
+    def _expected(self, key: Labels, window: _Window, now: float) -> tuple[list[float], float, int] | None:
+        """Per-minute expectations (``like_load.per_minute``): each minute of the window is read
+        against its own bucket's baseline at its own load; returns the sums of the minutes that
+        have one, their expected value (the mean of those baselines weighted by each minute's
+        share of the signal's denominator) and the fewest baseline minutes any of them rested on.
+        None unless those minutes hold at least :data:`PER_MINUTE_COVER` of the window's weight."""
+        den = self.sig_idx[-1]
+        covered = [0.0] * self.n
+        total = weight = expected = 0.0
+        fewest = -1
+        for (_, vec), mark in zip(window.entries, window.marks, strict=True):
+            wt = vec[den]
+            total += wt
+            if wt <= 0 or mark is None or mark[0] is None:
+                continue
+            base, n = self._baseline_at(key, mark[0], mark[1], now)
+            if base is None:
+                continue
+            weight += wt
+            expected += wt * base
+            fewest = n if fewest < 0 else min(fewest, n)
+            for i, v in enumerate(vec):
+                covered[i] += v
+        if weight <= 0 or weight < PER_MINUTE_COVER * total:
+            return None
+        return covered, expected / weight, fewest
+
+    def _evaluate(self, key: Labels, window: _Window, now: float) -> Finding | None:
         rule = self.rule
+        sums = window.sums
         value = self.sig_fn([sums[i] for i in self.sig_idx])
         if value is None:
             return None
@@ -265,22 +340,23 @@ class _CompiledRule:
                 else None
             )
         assert self.baseline is not None and rule.baseline is not None and rule.factor is not None
-        bucket = self._bucket(sums, now - MINUTE)
-        if bucket is None:
-            return None
-        base, n = self._base((self._baseline_key(key), bucket), now)
         like = rule.baseline.like_load
-        own = base is not None and n >= rule.baseline.min_minutes
-        if not own and like is not None and like.fallback == "lower":
-            band, how, mix = bucket
-            if band is not None:
-                base, n = self._base((self._baseline_key(key), (band - 1, how, mix)), now)
-                if like.between_bands and base is not None and n >= rule.baseline.min_minutes:
-                    base = self._across_band(key, bucket, sums, base, now)
-        if base is None or n < rule.baseline.min_minutes:
-            return None
-        if own and like is not None and like.between_bands and like.band_ratio is not None:
-            base = self._between_bands(key, bucket, sums, base, now)
+        base: float | None
+        if like is not None and like.per_minute:
+            got = self._expected(key, window, now)
+            if got is None:
+                return None
+            covered, base, n = got
+            value = self.sig_fn([covered[i] for i in self.sig_idx])
+            if value is None:
+                return None
+        else:
+            bucket = self._bucket(sums, now - MINUTE)
+            if bucket is None:
+                return None
+            base, n = self._baseline_at(key, bucket, self._band_load(sums), now)
+            if base is None:
+                return None
         limit = rule.factor * base
         if not self.cmp(value, limit):
             return None

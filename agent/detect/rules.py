@@ -136,6 +136,15 @@ class LikeLoad(_Frozen):
     # history but both neighbours have, the baseline is read between the two of them at the
     # window's load (with `fallback: lower` and only the band below, that band's figure).
     between_bands: bool = False
+    # Read every minute of the window against its own band's baseline (at its own load and mix),
+    # and compare the window with the mean of those, weighted by each minute's share of the
+    # signal's denominator, instead of reading the window's mean load in one band. Why: on a
+    # bursty node the load hops between bands from minute to minute (batches filling to their cap
+    # and draining), so a window's mean load lands in a band few of its minutes were in, often
+    # one with little or no history of its own: the window was compared with the wrong band, or
+    # with none. Only for signals that are a ratio over their last input (cost per token, rates,
+    # gauge means).
+    per_minute: bool = False
 
 
 class LikeMix(_Frozen):
@@ -259,6 +268,15 @@ class Rule(_Frozen):
                 raise ValueError("a 'baseline' rule needs 'factor' (e.g. 1.5 for 50 % above the baseline)")
             if self.baseline.like_load is not None and kind != "model":
                 raise ValueError("'like_load' needs a per-model signal (it reads tokens/s)")
+            if (
+                self.baseline.like_load is not None
+                and self.baseline.like_load.per_minute
+                and not SIGNALS[self.signal].over_last_input
+            ):
+                raise ValueError(
+                    f"'like_load.per_minute' needs a signal that is a ratio over its last input; "
+                    f"{self.signal!r} is not: remove per_minute"
+                )
             if self.baseline.like_mix is not None and kind != "model":
                 raise ValueError("'like_mix' needs a per-model signal (it reads prompt and output tokens)")
         elif self.factor is not None:

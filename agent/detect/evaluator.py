@@ -89,8 +89,10 @@ class _CompiledRule:
         self.n = len(names)
         self.cmp = OPS[rule.op]
         self.windows: dict[Labels, _Window] = {}
-        self._memo: dict[tuple[Any, ...], tuple[float | None, int]] = {}  # _base's, for one minute
+        # _base's answers for one series (its baseline key) and minute
+        self._memo: dict[tuple[Any, ...], tuple[float | None, int]] = {}
         self._memo_at = -1.0
+        self._memo_bk: Labels | None = None
         self.per_minute = like is not None and like.per_minute
         self.match = [(lbl, compile_safe(rx)) for lbl, rx in rule.match.items()]
         b = rule.baseline
@@ -209,16 +211,18 @@ class _CompiledRule:
                 self.baseline.add((self._baseline_key(key), bucket), minute, inputs, value)
         return findings
 
-    def _base(self, bkey: tuple[Any, ...], now: float) -> tuple[float | None, int]:
-        """The baseline (mean or quantile) of one bucket and the minutes it holds (none while its
-        oldest minute is younger than the rule's ``min_age``); read once per bucket and minute."""
+    def _base(self, bk: Labels, bucket: tuple[Any, ...], now: float) -> tuple[float | None, int]:
+        """The baseline (mean or quantile) of one bucket of the series ``bk`` (its baseline key)
+        and the minutes it holds (none while its oldest minute is younger than the rule's
+        ``min_age``); read once per bucket, series and minute."""
         assert self.baseline is not None and self.rule.baseline is not None
-        if now != self._memo_at:
+        if now != self._memo_at or bk is not self._memo_bk:
             self._memo.clear()
-            self._memo_at = now
-        hit = self._memo.get(bkey)
+            self._memo_at, self._memo_bk = now, bk
+        hit = self._memo.get(bucket)
         if hit is not None:
             return hit
+        bkey = (bk, bucket)
         spec = self.rule.baseline
         out: tuple[float | None, int]
         if spec.min_age > 0 and (
@@ -229,11 +233,11 @@ class _CompiledRule:
             out = self.baseline.mean(bkey, now)
         else:
             out = self.baseline.quantile(bkey, now, spec.quantile)
-        self._memo[bkey] = out
+        self._memo[bucket] = out
         return out
 
     def _between_bands(
-        self, key: Labels, bucket: tuple[Any, ...], load: float | None, base: float, now: float
+        self, bk: Labels, bucket: tuple[Any, ...], load: float | None, base: float, now: float
     ) -> float:
         """The baseline at the window's load: the band's figure moved towards the nearer
         neighbour band's, geometrically, by the load's distance from the band's centre (at a
@@ -249,13 +253,13 @@ class _CompiledRule:
         step = 1 if offset > 0 else -1
         w = abs(offset)
         for side, sign in ((band + step, 1.0), (band - step, -1.0)):
-            other, n = self._base((self._baseline_key(key), (side, how, mix)), now)
+            other, n = self._base(bk, (side, how, mix), now)
             if other is not None and n >= spec.min_minutes and other > 0:
                 return base * math.exp(sign * w * math.log(other / base))
         return base
 
     def _across_band(
-        self, key: Labels, bucket: tuple[Any, ...], load: float | None, below: float, now: float
+        self, bk: Labels, bucket: tuple[Any, ...], load: float | None, below: float, now: float
     ) -> float:
         """The baseline at the window's load when its own band is too thin to have one: between
         the bands below (``below``) and above, geometrically, by where the load sits between their
@@ -266,7 +270,7 @@ class _CompiledRule:
         spec = self.rule.baseline
         assert spec is not None and spec.like_load is not None and spec.like_load.band_ratio is not None
         band, how, mix = bucket
-        above, n = self._base((self._baseline_key(key), (band + 1, how, mix)), now)
+        above, n = self._base(bk, (band + 1, how, mix), now)
         if above is None or n < spec.min_minutes or above <= 0 or below <= 0 or not load or load <= 0:
             return below
         # the band below's centre is at band − 0.5, the band above's at band + 1.5 (log units)
@@ -274,28 +278,28 @@ class _CompiledRule:
         return below * math.exp(min(1.0, max(0.0, t)) * math.log(above / below))
 
     def _baseline_at(
-        self, key: Labels, bucket: tuple[Any, ...], load: float | None, now: float
+        self, bk: Labels, bucket: tuple[Any, ...], load: float | None, now: float
     ) -> tuple[float | None, int]:
         """What a window (or one minute of it) in ``bucket`` at ``load`` is compared with, and the
         minutes that came from: its band's figure, or the fallback's; None with too little history."""
         spec = self.rule.baseline
         assert spec is not None
         like = spec.like_load
-        base, n = self._base((self._baseline_key(key), bucket), now)
+        base, n = self._base(bk, bucket, now)
         own = base is not None and n >= spec.min_minutes
         if not own and like is not None and like.fallback == "lower":
             band, how, mix = bucket
             if band is not None:
-                base, n = self._base((self._baseline_key(key), (band - 1, how, mix)), now)
+                base, n = self._base(bk, (band - 1, how, mix), now)
                 if like.between_bands and base is not None and n >= spec.min_minutes:
-                    base = self._across_band(key, bucket, load, base, now)
+                    base = self._across_band(bk, bucket, load, base, now)
         if base is None or n < spec.min_minutes:
             return None, n
         if own and like is not None and like.between_bands and like.band_ratio is not None:
-            base = self._between_bands(key, bucket, load, base, now)
+            base = self._between_bands(bk, bucket, load, base, now)
         return base, n
 
-    def _expected(self, key: Labels, window: _Window, now: float) -> tuple[list[float], float, int] | None:
+    def _expected(self, bk: Labels, window: _Window, now: float) -> tuple[list[float], float, int] | None:
         """Per-minute expectations (``like_load.per_minute``): each minute of the window is read
         against its own bucket's baseline at its own load; returns the sums of the minutes that
         have one, their expected value (the mean of those baselines weighted by each minute's
@@ -310,7 +314,7 @@ class _CompiledRule:
             total += wt
             if wt <= 0 or mark is None or mark[0] is None:
                 continue
-            base, n = self._baseline_at(key, mark[0], mark[1], now)
+            base, n = self._baseline_at(bk, mark[0], mark[1], now)
             if base is None:
                 continue
             weight += wt
@@ -343,7 +347,7 @@ class _CompiledRule:
         like = rule.baseline.like_load
         base: float | None
         if like is not None and like.per_minute:
-            got = self._expected(key, window, now)
+            got = self._expected(self._baseline_key(key), window, now)
             if got is None:
                 return None
             covered, base, n = got
@@ -354,7 +358,7 @@ class _CompiledRule:
             bucket = self._bucket(sums, now - MINUTE)
             if bucket is None:
                 return None
-            base, n = self._baseline_at(key, bucket, self._band_load(sums), now)
+            base, n = self._baseline_at(self._baseline_key(key), bucket, self._band_load(sums), now)
             if base is None:
                 return None
         limit = rule.factor * base

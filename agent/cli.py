@@ -346,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--seed",
         type=int,
         default=None,
-        help="detection: first random seed (default 91: seeds no default was tuned on; --quick: 7); "
+        help="detection: first random seed (default 111: seeds no default was tuned on; --quick: 7); "
         "soak: random seed (default 7)",
     )
     b.add_argument(

@@ -85,10 +85,10 @@ GRACE_SECONDS = 1800.0  # an alert up to 30 min after a regression ended still c
 # each node is graded on one week. ``--quick`` (CI: one seed per model) runs QUICK_WEEKS so that
 # every incident kind, the price-book change included, lands in a graded week.
 DEFAULT_WEEKS = 2
-# The default first seed: seeds 91–95 were never used to choose a default (the rules' and the
-# forest's defaults were chosen on seeds 1–5, 11–13, 21–25, 31–35, 41–45, 51–55 and 61–65), so the
-# default run is held out.
-HELD_OUT_SEED = 91
+# The default first seed: seeds 111–115 were never used to choose a default (the rules' and the
+# forest's defaults were chosen on seeds 1–5, 11–13, 21–25, 31–35, 41–45, 51–55 and 61–65, and
+# 91–95 and 101–105 were read for the causes of their false alarms), so the default run is held out.
+HELD_OUT_SEED = 111
 QUICK_WEEKS = 4
 QUICK_SEED = 7  # ``--quick``'s seed, the same every CI run so its table can be compared run to run
 # Rules scored on their own in the table (the cost and efficiency rules; the others guard health).

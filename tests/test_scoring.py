@@ -70,7 +70,8 @@ async def test_the_daemon_scores_with_numpy_after_a_short_lived_fitting_process(
         await scorer.wait_fit()
         assert scorer.pid is None and (tmp_path / STATE_FILE).exists()  # it exited after writing the arrays
         ((key, score),) = (await scorer.step(end)).items()
-        assert key == ("eng", "m", "v1") and score is not None and 0 < score < 5
+        # a usual minute: scored (not None), and not anomalous
+        assert key == ("eng", "m", "v1") and score is not None and 0.0 <= score < 1.0
         assert scorer.pid is None  # fitted today: no new fit
     finally:
         await scorer.close()

@@ -272,3 +272,50 @@ def test_per_minute_needs_a_ratio_signal() -> None:
     r["baseline"]["like_load"] = {"per_minute": True}
     with pytest.raises(RuleError, match="per_minute"):
         parse_rules({"rules": [r]}, "t")
+
+
+def _per_minute_findings(minutes: list[tuple[float, float, float]], floor: float | None = None) -> list[Any]:
+    """Findings of a ×2-band per-minute cost rule (factor 1.2) over (requests running, output
+    tokens/s, cost factor) minutes, after two hours at 5.66 in flight (40 tok/s, cost 1.6) and two
+    at 22.6 (160 tok/s, cost 0.625) alternating minute by minute; only the 5-minute windows that
+    hold none of those history minutes."""
+    from agent.detect.rules import parse_rules
+
+    r = _rule("r")
+    r["factor"], r["for"] = 1.2, "0s"
+    like: dict[str, Any] = {"signal": "requests_running", "band_ratio": 2.0, "per_minute": True}
+    if floor is not None:
+        like["min_tokens_per_second"] = floor
+    r["baseline"] = {"window": "1d", "min_minutes": 30, "like_load": like}
+    ev = RuleEvaluator(parse_rules({"rules": [r]}, "t"))
+    history = [(5.66, 40.0, 1.6) if i % 2 == 0 else (22.6, 160.0, 0.625) for i in range(240)]
+    found: list[Any] = []
+    for i, (running, tps, cost) in enumerate([*history, *minutes]):
+        t = MONDAY + 60 * i
+        rec = _minute(t, tps, 3.0, cost)
+        rec = MinuteRecord(
+            rec.kind, rec.labels, rec.minute, {**rec.sums, "running.s": running * 60, "running.w": 60.0}
+        )
+        findings = ev.step(t + 60, [rec])
+        if i >= 244:  # windows of the given minutes only
+            found += findings
+    return found
+
+
+def test_a_per_minute_finding_names_the_load_band_most_of_its_weight_was_in() -> None:
+    # the deploy comparison reads the previous version at the finding's band: the busy minutes carry
+    # 4× the tokens of the quiet ones, so that is 22.6 in flight, not the window's mean (≈ 14)
+    bursty = [(5.66, 40.0, 1.6 * 1.3) if i % 2 == 0 else (22.6, 160.0, 0.625 * 1.3) for i in range(10)]
+    found = _per_minute_findings(bursty)
+    assert found and all(f.band_load == pytest.approx(22.6) for f in found)
+
+
+def test_a_per_minute_rule_keeps_the_windows_own_traffic_floor() -> None:
+    # one minute at 2.2 tokens/s costing 2×, four at 0.2 (under the floor of 1): the window's 0.6
+    # tokens/s is under the floor, so no finding, as without per_minute
+    quiet = [*[(22.6, 0.2, 0.625)] * 4, (22.6, 2.2, 0.625 * 2.0)]
+    assert _per_minute_findings(quiet, floor=1.0) == []
+    # at 10× the traffic the window is over the floor and judged (each minute costs more per token
+    # than its band's busy baseline, so it fires): the silence above is the floor's
+    busy = [*[(22.6, 2.0, 0.625)] * 4, (22.6, 22.0, 0.625 * 2.0)]
+    assert _per_minute_findings(busy, floor=1.0)

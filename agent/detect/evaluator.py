@@ -175,12 +175,12 @@ class _CompiledRule:
                 w = _Window(self.n)
                 self.windows[key] = w
             tv = tuple(vec)
-            w.entries.append((minute, tv))
-            if self.per_minute:
+            mark = None
+            if self.per_minute:  # before the entry: a minute whose bucket fails joins neither
                 buckets[key] = self._bucket(tv, minute)
-                w.marks.append((buckets[key], self._band_load(tv)))
-            else:
-                w.marks.append(None)
+                mark = (buckets[key], self._band_load(tv))
+            w.entries.append((minute, tv))
+            w.marks.append(mark)
             for i, v in enumerate(tv):
                 w.sums[i] += v
         # 3. evaluate every series with data in its window
@@ -299,20 +299,26 @@ class _CompiledRule:
             base = self._between_bands(bk, bucket, load, base, now)
         return base, n
 
-    def _expected(self, bk: Labels, window: _Window, now: float) -> tuple[list[float], float, int] | None:
+    def _expected(
+        self, bk: Labels, window: _Window, now: float
+    ) -> tuple[list[float], float, int, float | None] | None:
         """Per-minute expectations (``like_load.per_minute``): each minute of the window is read
         against its own bucket's baseline at its own load; returns the sums of the minutes that
         have one, their expected value (the mean of those baselines weighted by each minute's
-        share of the signal's denominator) and the fewest baseline minutes any of them rested on.
+        share of the signal's denominator), the fewest baseline minutes any of them rested on,
+        and the load of the band that holds most of their weight (for the deploy comparison).
         None unless those minutes hold at least :data:`PER_MINUTE_COVER` of the window's weight."""
         den = self.sig_idx[-1]
         covered = [0.0] * self.n
         total = weight = expected = 0.0
         fewest = -1
+        bands: dict[Any, list[float]] = {}  # band → [weight, weight × load]
         for (_, vec), mark in zip(window.entries, window.marks, strict=True):
             wt = vec[den]
+            if wt <= 0:
+                continue
             total += wt
-            if wt <= 0 or mark is None or mark[0] is None:
+            if mark is None or mark[0] is None:
                 continue
             base, n = self._baseline_at(bk, mark[0], mark[1], now)
             if base is None:
@@ -322,9 +328,15 @@ class _CompiledRule:
             fewest = n if fewest < 0 else min(fewest, n)
             for i, v in enumerate(vec):
                 covered[i] += v
+            if mark[1] is not None:
+                acc = bands.setdefault(mark[0][0], [0.0, 0.0])
+                acc[0] += wt
+                acc[1] += wt * mark[1]
         if weight <= 0 or weight < PER_MINUTE_COVER * total:
             return None
-        return covered, expected / weight, fewest
+        heaviest = max(bands.values(), key=lambda a: a[0], default=None)
+        load = heaviest[1] / heaviest[0] if heaviest is not None else None
+        return covered, expected / weight, fewest, load
 
     def _evaluate(self, key: Labels, window: _Window, now: float) -> Finding | None:
         rule = self.rule
@@ -346,11 +358,16 @@ class _CompiledRule:
         assert self.baseline is not None and rule.baseline is not None and rule.factor is not None
         like = rule.baseline.like_load
         base: float | None
+        band_load = self._band_load(sums)
         if like is not None and like.per_minute:
+            # the window's own traffic floor, as without per_minute (each minute has its own too)
+            floor = like.min_tokens_per_second
+            if floor is not None and (tps is None or tps < floor):
+                return None
             got = self._expected(self._baseline_key(key), window, now)
             if got is None:
                 return None
-            covered, base, n = got
+            covered, base, n, band_load = got
             value = self.sig_fn([covered[i] for i in self.sig_idx])
             if value is None:
                 return None
@@ -364,7 +381,7 @@ class _CompiledRule:
         limit = rule.factor * base
         if not self.cmp(value, limit):
             return None
-        return Finding(rule.id, key, now, value, limit, base, n, tps, self._band_load(sums))
+        return Finding(rule.id, key, now, value, limit, base, n, tps, band_load)
 
 
 class RuleEvaluator:

@@ -48,7 +48,8 @@ from agent.samples import CostWindow
 
 logger = logging.getLogger(__name__)
 
-STATE_FORMAT = 8  # bump when the persisted layout changes; other formats are ignored on load
+# bump when the persisted layout or its calibration changes (9: GROUP_GATE); others are ignored on load
+STATE_FORMAT = 9
 STATE_FILE = f"forest-v{STATE_FORMAT}.npz"
 
 FEATURE_NAMES: tuple[str, ...] = (

@@ -118,8 +118,9 @@ def min_step_seconds(
 def decode_efficiency(obs: DecodeObservation, model: ModelFigures) -> float | None:
     """Fastest possible decode step ÷ the measured one, per data-parallel replica (0–1).
 
-    None when the engine has no decode-time series, the window decoded nothing, or the model's
-    weights or the GPUs' bandwidth are unknown.
+    None when the engine has no decode-time series, the window decoded nothing, the model's
+    weights or the GPUs' bandwidth are unknown, or a coarse window's gauge instant is more than
+    :data:`COARSE_BATCH_AGREEMENT` off its mean batch.
     """
     kind = DECODE_TIME_KIND.get(obs.engine_kind)
     if (

@@ -28,6 +28,11 @@ logger = logging.getLogger(__name__)
 PER_MINUTE_COVER = 0.5
 
 
+def _toward(a: float, b: float, t: float) -> float:
+    """``a`` moved geometrically towards ``b`` by ``t`` (0: a, 1: b; negative: away from b)."""
+    return a * math.exp(t * math.log(b / a))
+
+
 @dataclass(frozen=True, slots=True)
 class Finding:
     """A rule's condition holds for one series at one minute."""
@@ -216,7 +221,7 @@ class _CompiledRule:
         and the minutes it holds (none while its oldest minute is younger than the rule's
         ``min_age``); read once per bucket, series and minute."""
         assert self.baseline is not None and self.rule.baseline is not None
-        if now != self._memo_at or bk is not self._memo_bk:
+        if now != self._memo_at or bk != self._memo_bk:
             self._memo.clear()
             self._memo_at, self._memo_bk = now, bk
         hit = self._memo.get(bucket)
@@ -255,7 +260,7 @@ class _CompiledRule:
         for side, sign in ((band + step, 1.0), (band - step, -1.0)):
             other, n = self._base(bk, (side, how, mix), now)
             if other is not None and n >= spec.min_minutes and other > 0:
-                return base * math.exp(sign * w * math.log(other / base))
+                return _toward(base, other, sign * w)
         return base
 
     def _across_band(
@@ -275,7 +280,7 @@ class _CompiledRule:
             return below
         # the band below's centre is at band − 0.5, the band above's at band + 1.5 (log units)
         t = (math.log(load) / math.log(spec.like_load.band_ratio) - band + 0.5) / 2.0
-        return below * math.exp(min(1.0, max(0.0, t)) * math.log(above / below))
+        return _toward(below, above, min(1.0, max(0.0, t)))
 
     def _baseline_at(
         self, bk: Labels, bucket: tuple[Any, ...], load: float | None, now: float

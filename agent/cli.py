@@ -191,7 +191,60 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------- bench
 def cmd_bench(args: argparse.Namespace) -> int:
-    """Benchmarks: print figures, compared against a baseline measured in the same run."""
+    """Benchmarks: print figures, compared against a baseline measured in the same run; with
+    ``--write-results`` the run also replaces its own section of ``benchmarks/RESULTS.md``."""
+    if not args.write_results:
+        return _run_bench(args)
+    from agent.bench import results
+
+    options = _bench_options(getattr(args, "argv", []), args.what)
+    started = dt.datetime.now(dt.UTC)
+    where = results.machine()
+    t0 = time.monotonic()
+    with results.recorded() as tee:
+        rc = _run_bench(args)
+    if rc != EXIT_OK:
+        logger.warning("bench %s exited %d: its results section left as it was", args.what, rc)
+        return rc
+    run = results.Run(
+        key=results.section_key(args.what, options, args.quick),
+        command=" ".join(["infercost bench", args.what, *(["--quick"] if args.quick else []), *options]),
+        started=started,
+        seconds=time.monotonic() - t0,
+        machine=where,
+        output=results.clean(tee.copy.getvalue()),
+    )
+    path = args.results or results.default_path()
+    results.write(path, run)
+    print(f"wrote section '{run.key}' of {path}")
+    return rc
+
+
+# options that say where a run's figures go or how it logs, not what it measures
+_NOT_FIGURES = {"--write-results": 0, "--results": 1, "--log-level": 1, "--log-format": 1, "--quick": 0}
+
+
+def _bench_options(argv: Sequence[str], what: str) -> list[str]:
+    """The options given after ``bench <what>`` that change its figures, as typed."""
+    tokens = list(argv)
+    if what in tokens:
+        tokens = tokens[tokens.index(what) + 1 :]
+    kept: list[str] = []
+    skip = 0
+    for token in tokens:
+        if skip:
+            skip -= 1
+            continue
+        name = token.split("=", 1)[0]
+        if name in _NOT_FIGURES:
+            skip = 0 if "=" in token else _NOT_FIGURES[name]
+            continue
+        kept.append(token)
+    return kept
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    """Run the benchmark ``args.what`` names."""
     if args.what == "overhead":
         from agent.bench.overhead import run as run_overhead
 
@@ -362,6 +415,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--hours", type=float, default=6.0, help="soak: simulated hours to run")
     b.add_argument("--speed", type=float, default=240.0, help="soak: simulated seconds per real second")
+    b.add_argument(
+        "--write-results",
+        action="store_true",
+        help="also replace this run's section of the results file with what it printed",
+    )
+    b.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="the results file --write-results writes (default: benchmarks/RESULTS.md of the checkout "
+        "the agent runs from, else of the current directory)",
+    )
     b.set_defaults(func=cmd_bench)
 
     rep = add("report", "weekly cost report")
@@ -406,7 +471,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``infercost`` command. Exit codes: 0 ok, 2 a user error (named, with the
     fix; no traceback), 1 a failure of the agent itself."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv
     setup_logging(args.log_level, args.log_format)
     t0 = time.monotonic()
     try:

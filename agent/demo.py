@@ -252,6 +252,7 @@ async def run_demo(
         DEMO_STORY.schedule(sim, clock.now())
         cfg = demo_config(state, port, speed, slack=True)
         book = load_price_book(None)
+        console.print(FIRST_SCREEN.format(story=DEMO_STORY.description), highlight=False)
         with Progress(
             SpinnerColumn(),
             TextColumn("{task.description}"),
@@ -281,7 +282,6 @@ async def run_demo(
             task.result()  # raises the StartupError for cli.py
             return 1
         real_port = agent.prometheus.port if agent.prometheus else port
-        console.print(f"[bold]infercost demo[/]: {DEMO_STORY.description}")
         deadline = loop.time() + seconds if seconds > 0 else None
         try:
             if live:
@@ -309,6 +309,12 @@ async def run_demo(
                 )
     return 0
 
+
+# What the viewer is about to see and where to look, before anything else is printed.
+FIRST_SCREEN = (
+    "[bold]infercost demo[/]: a simulated 8 × H100 node serving four models through the real agent; "
+    "watch the [bold]$/1M out[/] column of the canary and the Slack panel below it. {story}"
+)
 
 # The demo tells the cost story: the cost and health rules. The latency and efficiency rules are
 # off here because the demo's day of history is too short a baseline for them.

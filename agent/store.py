@@ -262,14 +262,24 @@ class Store:
                 f"{self.path}: schema version {version} is newer than this agent's ({SCHEMA_VERSION}); "
                 "fix: upgrade the agent or point state_dir at a new folder"
             )
+        if version == 0:  # a new file: every migration in one transaction, one line in the log
+            with self._txn():
+                for v in range(SCHEMA_VERSION):
+                    self._apply(v)
+            logger.info("history %s: created at schema version %d", self.path, SCHEMA_VERSION)
+            return
         for v in range(version, SCHEMA_VERSION):
             with self._txn():
-                for stmt in MIGRATIONS[v]:
-                    db.execute(stmt)
-                db.execute(
-                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (str(v + 1),)
-                )
+                self._apply(v)
             logger.info("history %s: schema migrated to version %d", self.path, v + 1)
+
+    def _apply(self, v: int) -> None:
+        """Run migration ``v`` (version v → v + 1) inside the caller's transaction."""
+        for stmt in MIGRATIONS[v]:
+            self._db.execute(stmt)
+        self._db.execute(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (str(v + 1),)
+        )
 
     def schema_version(self) -> int:
         """The schema version of the open file."""

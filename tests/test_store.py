@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import resource
 import sqlite3
 from collections.abc import Iterator
@@ -302,3 +303,33 @@ def test_a_damaged_file_is_moved_aside_with_a_timestamp(
     assert [r.levelname for r in caplog.records] == ["ERROR"]
     assert Store(path).span() is None  # a new, empty store opens in its place
     assert recover_if_corrupt(path, T0) is None  # a healthy file stays
+
+
+def test_a_new_store_is_created_at_the_current_schema_with_one_log_line(
+    tmp_path: Path, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="agent.store")
+    new = Store(tmp_path / "new.sqlite", 35, clock)
+    lines = [r.getMessage() for r in caplog.records if r.name == "agent.store"]
+    assert lines == [f"history {tmp_path / 'new.sqlite'}: created at schema version {len(MIGRATIONS)}"]
+    # the same tables and columns as a file migrated one version at a time from the first release
+    old = tmp_path / "old.sqlite"
+    db = sqlite3.connect(old)
+    db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    for stmt in MIGRATIONS[0]:
+        db.execute(stmt)
+    db.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+    db.commit()
+    db.close()
+    caplog.clear()
+    migrated = Store(old, 35, clock)
+    assert len([r for r in caplog.records if "migrated" in r.getMessage()]) == len(MIGRATIONS) - 1
+
+    def schema(path: Path) -> list[tuple[str, str]]:
+        with contextlib.closing(sqlite3.connect(path)) as c:
+            return sorted(c.execute("SELECT name, sql FROM sqlite_master WHERE sql IS NOT NULL").fetchall())
+
+    assert new.schema_version() == migrated.schema_version() == len(MIGRATIONS)
+    new.close()
+    migrated.close()
+    assert schema(tmp_path / "new.sqlite") == schema(old)

@@ -29,10 +29,17 @@ SCHEMA_VERSION = 39  # Grafana 10.3+; panels below use only fields stable since 
 DS = {"type": "prometheus", "uid": "${datasource}"}
 GRID_WIDTH = 24  # Grafana's grid is 24 columns wide
 
+# The fleet rules' $ per 1M output tokens by (cluster, model, model_version), less its window (5m, 1h):
+# whole clusters, so the node and engine selections cannot apply to them.
+CLUSTER_USD_PER_1M = "cluster_model_version:infercost_usd_per_1m_output_tokens:ratio_rate"
+F_CLUSTER = 'cluster=~"$cluster"'
+
 # Label filters used by the panels (the variables are defined in _templating).
 F_NODE = 'node=~"$node"'
 F_ENGINE = 'node=~"$node", engine=~"$engine"'
 F_MODEL = 'node=~"$node", engine=~"$engine", model=~"$model", model_version=~"$model_version"'
+DEPLOYS_FILTER = 'node=~"$node", engine=~"$engine", model=~"$model"'
+Q_CLUSTERS = f"label_values({CLUSTER_USD_PER_1M}1h, cluster)"
 Q_ENGINES = 'label_values(infercost_engine_up{node=~"$node"}, engine)'
 Q_MODELS = 'label_values(infercost_generation_tokens_total{node=~"$node", engine=~"$engine"}, model)'
 Q_VERSIONS = (
@@ -250,6 +257,12 @@ def _textbox(name: str, label: str, default: str) -> dict[str, Any]:
     }
 
 
+def _cluster_var() -> dict[str, Any]:
+    """The clusters the fleet recording rules name (they keep a ``cluster`` label where the scrape
+    sets one): it filters the panels that read those ``cluster_model_version:`` series."""
+    return _query_var("cluster", "Cluster", Q_CLUSTERS)
+
+
 def _datasource_var() -> dict[str, Any]:
     return {
         "name": "datasource",
@@ -262,10 +275,11 @@ def _datasource_var() -> dict[str, Any]:
     }
 
 
-def _templating() -> dict[str, Any]:
+def _templating(cluster: bool) -> dict[str, Any]:
     return {
         "list": [
             _datasource_var(),
+            *([_cluster_var()] if cluster else []),
             _query_var("node", "Node", "label_values(infercost_gpu_info, node)"),
             _query_var("engine", "Engine", Q_ENGINES),
             _query_var("model", "Model", Q_MODELS),
@@ -274,59 +288,69 @@ def _templating() -> dict[str, Any]:
     }
 
 
+# Where Grafana's Prometheus annotation support reads each field (@grafana/prometheus
+# src/annotations.ts; tests/test_dashboards_grafana.py holds the key lists): ``processEvents`` reads
+# the title, text, tag keys and "series value as timestamp" from the annotation itself, and
+# ``prepareAnnotation`` keeps the query and its minimum step under ``target`` (as ``expr`` and
+# ``interval``; a top-level ``expr`` or ``step`` is moved there).
+# Why 60 s: Grafana joins active samples no more than one step apart into one region, and a
+# minute is the agent's window (and Grafana's default annotation step).
+ANNOTATION_STEP = "60s"
+
+
 def _annotation(
     name: str, color: str, expr: str, title: str, text: str, tags: str, value_time: bool
 ) -> Panel:
-    """A Prometheus annotation query (Grafana's current shape: the query under ``target``)."""
+    """A Prometheus annotation query, in the shape Grafana's Prometheus data source reads."""
     return {
         "name": name,
         "datasource": DS,
         "enable": True,
         "iconColor": color,
-        "target": {
-            "refId": "Anno",
-            "expr": expr,
-            "step": "60s",
-            "titleFormat": title,
-            "textFormat": text,
-            "tagKeys": tags,
-            "useValueForTime": value_time,
-        },
+        "titleFormat": title,
+        "textFormat": text,
+        "tagKeys": tags,
+        "useValueForTime": value_time,
+        "target": {"refId": "Anno", "expr": expr, "interval": ANNOTATION_STEP},
     }
 
 
-# Deploys: the agent exports when it saw a model version replace another (epoch seconds); Grafana
-# places each annotation at that value (×1000: milliseconds).
-A_DEPLOYS = _annotation(
-    "Deploys",
-    BLUE,
-    'max by (node, engine, model, model_version) (infercost_deploy_timestamp_seconds{node=~"$node", '
-    'engine=~"$engine", model=~"$model"}) * 1000',
-    "deploy {{model}} {{model_version}}",
-    "{{engine}} on {{node}}",
-    "engine,model,model_version",
-    True,
-)
-# Fleet alerts (Prometheus' own ALERTS series) and the agents' alerts, as regions while firing.
-A_FLEET_ALERTS = _annotation(
-    "Fleet alerts",
-    RED,
-    'ALERTS{alertstate="firing", alertname=~"Infercost.*"}',
-    "{{alertname}}",
-    "{{severity}} {{model}} {{model_version}} {{node}}",
-    "alertname,severity",
-    False,
-)
-A_AGENT_ALERTS = _annotation(
-    "Agent alerts",
-    ORANGE,
-    'sum by (node, rule, severity) (infercost_alerts_firing{node=~"$node"}) > 0',
-    "{{rule}}",
-    "{{severity}} on {{node}}",
-    "rule,severity",
-    False,
-)
-ANNOTATIONS = (A_DEPLOYS, A_FLEET_ALERTS, A_AGENT_ALERTS)
+def annotations(deploys: str, nodes: str) -> list[Panel]:
+    """Deploy markers and alert regions; ``deploys`` and ``nodes`` are the label filters (from the
+    dashboard's own variables) for the deploy markers and the agents' alerts."""
+    return [
+        # Deploys: the agent exports when it saw a model version replace another (epoch seconds);
+        # Grafana places each marker at that value (×1000: milliseconds).
+        _annotation(
+            "Deploys",
+            BLUE,
+            "max by (node, engine, model, model_version) "
+            f"(infercost_deploy_timestamp_seconds{{{deploys}}}) * 1000",
+            "deploy {{model}} {{model_version}}",
+            "{{engine}} on {{node}}",
+            "engine,model,model_version",
+            True,
+        ),
+        # Fleet alerts (Prometheus' own ALERTS series) and the agents' alerts, as regions while firing.
+        _annotation(
+            "Fleet alerts",
+            RED,
+            'ALERTS{alertstate="firing", alertname=~"Infercost.*"}',
+            "{{alertname}}",
+            "{{severity}} {{model}} {{model_version}} {{node}}",
+            "alertname,severity",
+            False,
+        ),
+        _annotation(
+            "Agent alerts",
+            ORANGE,
+            f"sum by (node, rule, severity) (infercost_alerts_firing{{{nodes}}}) > 0",
+            "{{rule}}",
+            "{{severity}} on {{node}}",
+            "rule,severity",
+            False,
+        ),
+    ]
 
 
 def dashboard(
@@ -334,7 +358,8 @@ def dashboard(
     title: str,
     description: str,
     panels: Sequence[Panel],
-    templating: dict[str, Any] | None = None,
+    templating: dict[str, Any],
+    annotation_list: Sequence[Panel],
     time_from: str = "now-24h",
 ) -> dict[str, Any]:
     """The dashboard envelope."""
@@ -350,8 +375,8 @@ def dashboard(
         "version": 1,
         "refresh": "1m",
         "time": {"from": time_from, "to": "now"},
-        "templating": templating or _templating(),
-        "annotations": {"list": list(ANNOTATIONS)},
+        "templating": templating,
+        "annotations": {"list": list(annotation_list)},
         "links": [
             {
                 "title": "infercost dashboards",
@@ -653,6 +678,26 @@ def latency_panels_fleet(m: str, mv: str, by_mv: str) -> list[Panel]:
     return out
 
 
+CLUSTER_DESC = (
+    "From the fleet recording rules, which keep the cluster label (empty where the scrape sets "
+    "none): whole clusters, so the node and engine selections do not apply."
+)
+
+
+def cluster_panels_fleet() -> list[Panel]:
+    """$ per 1M output tokens by cluster, model and version, from the fleet recording rules."""
+    sel = f'{F_CLUSTER}, model=~"$model", model_version=~"$model_version"'
+    return [
+        timeseries(
+            f"$ per 1M output tokens by cluster, model and version ({window})",
+            [(f"{CLUSTER_USD_PER_1M}{window}{{{sel}}}", "{{cluster}} {{model}} {{model_version}}")],
+            USD_PER_1M,
+            desc=CLUSTER_DESC,
+        )
+        for window in ("5m", "1h")
+    ]
+
+
 def fleet() -> dict[str, Any]:
     """The fleet dashboard: $ per token by model and version, idle cost, GPU use, alerts."""
     m = F_MODEL
@@ -695,6 +740,7 @@ def fleet() -> dict[str, Any]:
             [(_per_1m("infercost_cost_usd_total", "infercost_generation_tokens_total", m, mv, "1h"), by_mv)],
             USD_PER_1M,
         ),
+        *cluster_panels_fleet(),
         timeseries(
             "$ per 1M tokens (prompt + output) by model and version",
             [
@@ -807,6 +853,8 @@ def fleet() -> dict[str, Any]:
         "infercost / Fleet",
         "What every token costs across the fleet: $ per 1M tokens by model and version, idle cost, GPU use.",
         panels,
+        _templating(cluster=True),
+        annotations(DEPLOYS_FILTER, F_NODE),
     )
 
 
@@ -924,6 +972,8 @@ def node() -> dict[str, Any]:
         "infercost / Node",
         "One node: GPUs, engines and the cost of each model version they serve.",
         panels,
+        _templating(cluster=False),
+        annotations(DEPLOYS_FILTER, F_NODE),
     )
 
 
@@ -1018,6 +1068,22 @@ def compare() -> dict[str, Any]:
                 w=8,
             )
         )
+    panels.append(row("By cluster (the fleet rules' 1h series, at any load)"))
+    panels.append(
+        timeseries(
+            "$ per 1M output tokens by cluster: A vs B (1h)",
+            [
+                (
+                    f'{CLUSTER_USD_PER_1M}1h{{{F_CLUSTER}, model=~"$model", model_version=~"${v}"}}',
+                    f"{n} {{{{cluster}}}}",
+                )
+                for v, n in (("version_a", "A"), ("version_b", "B"))
+            ],
+            USD_PER_1M,
+            w=24,
+            desc=CLUSTER_DESC + " Not filtered to like load: a busier cluster reads cheaper.",
+        )
+    )
     panels.append(row("Load (the band above selects like-load windows)"))
     panels.append(
         timeseries(
@@ -1049,6 +1115,7 @@ def compare() -> dict[str, Any]:
     templating = {
         "list": [
             _datasource_var(),
+            _cluster_var(),
             _query_var("node", "Node", "label_values(infercost_gpu_info, node)"),
             _query_var(
                 "model",
@@ -1070,6 +1137,8 @@ def compare() -> dict[str, Any]:
         "$ per 1M tokens, tokens per GPU-second, energy, roofline efficiency, latency.",
         panels,
         templating,
+        # the deploys of the two versions compared (the dashboard has no engine variable)
+        annotations('node=~"$node", model=~"$model", model_version=~"$version_a|$version_b"', F_NODE),
         time_from="now-7d",
     )
 
@@ -1089,10 +1158,12 @@ def render_ts() -> str:
     lines = [
         "// Generated by dashboards/build.py: do not edit. Checked by `tsc -p dashboards/schema-check`.",
         'import type { Dashboard, AnnotationQuery } from "@grafana/schema";',
-        'import type { PromAnnotationQuery, Loose } from "./types";',
+        'import type { PromAnnotationFields, PromAnnotationTarget, Loose } from "./types";',
         "",
         'type Checked = Loose<Omit<Dashboard, "annotations">> & {',
-        "  annotations: { list: Array<Loose<AnnotationQuery<PromAnnotationQuery>>> };",
+        "  annotations: {",
+        "    list: Array<Loose<AnnotationQuery<PromAnnotationTarget>> & PromAnnotationFields>;",
+        "  };",
         "};",
         "",
     ]

@@ -1,8 +1,10 @@
 """The Grafana dashboards: generated JSON is current, type-checks against @grafana/schema (tsc),
-is structurally sound, has a unit and thresholds on every panel, honours $node everywhere, carries
-deploy and alert annotations; every PromQL expression parses (promtool), and — against a real
-Prometheus scraping a real exporter of the catalogue's series, with the fleet rules loaded — every
-panel, variable and annotation query returns at least one series."""
+is structurally sound, has a unit and thresholds on every panel, honours $node everywhere (and
+$cluster on the cluster series), carries deploy and alert annotations (their shape and variables
+are held against Grafana's own reading in test_dashboards_grafana.py); every PromQL expression
+parses (promtool), and — against a real Prometheus scraping a real exporter of the catalogue's
+series, with the fleet rules loaded — every panel, variable and annotation query returns at least
+one series."""
 
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ SUBSTITUTIONS = {
     "$__rate_interval": "1m",
     "$__interval": "1s",
     "$__range": "1h",
+    "$cluster": ".*",
     "$node": ".*",
     "$engine": ".*",
     "$model": ".*",
@@ -116,17 +119,20 @@ def test_structure(path: Path) -> None:
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
     if path.stem == "infercost-compare":
-        assert {"node", "model", "version_a", "version_b", "load_min", "load_max"} <= set(variables)
+        assert {"cluster", "node", "model", "version_a", "version_b", "load_min", "load_max"} <= set(
+            variables
+        )
     else:
         assert {"node", "engine", "model", "model_version"} <= set(variables)
+        assert ("cluster" in variables) == (path.stem == "infercost-fleet")
     ids: set[int] = set()
     cells: set[tuple[int, int]] = set()
     panels = list(walk_panels(dash["panels"]))
     assert len(panels) >= 10
     names = [a["name"] for a in dash["annotations"]["list"]]
     assert names == ["Deploys", "Fleet alerts", "Agent alerts"]
-    deploys = dash["annotations"]["list"][0]["target"]
-    assert "infercost_deploy_timestamp_seconds" in deploys["expr"] and deploys["useValueForTime"]
+    deploys = dash["annotations"]["list"][0]  # the shape Grafana reads: tests/test_dashboards_grafana.py
+    assert "infercost_deploy_timestamp_seconds" in deploys["target"]["expr"] and deploys["useValueForTime"]
     for p in panels:
         assert isinstance(p["id"], int) and p["id"] not in ids, p["title"]
         ids.add(p["id"])
@@ -219,11 +225,15 @@ def test_token_rates_are_in_tokens_per_second() -> None:
 
 def test_every_selector_honours_the_node_variable() -> None:
     """Every series a panel, variable or annotation reads is filtered by $node — recording rules
-    only where they keep the node label (``node:`` level) — except Prometheus' own ALERTS regions
-    and the variable that lists the nodes."""
+    only where they keep the node label (``node:`` level) — except Prometheus' own ALERTS regions,
+    the variables that list the nodes and clusters, and the fleet rules' ``cluster_`` series
+    (whole clusters, no node label), which are filtered by $cluster instead."""
     for name, q in all_queries_raw():
         for metric, labels in re.findall(r"\b([a-z_:]*infercost_[a-z0-9_:]+)\s*(\{[^}]*\})?", q):
-            if name.endswith("variable node"):
+            if name.endswith(("variable node", "variable cluster")):
+                continue
+            if metric.startswith("cluster_"):
+                assert labels and 'cluster=~"$cluster"' in labels, f"{name}: {metric} ignores $cluster"
                 continue
             assert labels and 'node=~"$node"' in labels, f"{name}: {metric} ignores $node"
             assert ":" not in metric or metric.startswith("node:"), f"{name}: {metric} has no node label"
@@ -239,7 +249,10 @@ def all_queries_raw() -> list[tuple[str, str]]:
         for v in dash["templating"]["list"]:
             if v["type"] == "query":
                 out.append((f"{path.stem} / variable {v['name']}", v["query"]["query"]))
-        out += [(f"{path.stem} / annotation", a["target"]["expr"]) for a in dash["annotations"]["list"]]
+        out += [
+            (f"{path.stem} / annotation {a['name']}", a["target"]["expr"])
+            for a in dash["annotations"]["list"]
+        ]
     return out
 
 
@@ -271,6 +284,27 @@ def test_the_type_check_catches_a_misspelt_field(tmp_path: Path) -> None:
         config.unlink()
     assert out.returncode != 0
     assert "fieldConfg" in out.stdout and "absolut" in out.stdout
+
+
+def test_the_type_check_catches_an_annotation_field_in_the_target() -> None:
+    """The annotation types follow @grafana/prometheus: the old shape, with the annotation's own
+    fields inside ``target`` (where Grafana never reads them), does not type-check."""
+    gen = (SCHEMA_CHECK / "dashboards.gen.ts").read_text()
+    old_shape, n = re.subn(
+        r'"useValueForTime": (true|false),(\s*)"target": \{', r'"target": {\2"useValueForTime": \1,', gen
+    )
+    assert n == 9  # three annotations on each of the three dashboards
+    bad = SCHEMA_CHECK / "bad_anno.gen.ts"
+    config = SCHEMA_CHECK / "tsconfig.bad_anno.json"
+    bad.write_text(old_shape)
+    config.write_text(json.dumps({"extends": "./tsconfig.json", "files": ["types.ts", "bad_anno.gen.ts"]}))
+    try:
+        out = subprocess.run([_tsc(), "-p", str(config)], capture_output=True, text=True, timeout=300)
+    finally:
+        bad.unlink()
+        config.unlink()
+    assert out.returncode != 0
+    assert out.stdout.count("'\"useValueForTime\"' does not exist in type") == n, out.stdout
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,20 @@
 // Hand-written helpers for the generated dashboards.gen.ts (see dashboards/build.py).
 import type { DataQuery } from "@grafana/schema";
 
-/** A Prometheus annotation query as Grafana stores it under `target`. */
-export interface PromAnnotationQuery extends DataQuery {
+/**
+ * The target of a Prometheus annotation: what @grafana/prometheus's `prepareAnnotation`
+ * (src/annotations.ts) keeps there, the query and its minimum step.
+ */
+export interface PromAnnotationTarget extends DataQuery {
   expr: string;
-  step?: string;
+  interval?: string;
+}
+
+/**
+ * The fields @grafana/prometheus's `processEvents` reads from the annotation itself, beside
+ * `target`: `AnnotationQuery` in @grafana/schema does not type these plugin keys.
+ */
+export interface PromAnnotationFields {
   titleFormat?: string;
   textFormat?: string;
   tagKeys?: string;

@@ -282,6 +282,9 @@ async def run_demo(
             task.result()  # raises the StartupError for cli.py
             return 1
         real_port = agent.prometheus.port if agent.prometheus else port
+        console.print(
+            f"running: metrics on http://127.0.0.1:{real_port}/metrics; Ctrl-C stops", highlight=False
+        )
         deadline = loop.time() + seconds if seconds > 0 else None
         try:
             if live:

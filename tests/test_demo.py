@@ -154,7 +154,7 @@ def test_sigterm_stops_the_demo() -> None:
     code, out = _pty_demo(
         ["--seconds", "0", "--speed", "120", "--port", "0", "--history-hours", "2", "--no-view"],
         columns=120,
-        until=b"infercost demo",
+        until=b"Ctrl-C stops",
         then_signal=signal.SIGTERM,
     )
     assert code == 0, out[-2000:]

@@ -9,9 +9,13 @@ The generated TypeScript assigns each dashboard to ``@grafana/schema``'s ``Dashb
 
 PromQL conventions: every selector filters on the template variables with ``=~"$var"`` (the "All"
 value is ``.*``), ``$node`` included — fleet panels read the raw counters (or ``node:`` recording
-rules, which keep the node label), so picking nodes narrows every panel; $ per token is always a
-ratio of sums. Thresholds: each panel has a unit and a thresholds scale chosen for what it shows
-(``Scale``), with the reason next to the scale; $ panels are neutral (no red at Grafana's default 80).
+rules, which keep the node label), so picking nodes narrows every panel; the exception is the fleet
+rules' ``cluster_model_version:`` series (whole clusters, no node label), which the fleet and
+comparison panels reading them filter on ``$cluster`` instead. $ per token is always a ratio of sums.
+Thresholds: each panel has a unit and a thresholds scale chosen for what it shows (``Scale``), with
+the reason next to the scale; $ panels are neutral (no red at Grafana's default 80). Annotations are
+in the shape Grafana's Prometheus data source reads (``_annotation``), filtered by the dashboard's
+own variables.
 """
 
 from __future__ import annotations
@@ -315,7 +319,7 @@ def _annotation(
     }
 
 
-def annotations(deploys: str, nodes: str) -> list[Panel]:
+def prometheus_annotations(deploys: str, nodes: str) -> list[Panel]:
     """Deploy markers and alert regions; ``deploys`` and ``nodes`` are the label filters (from the
     dashboard's own variables) for the deploy markers and the agents' alerts."""
     return [
@@ -854,7 +858,7 @@ def fleet() -> dict[str, Any]:
         "What every token costs across the fleet: $ per 1M tokens by model and version, idle cost, GPU use.",
         panels,
         _templating(cluster=True),
-        annotations(DEPLOYS_FILTER, F_NODE),
+        prometheus_annotations(DEPLOYS_FILTER, F_NODE),
     )
 
 
@@ -973,7 +977,7 @@ def node() -> dict[str, Any]:
         "One node: GPUs, engines and the cost of each model version they serve.",
         panels,
         _templating(cluster=False),
-        annotations(DEPLOYS_FILTER, F_NODE),
+        prometheus_annotations(DEPLOYS_FILTER, F_NODE),
     )
 
 
@@ -1138,7 +1142,9 @@ def compare() -> dict[str, Any]:
         panels,
         templating,
         # the deploys of the two versions compared (the dashboard has no engine variable)
-        annotations('node=~"$node", model=~"$model", model_version=~"$version_a|$version_b"', F_NODE),
+        prometheus_annotations(
+            'node=~"$node", model=~"$model", model_version=~"$version_a|$version_b"', F_NODE
+        ),
         time_from="now-7d",
     )
 

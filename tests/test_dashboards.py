@@ -348,6 +348,18 @@ def test_every_panel_query_returns_series(prometheus: Prometheus) -> None:
     assert empty_queries(prometheus, all_queries()) == []
 
 
+def test_annotation_titles_and_tags_are_labels_of_their_series(prometheus: Prometheus) -> None:
+    """Every label an annotation's title and tags name is on each series its query returns
+    (Grafana would render a missing one empty, and drop the tag)."""
+    for path in DASHBOARDS:
+        for a in load(path)["annotations"]["list"]:
+            named = set(re.findall(r"\{\{\s*(\w+)\s*\}\}", a["titleFormat"])) | set(a["tagKeys"].split(","))
+            result = prometheus.wait_for(substitute(a["target"]["expr"]))
+            assert result, f"{path.stem} / {a['name']}: no series"
+            for r in result:
+                assert named <= set(r["metric"]), (path.stem, a["name"], r["metric"])
+
+
 def test_a_typo_returns_nothing(prometheus: Prometheus) -> None:
     """The check above can fail: a misspelt metric returns no series."""
     assert prometheus.query("sum by (model) (rate(infercost_cost_usd_totl[1m]))") == []

@@ -65,6 +65,7 @@ DURATION = re.compile(r"[0-9]+(ms|s|m|h|d|w|y)")
 
 
 def load(path: Path) -> dict[str, Any]:
+    """A dashboard as committed."""
     return dict(json.loads(path.read_text()))
 
 
@@ -86,6 +87,7 @@ def references(text: str) -> set[str]:
 
 
 def prom_annotations() -> list[tuple[str, dict[str, Any]]]:
+    """("dashboard / name", annotation) of every Prometheus annotation of every dashboard."""
     out = []
     for path in DASHBOARDS:
         for a in load(path)["annotations"]["list"]:

@@ -9,7 +9,13 @@
   is written in full the first time, then held back for the rest of the interval; the next one
   after the interval carries the count of those held back. A huge message (a 1 MB malformed line)
   is cut to :data:`MAX_MESSAGE_CHARS`. So a source failing every second, an exhausted file
-  descriptor table or a full disk cost a few lines a minute, not a flood.
+  descriptor table or a full disk cost a few lines a minute, not a flood. A record that names what
+  it is about (``extra={"subject": engine}``) is limited per subject: twenty engines going down at
+  once give twenty lines, one each, up to :data:`MAX_SUBJECTS` per place and interval (the rest
+  share one limit, and the next line after the interval counts them).
+- Every record leaves without invisible formatting characters (bidirectional overrides, zero-width
+  characters: :func:`agent.text.strip_invisible`) in its message and arguments: a model name from an
+  engine page cannot reorder or hide a log line.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from agent.text import has_invisible, strip_invisible
+
 # Why 60 s: one line a minute per repeated problem keeps a week of a persistent fault under
 # 10,000 lines per problem while still showing it is ongoing.
 RATE_INTERVAL_SECONDS = 60.0
@@ -30,9 +38,38 @@ RATE_INTERVAL_SECONDS = 60.0
 MAX_MESSAGE_CHARS = 2000
 # Why 4,096 keys: distinct (place, template) pairs are bounded by the code; the cap only guards memory.
 MAX_KEYS = 4096
+# Why 64 subjects: a node's engines are the subjects (8 GPUs of 7 MIG slices each is 56), so each
+# gets its own line; a place that names more distinct subjects than that within one interval is a
+# flood, and the rest share one limit.
+MAX_SUBJECTS = 64
+OTHER_SUBJECTS = "(other subjects)"  # the shared key of the subjects beyond MAX_SUBJECTS
 
 _NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
+
+
+def _visible(v: Any) -> Any:
+    """``v`` with invisible characters gone from its text (containers item by item; numbers and
+    objects whose text has none kept as they are, so ``%d`` and JSON values still work)."""
+    if isinstance(v, str):
+        return strip_invisible(v)
+    if v is None or isinstance(v, bool | int | float):
+        return v
+    if isinstance(v, dict):
+        return {_visible(k): _visible(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_visible(x) for x in v]
+    if isinstance(v, tuple):
+        return tuple(_visible(x) for x in v)
+    text = str(v)
+    return strip_invisible(text) if has_invisible(text) else v
+
+
+def _make_visible(record: logging.LogRecord) -> None:
+    """Invisible characters out of ``record``'s template and arguments."""
+    record.msg = _visible(record.msg)
+    if isinstance(record.args, tuple | dict):
+        record.args = _visible(record.args)
 
 
 def _truncate(text: str) -> str:
@@ -50,19 +87,43 @@ class RateLimitFilter(logging.Filter):
         super().__init__()
         self.interval = interval  # seconds
         self._monotonic = monotonic
-        self._seen: dict[tuple[str, int, str], tuple[float, int]] = {}  # key → (window start, held back)
+        # key → (window start, held back)
+        self._seen: dict[tuple[str, int, str, str | None], tuple[float, int]] = {}
+        # place → (window start, subjects with a key of their own in that window)
+        self._subjects: dict[tuple[str, int, str], tuple[float, set[str]]] = {}
+
+    def _subject(self, place: tuple[str, int, str], subject: Any, now: float) -> str | None:
+        """The key part for ``subject``: itself, or :data:`OTHER_SUBJECTS` beyond MAX_SUBJECTS."""
+        if subject is None:
+            return None
+        name = str(subject)[:200]
+        start, names = self._subjects.get(place, (now, set()))
+        if now - start >= self.interval:
+            start, names = now, set()
+        if name not in names and len(names) >= MAX_SUBJECTS:
+            name = OTHER_SUBJECTS
+        else:
+            names.add(name)
+        if len(self._subjects) >= MAX_KEYS and place not in self._subjects:
+            self._subjects.clear()
+        self._subjects[place] = (start, names)
+        return name
 
     def filter(self, record: logging.LogRecord) -> bool:
         """False to hold a repeat back; the first after the interval reports how many were held."""
         # the template, not the text; numbers and addresses folded (a preformatted message such as
         # asyncio's names a socket or an object at a new address each time)
-        key = (record.name, record.lineno, _NUMBERS.sub("#", str(record.msg)[:200]))
+        place = (record.name, record.lineno, _NUMBERS.sub("#", str(record.msg)[:200]))
         msg = record.getMessage()
+        if has_invisible(msg):
+            _make_visible(record)
+            msg = record.getMessage()
         if len(msg) > MAX_MESSAGE_CHARS:
             record.msg, record.args = _truncate(msg), None
         if record.levelno < logging.WARNING:
             return True
         now = self._monotonic()
+        key = (*place, self._subject(place, getattr(record, "subject", None), now))
         seen = self._seen.get(key)
         if seen is None or now - seen[0] >= self.interval:
             if seen is not None and seen[1]:

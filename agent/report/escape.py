@@ -8,12 +8,20 @@ of them may format, link, mention or inject anything where a person reads the re
 - Slack mrkdwn (:func:`slack`): ``&``, ``<``, ``>`` entity-encoded (Slack's own rule: this alone
   disarms ``<!channel>`` and ``<url|text>``), ``@`` mentions broken with a zero-width space, names set in
   code spans (no *bold*, _italic_ or ~strike~ inside), long names shortened.
-- CSV (:func:`csv_cell`): a leading ``= + - @`` (spreadsheet formula) is quoted with ``'``.
+- CSV (:func:`csv_cell`, every cell of every row): a text cell starting with ``= + - @``, a tab or a
+  carriage return (what a spreadsheet runs as a formula) gets a leading ``'``, as OWASP recommends;
+  a number (``-12.5``, ``1e-07``) stays a number.
+
+Every destination also drops invisible formatting characters (bidirectional overrides and
+isolates, zero-width spaces and joiners, the byte-order mark: :func:`agent.text.strip_invisible`),
+before any zero-width space of our own goes in.
 """
 
 from __future__ import annotations
 
 import re
+
+from agent.text import strip_invisible
 
 # Why 160: a name longer than two lines of a chat message is not a name a person reads whole; the
 # head and the tail are kept, so a version at the end of a long name stays visible.
@@ -21,11 +29,14 @@ MAX_NAME_CHARS = 160
 ZWSP = "\u200b"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]#|~])")
+_FORMULA = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet reads as the start of a formula
+_NUMBER = re.compile(r"-?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")  # as the renderers write numbers
 
 
 def clean(text: str) -> str:
-    """Control characters (newlines, escapes, bidi-less C0/C1) as U+FFFD: one visible line."""
-    return _CONTROL.sub("\ufffd", text)
+    """Invisible formatting characters dropped, control characters (newlines, escapes, C0/C1) as
+    U+FFFD: one visible line."""
+    return _CONTROL.sub("\ufffd", strip_invisible(text))
 
 
 def shorten(text: str, limit: int = MAX_NAME_CHARS) -> str:
@@ -65,5 +76,9 @@ def slack_code(text: str, limit: int = MAX_NAME_CHARS, entities: bool = True) ->
 
 
 def csv_cell(text: str) -> str:
-    """A CSV text cell that a spreadsheet will not run as a formula."""
-    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+    """A CSV cell that a spreadsheet will not run as a formula (invisible characters dropped; a
+    number such as ``-1.5`` left as it is)."""
+    t = strip_invisible(text)
+    if t[:1] in _FORMULA and not _NUMBER.fullmatch(t):
+        return "'" + t
+    return t

@@ -462,52 +462,61 @@ def _num(v: float | None) -> str:
     return "" if v is None else f"{v:.6g}"
 
 
+def _csv_row(cells: Sequence[str]) -> list[str]:
+    """Every cell of a row through :func:`agent.report.escape.csv_cell` (text cannot act)."""
+    return [esc.csv_cell(c) for c in cells]
+
+
 def render_csv(r: WeeklyReport) -> str:
     """One row per model version plus an ``(all)`` total row; empty cells where absent."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(CSV_COLUMNS)
+    w.writerow(_csv_row(CSV_COLUMNS))
     for m in r.models:
         w.writerow(
-            [
-                esc.csv_cell(m.model),
-                esc.csv_cell(m.model_version),
-                f"{m.cost_usd:.6f}",
-                f"{m.output_tokens:.0f}",
-                f"{m.prompt_tokens:.0f}",
-                f"{m.idle_usd:.6f}",
-                _num(m.usd_per_1m_output),
-                _num(m.usd_per_1m_total),
-                _num(m.last_usd_per_1m_output),
-                _num(m.change_ratio),
-                m.baseline or "",
-                _num(m.like_change_ratio),
-                m.like_baseline or "",
-                _num(m.like_share),
-                _num(m.excess_usd),
-                _num(m.idle_gpu_hours),
-                _num(m.gpu_util_ratio),
-                _num(m.cost_floor_usd_per_1m),
-                *_dollar_cells(m.dollars),
-                *_bound_cells(m.gpu_time),
-            ]
+            _csv_row(
+                [
+                    m.model,
+                    m.model_version,
+                    f"{m.cost_usd:.6f}",
+                    f"{m.output_tokens:.0f}",
+                    f"{m.prompt_tokens:.0f}",
+                    f"{m.idle_usd:.6f}",
+                    _num(m.usd_per_1m_output),
+                    _num(m.usd_per_1m_total),
+                    _num(m.last_usd_per_1m_output),
+                    _num(m.change_ratio),
+                    m.baseline or "",
+                    _num(m.like_change_ratio),
+                    m.like_baseline or "",
+                    _num(m.like_share),
+                    _num(m.excess_usd),
+                    _num(m.idle_gpu_hours),
+                    _num(m.gpu_util_ratio),
+                    _num(m.cost_floor_usd_per_1m),
+                    *_dollar_cells(m.dollars),
+                    *_bound_cells(m.gpu_time),
+                ]
+            )
         )
     prompt = sum(m.prompt_tokens for m in r.models)
     total_tokens = r.output_tokens + prompt
     w.writerow(
-        [
-            "(all)",
-            "",
-            f"{r.total_usd:.6f}",
-            f"{r.output_tokens:.0f}",
-            f"{prompt:.0f}",
-            f"{r.idle_usd:.6f}",
-            _num(r.usd_per_1m_output),
-            _num(r.total_usd / total_tokens * 1e6 if total_tokens > 0 else None),
-            *[""] * (len(CSV_COLUMNS) - 8 - len(_DOLLAR_CSV) - len(_BOUND_CSV)),
-            *_dollar_cells(r.dollars),
-            *_bound_cells(r.gpu_time),
-        ]
+        _csv_row(
+            [
+                "(all)",
+                "",
+                f"{r.total_usd:.6f}",
+                f"{r.output_tokens:.0f}",
+                f"{prompt:.0f}",
+                f"{r.idle_usd:.6f}",
+                _num(r.usd_per_1m_output),
+                _num(r.total_usd / total_tokens * 1e6 if total_tokens > 0 else None),
+                *[""] * (len(CSV_COLUMNS) - 8 - len(_DOLLAR_CSV) - len(_BOUND_CSV)),
+                *_dollar_cells(r.dollars),
+                *_bound_cells(r.gpu_time),
+            ]
+        )
     )
     return buf.getvalue()
 

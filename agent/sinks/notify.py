@@ -29,12 +29,13 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 import aiohttp
 
 from agent.clock import Clock
 from agent.records import AlertEvent
+from agent.sinks.escape import redact
+from agent.sinks.escape import url_secrets as url_secrets  # where the sinks import it from
 from agent.sinks.outbox import Outbox, OutboxItem
 
 logger = logging.getLogger(__name__)
@@ -109,26 +110,6 @@ class Sink(Protocol):
     async def send(self, session: aiohttp.ClientSession, item: OutboxItem) -> SendResult:
         """Deliver one outbox item; never raises for HTTP or network errors."""
         ...
-
-
-def redact(text: str, secrets: Iterable[str | None]) -> str:
-    """``text`` with every secret replaced by ***."""
-    for s in secrets:
-        if s:
-            text = text.replace(s, "***")
-    return text
-
-
-def url_secrets(url: str) -> tuple[str, ...]:
-    """The parts of a secret URL that must not be logged: the URL, and its path and query (where
-    Slack and most webhook tokens live), which servers like to echo back in error pages."""
-    parts = urlsplit(url)
-    out = [url]
-    if parts.query:
-        out.append(parts.query)
-    if len(parts.path) > 1:
-        out.append(parts.path)
-    return tuple(out)
 
 
 def parse_retry_after(value: str | None) -> float | None:

@@ -188,11 +188,16 @@ class ExportersConfig(_Frozen):
     otlp: OtlpExporterConfig = OtlpExporterConfig()
 
 
+# Why ten years: a cost history is read for budgets and contracts, a few years at most; a longer
+# retention is a typo. Rule durations are bounded by it (a longer one can never be evaluated).
+MAX_RETENTION_DAYS = 3650
+
+
 class StoreConfig(_Frozen):
     """Embedded SQLite history."""
 
     retention_days: float = Field(
-        35.0, gt=0, le=3650
+        35.0, gt=0, le=MAX_RETENTION_DAYS
     )  # why 35: a month plus the week a weekly report looks back
 
 
@@ -265,14 +270,20 @@ class KubernetesConfig(_Frozen):
     # Ports a discovered engine may be scraped on even if its pod does not declare them (SSRF limit:
     # otherwise only the pod's own IP and a containerPort it declares are ever contacted)
     allowed_ports: tuple[int, ...] = ()
+    # A pod whose IP is loopback is refused (SSRF limit: 127.0.0.1 is the node's own services, not a
+    # pod); true only where engines really serve on loopback (a local test cluster)
+    allow_loopback: bool = False
     pod_resources_socket: Path | None = Path("/var/lib/kubelet/pod-resources/kubelet.sock")  # None = off
     # Why 15 s: devices are assigned once per container start; a few seconds late costs a few
     # seconds of one pod's GPUs attributed as idle, and List is cheap for the kubelet.
-    pod_resources_seconds: float = Field(15.0, gt=0)
+    # Why ≤ 1 day: GPUs found a day late are a day of cost misattributed; longer is a typo.
+    pod_resources_seconds: float = Field(15.0, gt=0, le=86400)
     # Backoff after an API-server error: doubles from min to max (seconds), the last engines kept.
-    backoff_min_seconds: float = Field(1.0, gt=0)
-    backoff_max_seconds: float = Field(60.0, gt=0)
-    timeout_seconds: float = Field(2.0, gt=0)  # per scrape of a discovered engine
+    # Why ≤ 1 day: the API server is back within hours; a longer wait keeps stale engines for days.
+    backoff_min_seconds: float = Field(1.0, gt=0, le=86400)
+    backoff_max_seconds: float = Field(60.0, gt=0, le=86400)
+    # per scrape of a discovered engine; why ≤ 10 min: as engines.timeout_seconds, longer is hung
+    timeout_seconds: float = Field(2.0, gt=0, le=600)
     max_bytes: int = Field(8 * 1024 * 1024, gt=0)  # per page of a discovered engine
 
 

@@ -124,6 +124,7 @@ async def test_discovered_engines_are_priced_by_their_kubelet_gpus_and_an_image_
                 exporters=ExportersConfig(prometheus=PrometheusExporterConfig(port=0)),
                 kubernetes=KubernetesConfig(
                     enabled=True,
+                    allow_loopback=True,  # the simulated engines serve on 127.0.0.1
                     kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", api.url),
                     pod_resources_socket=sock,
                     pod_resources_seconds=0.2,

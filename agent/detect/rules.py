@@ -49,6 +49,7 @@ O(rules × series): weeks of minutes evaluate in seconds.
 from __future__ import annotations
 
 import logging
+import math
 import operator
 import re
 import string
@@ -59,7 +60,9 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
+from agent.config import MAX_RETENTION_DAYS
 from agent.records import KIND_LABELS, MINUTE, SIGNALS, Kind
 from agent.safe_regex import UnsafeRegexError, compile_safe
 
@@ -71,6 +74,10 @@ logger = logging.getLogger(__name__)
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$")
 _UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+# Why the store's longest retention: a window, `for` or baseline longer than the history the store
+# can ever hold is never evaluated (a `for` never elapses, a baseline never fills), so the rule
+# would look armed while it can never fire.
+MAX_DURATION_SECONDS = MAX_RETENTION_DAYS * 86400.0
 Op = Literal[">", ">=", "<", "<="]
 OPS: Mapping[str, Callable[[float, float], bool]] = {
     ">": operator.gt,
@@ -84,18 +91,33 @@ class RuleError(Exception):
     """A rule file is unusable; the message names the file, the rule id and the fix."""
 
 
+def _bounded(seconds: float, v: Any) -> float:
+    """``seconds`` when it is at most :data:`MAX_DURATION_SECONDS`, else the error saying why."""
+    if seconds > MAX_DURATION_SECONDS:
+        raise PydanticCustomError(
+            "duration_too_long",
+            "{value} is longer than the store can ever hold ({max_days}d, store.retention_days at its "
+            "maximum): it could never be evaluated",
+            {"value": repr(v), "max_days": MAX_RETENTION_DAYS},
+        )
+    return seconds
+
+
 def parse_duration(v: Any) -> float:
-    """Seconds from "90s", "15m", "1h", "7d", "1w" or a number of seconds."""
+    """Seconds from "90s", "15m", "1h", "7d", "1w" or a number of seconds (at most the store's
+    longest retention, :data:`MAX_DURATION_SECONDS`)."""
     if isinstance(v, bool):
         raise ValueError("a duration like 15m, 1h or 7d")
     if isinstance(v, int | float):
+        if not math.isfinite(v):
+            raise ValueError(f"{v!r} is not a duration; write it like 30s, 15m, 1h or 7d")
         if v < 0:
             raise ValueError("a duration must be ≥ 0")
-        return float(v)
+        return _bounded(float(v), v)
     if isinstance(v, str):
         m = _DURATION.match(v)
         if m:
-            return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+            return _bounded(float(m.group(1)) * _UNIT_SECONDS[m.group(2)], v)
     raise ValueError(f"{v!r} is not a duration; write it like 30s, 15m, 1h or 7d")
 
 
@@ -358,6 +380,7 @@ _FIXES = {
     "extra_forbidden": "remove it or check its spelling (see rules/agent/README.md)",
     "missing": "add it",
     "literal_error": "use one of the allowed values",
+    "duration_too_long": f"write a duration of at most {MAX_RETENTION_DAYS}d, such as 15m, 1h or 7d",
 }
 
 

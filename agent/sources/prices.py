@@ -2,12 +2,16 @@
 hour for CPU-only engines, and optionally $ per kWh and PUE for on-prem power.
 
 A book is a YAML file (see ``agent/data/prices-example.yaml``); a bad book raises ConfigError
-naming the file, the key and the fix.
+naming the file, the key and the fix. A book that loads but prices a GPU model only from a future
+date (so its GPUs have no price today) is logged as a warning at load (``infercost check`` and
+start-up), naming the entry and the fix (:func:`not_yet_priced`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent.config import ConfigError, format_validation_error, load_yaml
 from agent.cost.inputs import GpuRate, PowerRate, PriceTable
+from agent.hardware import name_tokens
+
+logger = logging.getLogger(__name__)
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"  # files shipped inside the package
 EXAMPLE_BOOK = DATA_DIR / "prices-example.yaml"
@@ -111,8 +118,43 @@ def parse_price_book(raw: Any, source: str) -> PriceBook:
         raise ConfigError(format_validation_error(source, err)) from None
 
 
-def load_price_book(path: Path | None) -> PriceBook:
-    """Load a book from a file, or the bundled example when ``path`` is None."""
+def not_yet_priced(book: PriceBook, now: float) -> list[str]:
+    """Warnings for GPU prices that are all in the future at ``now`` (epoch seconds): for the whole
+    book when no GPU price is in effect, else for each GPU model priced only from a later date."""
+    gpus = book.model.gpus
+    future = [(i, p) for i, p in enumerate(gpus) if _epoch(p.effective_from) > now]
+    if not future:
+        return []
+    fix = "fix: give it an effective_from on or before today (or none), or add an entry that is in effect"
+    if len(future) == len(gpus):
+        i, first = min(future, key=lambda ip: ip[1].effective_from)
+        return [
+            f"{book.source_path}: no GPU price is in effect now: the earliest, gpus[{i}] (match "
+            f"{first.match!r}), takes effect on {first.effective_from}, so every GPU is unpriced (its "
+            f"cost absent) until then; {fix}"
+        ]
+    current = {name_tokens(p.match) for p in gpus if _epoch(p.effective_from) <= now}
+    out, said = [], set()
+    for i, p in sorted(future, key=lambda ip: ip[1].effective_from):
+        words = name_tokens(p.match)
+        if words in current or words in said:
+            continue
+        said.add(words)
+        out.append(
+            f"{book.source_path}: gpus[{i}] (match {p.match!r}) takes effect on {p.effective_from} and "
+            f"no price for {p.match!r} is in effect now: until then those GPUs take a less specific "
+            f"entry's price, or none; {fix}"
+        )
+    return out
+
+
+def load_price_book(path: Path | None, now: float | None = None) -> PriceBook:
+    """Load a book from a file, or the bundled example when ``path`` is None; a price that is not in
+    effect yet at ``now`` (epoch seconds, default the wall clock) is logged (:func:`not_yet_priced`)."""
     if path is None:
-        return parse_price_book(load_yaml(EXAMPLE_BOOK), f"(bundled example) {EXAMPLE_BOOK}")
-    return parse_price_book(load_yaml(path), str(path))
+        book = parse_price_book(load_yaml(EXAMPLE_BOOK), f"(bundled example) {EXAMPLE_BOOK}")
+    else:
+        book = parse_price_book(load_yaml(path), str(path))
+    for warning in not_yet_priced(book, time.time() if now is None else now):
+        logger.warning("%s", warning)
+    return book

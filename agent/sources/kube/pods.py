@@ -11,7 +11,12 @@ label selector), is running and has an IP. Annotations:
 
 SSRF limit: the scrape URL is always ``http://<the pod's own IP>:<port><path>`` where the port is one
 the pod declares (``containerPort``) or one the config allows; a path that is not a plain absolute
-path is refused. What an annotation names is checked, never trusted.
+path is refused. What an annotation names is checked, never trusted. The pod's IP comes from the
+API server (i.e. from whoever can write a pod's status) and is checked too: a link-local address
+(169.254.0.0/16 holds the cloud metadata service, fe80::/10), a loopback address (the node's own
+services; unless ``kubernetes.allow_loopback``), a multicast, unspecified or reserved address, or
+one of those written as IPv6 (``::ffff:169.254.169.254``, NAT64 ``64:ff9b::``) is refused
+(:func:`address_refusal`).
 
 Versions: the model version is the first of the configured pod labels present (default
 ``app.kubernetes.io/version``), else the engine container's image tag; the engine version is the
@@ -20,6 +25,7 @@ running image and its digest from ``status.containerStatuses``.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -33,6 +39,13 @@ KINDS = frozenset(get_args(EngineKind))
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")  # the engine-name pattern of the config
 # A path is printable ASCII without spaces, '\', '#' or '?'-less tricks: it must start with one '/'.
 _PATH = re.compile(r"^/(?!/)[\x21-\x7e]{0,1023}$")
+
+
+# IPv6 forms that reach an IPv4 address: NAT64's well-known prefix (RFC 6052) and the deprecated
+# IPv4-compatible ::a.b.c.d; IPv4-mapped ::ffff:a.b.c.d is ipaddress's own ipv4_mapped.
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+_COMPAT = ipaddress.IPv6Network("::/96")
+_THIS_NETWORK = ipaddress.IPv4Network("0.0.0.0/8")  # Linux connects 0.x.x.x to the local host
 
 
 class PodRefused(Exception):
@@ -59,6 +72,42 @@ class EnginePod:
         if self.image is None:
             return None
         return f"{self.image}@{self.image_digest}" if self.image_digest else self.image
+
+
+def _ipv4_behind(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address stands for (mapped, NAT64, compatible), else None."""
+    if isinstance(addr, ipaddress.IPv4Address):
+        return None
+    if addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    if addr in _NAT64 or (addr in _COMPAT and int(addr) > 1):  # :: and ::1 are IPv6's own
+        return ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
+    return None
+
+
+def address_refusal(ip: str, allow_loopback: bool = False) -> str | None:
+    """Why ``ip`` (a pod's IP from the API) is no scrape target, None when it is one."""
+    try:
+        addr = ipaddress.ip_address(ip)
+    except ValueError:
+        return "it is not an IP address"
+    v4 = _ipv4_behind(addr)
+    seen = v4 if v4 is not None else addr
+    also = f" (IPv4 {v4} written as IPv6)" if v4 is not None else ""
+    if seen.is_link_local:
+        return f"a link-local address{also} (the cloud metadata service lives there) is never scraped"
+    if seen.is_loopback and not allow_loopback:
+        return (
+            f"a loopback address{also} is the node's own, not a pod's; "
+            "fix: set kubernetes.allow_loopback: true only where engines really run on loopback"
+        )
+    if seen.is_multicast:
+        return f"a multicast address{also} is no pod"
+    if seen.is_unspecified or seen in _THIS_NETWORK:
+        return f"an unspecified address{also} reaches the node itself"
+    if seen.is_reserved:
+        return f"a reserved address{also} is no pod"
+    return None
 
 
 def _get(obj: Any, *path: str) -> Any:
@@ -141,6 +190,9 @@ def engine_pod(pod: Any, cfg: KubernetesConfig) -> EnginePod | None:
     ip = _get(pod, "status", "podIP")
     if _get(pod, "status", "phase") != "Running" or not ip:
         return None
+    why = address_refusal(str(ip), cfg.allow_loopback)
+    if why is not None:
+        raise PodRefused(f"refused pod IP {str(ip)[:64]!r}: {why}")
     kind = str(ann.get(ANN + "engine", "auto")).strip().lower()
     if kind not in KINDS:
         raise PodRefused(f"annotation {ANN}engine {ann.get(ANN + 'engine')!r} is not one of {sorted(KINDS)}")

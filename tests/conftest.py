@@ -4,7 +4,7 @@
 slow when it is marked ``@pytest.mark.slow`` itself, lives in one of ``SLOW_MODULES``: whole files
 whose every test starts a real server (Prometheus, Alertmanager, llama.cpp, Chromium, the demo) or
 replays weeks of simulated traffic, or is one of ``SLOW_TESTS``: single tests of that kind in files
-that are otherwise quick. Measured with ``pytest --durations=0`` on the 2-core box.
+that are otherwise quick (``pytest --durations=0`` shows which).
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ SLOW_MODULES = frozenset(
     }
 )
 
-# module::test → why it is slow (seconds: `pytest --durations` on the shared 2-core box, load ~5)
+# module::test → why it is slow
 SLOW_TESTS = {
-    "test_report::test_html_renders_in_chromium": "headless Chromium (2.3 s)",
-    "test_report_like_load::test_html_screenshot_of_the_canary_week": "headless Chromium (1.5 s)",
+    "test_report::test_html_renders_in_chromium": "headless Chromium",
+    "test_report_like_load::test_html_screenshot_of_the_canary_week": "headless Chromium",
     "test_sim_workload::test_simulation_is_deterministic_and_labels_incidents_after_the_warm_up": (
-        "8 simulated node-weeks (4.5 s)"
+        "8 simulated node-weeks"
     ),
     "test_scoring::test_the_daemon_scores_with_numpy_after_a_short_lived_fitting_process": (
-        "a real fitting process importing scikit-learn (4.2 s)"
+        "a real fitting process importing scikit-learn"
     ),
 }
 

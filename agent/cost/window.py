@@ -24,7 +24,14 @@ from dataclasses import dataclass, field
 
 from agent.cost.attribution import ModelCharge, ModelTokens, attribute, engine_gpus
 from agent.cost.bound import GpmActivity, bound_shares
-from agent.cost.counters import CounterMemory, counter_increase
+from agent.cost.counters import (
+    CREATED,
+    STARTED,
+    CounterMemory,
+    counter_increase,
+    generation_ceiling,
+    prompt_ceiling,
+)
 from agent.cost.efficiency import DecodeObservation, ModelFigures, decode_efficiency, mean_decode_batch
 from agent.cost.floor import CostFloor, cost_floor
 from agent.cost.inputs import EngineSpec, PriceTable
@@ -48,6 +55,11 @@ COUNTERS = (
     "decode_seconds_total",
     "cached_prompt_tokens_total",
 )
+# The counters bounded by what the engine's hardware can produce (agent.cost.counters): generated
+# tokens by its GPUs' bandwidth or compute, prompt tokens (prefix-cache hits cost no compute) by its
+# network; the time and event counters are not bounded.
+GENERATION_BOUNDED = ("generation_tokens_total",)
+PROMPT_BOUNDED = ("prompt_tokens_total", "cached_prompt_tokens_total")
 # The latency histograms, differenced per series (see agent.cost.latency.histogram_increase).
 HISTOGRAMS = ("ttft_seconds", "itl_seconds", "e2e_seconds")
 
@@ -78,6 +90,8 @@ class TickResult:
     windows: tuple[CostWindow, ...] = ()
     gpus: tuple[GpuTick, ...] = ()
     engine_usd: float = 0.0  # dollars of engines' own hourly prices (CPU-only engines) in the windows
+    # counter series whose reading was refused this tick: "engine/model/counter/series (why)"
+    refused_counters: tuple[str, ...] = ()
 
     def unexplained_usd(self) -> float:
         """Conservation check, ≈ 0: Σ GPU cost − (Σ model cost − engines' own + Σ unallocated).
@@ -129,6 +143,10 @@ class WindowJoiner:
         self._histograms: dict[tuple[str, str, str], HistogramMemory] = {}  # (engine, model, histogram)
         self._known_models: dict[str, tuple[str, ...]] = {}  # engine → models seen
         self._unpriced_logged: set[str] = set()
+        self._refused_logged: set[tuple[str, str, str, str, str]] = (
+            set()
+        )  # (engine, model, counter, series, why)
+        self._refused: list[str] = []  # this tick's refused counter series
 
     # ------------------------------------------------------------------ inputs
     def add_round(self, rnd: NvmlRound) -> None:
@@ -170,19 +188,35 @@ class WindowJoiner:
             )
         return out
 
-    def _model_steps(self, eng: EngineSpec, scrape: EngineScrape | None) -> dict[str, _ModelStep]:
-        """Per model of an engine: its signals, counter increases and histogram deltas."""
+    def _model_steps(
+        self,
+        eng: EngineSpec,
+        scrape: EngineScrape | None,
+        now: float,
+        ceilings: Mapping[str, float] | None = None,
+    ) -> dict[str, _ModelStep]:
+        """Per model of an engine: its signals, counter increases (at most ``ceilings`` per second,
+        by counter) and histogram deltas."""
         out: dict[str, _ModelStep] = {}
+        ceilings = ceilings or {}
         if scrape is not None and scrape.up:
             for m in scrape.models:
                 inc: dict[str, float | None] = {}
+                started = next(iter(m.counter_parts.get(STARTED, {}).values()), None)
                 for name in COUNTERS:
                     key = (eng.name, m.model, name)
                     inc[name], mem = counter_increase(
-                        self._counters.get(key), getattr(m, name), m.counter_parts.get(name)
+                        self._counters.get(key),
+                        getattr(m, name),
+                        m.counter_parts.get(name),
+                        now,
+                        ceilings.get(name),
+                        m.counter_parts.get(name + CREATED),
+                        started,
                     )
                     if mem is not None:
                         self._counters[key] = mem
+                        self._note_refused(key, mem.refused)
                 seen: dict[str, Histogram | None] = {}
                 for name in HISTOGRAMS:
                     key = (eng.name, m.model, name)
@@ -196,6 +230,23 @@ class WindowJoiner:
             for name in self._known_models.get(eng.name, ()):  # an engine never up has none
                 out[name] = _ModelStep(None, {})
         return out
+
+    def _note_refused(self, key: tuple[str, str, str], refused: Mapping[str, str]) -> None:
+        """Flag this tick's refused counter series; one log line per series and reason, ever."""
+        for series, why in refused.items():
+            self._refused.append(f"{'/'.join(key)}/{series or key[2]} ({why})")
+            once = (*key, series, why)
+            if once not in self._refused_logged:
+                self._refused_logged.add(once)
+                logger.warning(
+                    "engine %s, model %s: counter %s series %s refused (%s): it counts nothing until it "
+                    "reads as a counter again",
+                    key[0],
+                    key[1],
+                    key[2],
+                    series or key[2],
+                    why,
+                )
 
     def _log_unpriced(self, charges: Mapping[str, GpuCharge]) -> None:
         for uuid, c in charges.items():
@@ -224,9 +275,10 @@ class WindowJoiner:
         """
         versions = versions or {}
         start = self._last_tick
+        self._refused = []
         if start is None or now <= start:
             for e in self.engines:
-                self._model_steps(e, scrapes.get(e.name))  # the counters' first readings
+                self._model_steps(e, scrapes.get(e.name), now)  # the counters' first readings
             self._remember(now, scrapes)
             return TickResult(start=now, end=now)
         dt = now - start
@@ -237,7 +289,12 @@ class WindowJoiner:
 
         samples = {u: r.sample for u, r in readings.items()}
         held = {e.name: engine_gpus(e, samples) for e in self.engines}
-        steps = {e.name: self._model_steps(e, scrapes.get(e.name)) for e in self.engines}
+        steps = {
+            e.name: self._model_steps(
+                e, scrapes.get(e.name), now, _ceilings(e, [samples[u].name for u in held[e.name]])
+            )
+            for e in self.engines
+        }
         tokens = {
             name: [
                 ModelTokens(m, st.inc("prompt_tokens_total") or 0.0, st.inc("generation_tokens_total") or 0.0)
@@ -273,7 +330,7 @@ class WindowJoiner:
             for u, c in charges.items()
         ]
         self._remember(now, scrapes)
-        return TickResult(start, now, tuple(windows), tuple(gpus), att.engine_usd)
+        return TickResult(start, now, tuple(windows), tuple(gpus), att.engine_usd, tuple(self._refused))
 
     def _window(
         self,
@@ -366,6 +423,14 @@ class WindowJoiner:
             if samples[-1].energy_joules is not None:
                 self._last_energy[uuid] = (samples[-1].energy_joules, now)
         self._acc = {}
+
+
+def _ceilings(spec: EngineSpec, gpu_names: Sequence[str]) -> dict[str, float]:
+    """The most each bounded counter of an engine can grow per second on its hardware (GPUs held,
+    or configured when unread)."""
+    gen = generation_ceiling(gpu_names, spec.weights_bytes, len(spec.gpus))
+    prompt = prompt_ceiling(gpu_names, len(spec.gpus))
+    return {**dict.fromkeys(GENERATION_BOUNDED, gen), **dict.fromkeys(PROMPT_BOUNDED, prompt)}
 
 
 def _bound_of(samples: Sequence[GpuSample]) -> dict[str, float] | None:

@@ -78,20 +78,19 @@ MAX_PREFILL_SHARE = 0.9
 # A window at least this long is coarse history (imported at 5-minute steps, say): its gauges are
 # one instant of it, its counters the whole of it. Why 2 minutes: the daemon's own windows are one
 # tick (15–60 s), over which request-seconds (added when a request finishes) are lumpier than the
-# gauge; over minutes they are the better mean. Measured (`infercost bench detection --seed 51`,
-# node 2 of each seed read at 5-minute steps): on the Azure-trace model (arrivals bursty minute to
-# minute) 5 of the decode-efficiency rule's 6 false alarms and both of the cost rule's came from the
-# one-instant gauges; with the counter's mean batch for the efficiency and the load band, 4 and 0.
+# gauge; over minutes they are the better mean. Twice the longest tick, so no live window counts as
+# coarse, and under the 5-minute steps history is imported at. Where arrivals are bursty minute to
+# minute, a gauge's one instant of a 5-minute window can be far from the window's mean batch, so a
+# coarse window takes its batch from the counter (here for the efficiency, in the window join for
+# the load band).
 COARSE_WINDOW_SECONDS = 120.0
 # A coarse window's context per sequence comes from its gauges' one instant (KV in use ÷ sequences
 # running); when that instant's batch is more than 2× off the window's mean batch (a lull or a burst
 # of arrivals), the instant says little of the window's context: no efficiency for it, not a guess.
-# Measured on the benchmark's Azure-trace model (seed 65, node 2: the same node read at 1-minute and
-# at 5-minute ticks): the 5-minute efficiency ÷ the mean of its five 1-minute ones had a 5th
-# percentile of 0.53 (window-to-window spread 0.21 in log, the 1-minute means' 0.05); with the
-# check 0.68 (0.14), 28 % of that node's windows without a figure (0.1 % on the core model's). On
-# seeds 61–65 the decode-efficiency rule's false alarms went 7 → 0 (all on the Azure model's
-# 5-minute nodes); its worst recall on its own 60 → 40 % (rules + forest: 100 % both).
+# The price: on bursty traffic read at coarse steps, a share of the windows get no figure, and the
+# efficiency rule alone sees less of such a node (the cost rules and the forest still judge those
+# windows on their cost).
+# The factor was chosen on the detection benchmark's tuning seeds (see agent/bench/detection.py).
 COARSE_BATCH_AGREEMENT = 2.0
 
 

@@ -24,7 +24,9 @@ from agent.safe_regex import compile_safe
 logger = logging.getLogger(__name__)
 
 # With ``like_load.per_minute``, a window is judged only when the minutes that have a baseline
-# hold at least this share of its weight (the signal's denominator: tokens, seconds).
+# hold at least this share of its weight (the signal's denominator: tokens, seconds). Why a half:
+# the verdict is on the covered minutes alone, so they must carry at least as much of the window's
+# traffic as the minutes (a new band, a new mix) that nothing is compared with.
 PER_MINUTE_COVER = 0.5
 
 
@@ -271,7 +273,8 @@ class _CompiledRule:
         centres; ``below`` alone when the band above has too little history too. Why not the band
         below alone: where the signal falls with load (decode efficiency under a saturating
         throughput law) the band below's figure is the higher one, so a bursty node whose windows
-        hop into a thin band at the top of its range read as a 20 % efficiency drop."""
+        hop into a thin band at the top of its range would read the band's slope as an efficiency
+        drop."""
         spec = self.rule.baseline
         assert spec is not None and spec.like_load is not None and spec.like_load.band_ratio is not None
         band, how, mix = bucket

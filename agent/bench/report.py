@@ -10,7 +10,7 @@ then builds the report for the last week in a fresh child process per method and
   weeks loaded as :class:`MinuteRecord` → :class:`CostWindow`, then aggregated in Python.
 
 Each figure is the child's wall time and peak RSS (``ru_maxrss``, which includes the interpreter and
-the imports). The goal of issue 13 is ≤ 5 s and ≤ 100 MB. It prints figures; nothing asserts on them.
+the imports). The goal: ≤ 5 s and ≤ 100 MB. It prints figures; nothing asserts on them.
 
 ``python -m agent.bench.report [--series N] [--days D] [--store FILE]`` or ``infercost bench report``.
 """
@@ -32,8 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-GOAL_SECONDS = 5.0  # issue 13
-GOAL_MB = 100.0  # issue 13
+GOAL_SECONDS = 5.0  # the goal: the week's report built within this many seconds (wall)
+GOAL_MB = 100.0  # the goal: at most this peak RSS (MB) while building it
 MINUTE = 60.0
 DAY = 86400.0
 

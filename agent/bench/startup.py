@@ -11,8 +11,8 @@ the daemon plus every process it runs (the isolation-forest fit a store this old
 exits within about a minute), sampled together. Steady means after the warm-up and after any fit
 process has exited; the fit process' own peak RSS and run time are printed beside it.
 
-Targets (issue 11): ``/metrics`` answers within 200 ms throughout start-up; start-up peak RSS ≤ 1.5 ×
-steady. Issue 8: the whole agent ≤ 100 MB steady with this store; a fit ≤ 250 MB for ≤ 1 minute.
+Targets: ``/metrics`` answers within 200 ms throughout start-up; start-up peak RSS ≤ 1.5 × steady;
+the whole agent ≤ 100 MB steady with this store; a fit ≤ 250 MB for ≤ 1 minute.
 It prints figures; nothing asserts on them.
 """
 
@@ -39,7 +39,7 @@ from agent.bench.procs import children, cpu_seconds, free_port, status_mb
 PROBE_SECONDS = 0.05  # seconds between /metrics probes
 TARGET_MS = 200.0
 TARGET_PEAK_RATIO = 1.5
-TARGET_AGENT_MB = 100.0  # whole agent, steady (issue 8): less than dcgm-exporter's 128 Mi request
+TARGET_AGENT_MB = 100.0  # whole agent, steady: less than dcgm-exporter's 128 Mi request
 MAX_WAIT_SECONDS = 600.0  # for the warm-up and then for a fit process to exit: beyond that it hangs
 
 

@@ -55,9 +55,9 @@ DEMO_STORY = Scenario(
     "demo",
     "Five minutes in, the Llama-3.1-70B canary gets build 2024-10, which lost a fused kernel "
     "(throughput x0.55 per step: about 40 % fewer tokens/s at the same demand).",
-    # Why 0.55 rather than the ~0.65 of a "35 % slower" build: at 0.65 the canary's cost per token
-    # rises ~1.5×, right on the default rule's factor, so whether it fires within the demo's minute
-    # depends on noise; 0.55 (measured: ~40 % fewer tokens/s, ~1.7× cost) fires every time.
+    # Why 0.55 rather than the ~0.65 of a "35 % slower" build: the canary's cost per token must rise
+    # clearly past the demo rule's factor, not onto it, or whether the alert fires within the demo's
+    # minute depends on noise; steps 1/0.55 ≈ 1.8× longer leave that margin.
     (Rollout(300.0, "llama-70b-canary", "2024-10", 0.55),),
 )
 

@@ -73,7 +73,8 @@ def ticks(sim: SimulatedNode) -> Iterator[Tick]:
     """The agent's readings, one per tick (ticks while the agent was down are skipped).
 
     Every per-minute figure is turned into Python floats once, up front (``tolist``), so a tick
-    only builds its sample objects: weeks of ticks render in about a second."""
+    only builds its sample objects: rendering stays a small part of a node-run (the detection
+    benchmark prints its CPU per phase)."""
     tr = sim.trace
     drv = sim.drivers
     p = sim.physics

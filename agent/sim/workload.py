@@ -270,8 +270,8 @@ def schedule(rng: np.random.Generator, minutes: int, warmup_days: int, rotation:
     6 hours between incidents): the set is three groups placed in turn, and ``rotation`` says which
     group goes first. The benchmark gives the three nodes of a seed three rotations, so that a
     2-week run (one graded week) has every case on one of its nodes: with one fixed order the
-    first ones (drifts, steps, long prompts) took the week, and no 2-week run had a price-book
-    change, an intermittent slowdown or a flash crowd (200 random draws: 0, 0 and 1).
+    first ones (drifts, steps, long prompts) take the week, and a 2-week run would hardly ever
+    have a price-book change, an intermittent slowdown or a flash crowd.
     """
     days = minutes // 1440
     factors = [1.1, 1.2, 1.3, 1.5, 2.0]
@@ -584,8 +584,8 @@ TrafficFn = Callable[
 ]
 GENERATORS: dict[str, tuple[TrafficFn, Generator]] = {"core": (core_traffic, core_law)}
 # Each traffic model's random stream, fixed: a node's draw must not depend on which models happen to
-# be imported (it did: the index in the sorted registry, so "core" drew differently once "azure" had
-# registered). The values are the ones the benchmark has always used (both models registered).
+# be imported (an index in the sorted registry would change as soon as another model registered).
+# The values keep the draws the benchmark's cases were made with (both models registered).
 GENERATOR_STREAMS: dict[str, int] = {"azure": 0, "core": 1}
 
 

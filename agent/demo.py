@@ -141,8 +141,8 @@ def render_view(
             _fmt(m.idle_cost_usd_per_hour, ".2f"),
         )
         t.add_row(*(cells[i] for i in keep))
-    node_cost = sum(g.cost_usd_total for g in snap.gpus)
-    node_idle = sum(g.idle_cost_usd_total for g in snap.gpus)
+    node_cost = sum(g.cost_usd_total or 0.0 for g in snap.gpus)
+    node_idle = sum(g.idle_cost_usd_total or 0.0 for g in snap.gpus)
     now = dt.datetime.fromtimestamp(clock.now(), tz=dt.UTC).strftime("%H:%M")
     firing = sum(snap.alerts_firing.values())
     head = Text.assemble(

@@ -30,8 +30,10 @@ class GpuState:
 
     sample: GpuSample
     usd_per_hour: float | None = None  # dollars per GPU-hour, None when unpriced
-    cost_usd_total: float = 0.0  # dollars since the agent started
-    idle_cost_usd_total: float = 0.0  # dollars of GPU time that made no tokens
+    # dollars since the agent started, over the ticks the book priced; None (absent, never 0) until
+    # the first: an unpriced GPU's cost is unknown, not free
+    cost_usd_total: float | None = None
+    idle_cost_usd_total: float | None = None  # dollars of GPU time that made no tokens (as above)
 
     @property
     def gpu(self) -> str:
@@ -61,9 +63,10 @@ class ModelState:
     model_version: str
     prompt_tokens_total: float = 0.0  # tokens
     generation_tokens_total: float = 0.0  # tokens
-    cost_usd_total: float = 0.0  # dollars
-    energy_cost_usd_total: float = 0.0  # dollars
-    idle_cost_usd_total: float = 0.0  # dollars
+    # dollars over the windows whose every GPU was priced; None (absent, never 0) until the first
+    cost_usd_total: float | None = None
+    energy_cost_usd_total: float | None = None  # dollars (as above)
+    idle_cost_usd_total: float | None = None  # dollars (as above)
     gpu_seconds_total: float = 0.0  # GPU-seconds
     energy_joules_total: float = 0.0  # joules
     prompt_tokens_per_second: float | None = None  # tokens/s over the trailing window
@@ -164,6 +167,12 @@ def _add_opt(total: float | None, delta: float | None) -> float | None:
     if delta is None:
         return total
     return _add(0.0 if total is None else total, delta)
+
+
+def _add_priced(total: float | None, delta: float, priced: bool) -> float | None:
+    """A dollar counter: absent until the first priced delta; an unpriced delta is unknown and adds
+    nothing (its dollars are not 0, they are not known)."""
+    return _add_opt(total, delta) if priced else total
 
 
 def _phase_prices(recent: deque[CostWindow]) -> tuple[float | None, float | None]:
@@ -272,12 +281,13 @@ class Ledger:
         self._timestamp = tick.end
         for gt in tick.gpus:
             gprev = self._gpus.get(gt.sample.uuid) or GpuState(sample=gt.sample)
+            priced_gpu = gt.usd_per_hour is not None
             self._gpus[gt.sample.uuid] = replace(
                 gprev,
                 sample=gt.sample,
                 usd_per_hour=gt.usd_per_hour,
-                cost_usd_total=_add(gprev.cost_usd_total, gt.cost_usd),
-                idle_cost_usd_total=_add(gprev.idle_cost_usd_total, gt.idle_usd),
+                cost_usd_total=_add_priced(gprev.cost_usd_total, gt.cost_usd, priced_gpu),
+                idle_cost_usd_total=_add_priced(gprev.idle_cost_usd_total, gt.idle_usd, priced_gpu),
             )
         for w in tick.windows:
             u = w.usage
@@ -296,9 +306,9 @@ class Ledger:
                     prev,
                     prompt_tokens_total=_add(prev.prompt_tokens_total, u.prompt_tokens),
                     generation_tokens_total=_add(prev.generation_tokens_total, u.generation_tokens),
-                    cost_usd_total=_add(prev.cost_usd_total, w.cost_usd),
-                    energy_cost_usd_total=_add(prev.energy_cost_usd_total, w.energy_usd),
-                    idle_cost_usd_total=_add(prev.idle_cost_usd_total, w.idle_usd),
+                    cost_usd_total=_add_priced(prev.cost_usd_total, w.cost_usd, w.priced),
+                    energy_cost_usd_total=_add_priced(prev.energy_cost_usd_total, w.energy_usd, w.priced),
+                    idle_cost_usd_total=_add_priced(prev.idle_cost_usd_total, w.idle_usd, w.priced),
                     gpu_seconds_total=_add(prev.gpu_seconds_total, u.gpu_seconds),
                     energy_joules_total=_add(prev.energy_joules_total, u.energy_joules),
                     preemptions_total=_add(prev.preemptions_total, u.preemptions),

@@ -170,7 +170,8 @@ def test_the_issue_14_cases_are_read() -> None:
     assert parse("a\x00 1\na 2\n# HELP x \x00\n", ["a"])["a"][0].value == 2.0
     with pytest.raises(ParseError):
         parse("a\n", ["a"])
-    assert parse("a 1\n# EOF\na 2\n", ["a"])["a"] == [("a", {}, 2.0, None)]  # text: a comment
-    assert parse("a 1\n# EOF\na 2\n", ["a"], openmetrics=True)["a"] == [("a", {}, 1.0, None)]
-    twice = parse('a{x="1",y="2"} 8\nb 1\na{y="2", x="1"} 5\n', ["a"])["a"]  # one series, the last
-    assert twice == [("a", {"y": "2", "x": "1"}, 5.0, None)]
+    assert parse("a 1\n# EOF\nb 2\n", ["a", "b"])["b"] == [("b", {}, 2.0, None)]  # text: a comment
+    assert parse("a 1\n# EOF\nb 2\n", ["a", "b"], openmetrics=True) == {"a": [("a", {}, 1.0, None)]}
+    twice = parse('a{x="1",y="2"} 8\nb 1\na{y="2", x="1"} 8\n', ["a"])["a"]  # one series, one value
+    assert twice == [("a", {"y": "2", "x": "1"}, 8.0, None)]
+    assert "a" not in parse('a{x="1",y="2"} 8\nb 1\na{y="2", x="1"} 5\n', ["a"])  # two values: none

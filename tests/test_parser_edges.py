@@ -148,19 +148,61 @@ def test_values_as_written() -> None:
     assert [s.value for s in page["m"]] == [-math.inf, math.inf, 1000.0]
 
 
-def test_a_repeated_series_keeps_its_last_sample_whatever_the_label_order() -> None:
-    page = parse('m{a="1",b="2"} 1\nm{b="2",a="1"} 2\nm{a="1"} 3\nm 4\nm 5\n', {"m"})
-    assert page["m"] == [
-        Sample("m", {"b": "2", "a": "1"}, 2.0, None),
-        Sample("m", {"a": "1"}, 3.0, None),
-        Sample("m", {}, 5.0, None),
-    ]
+@pytest.mark.parametrize(
+    ("text", "kept", "duplicates"),
+    [
+        # the same series whatever the label order, with another value: left out, named
+        ('m{a="1",b="2"} 1\nm{b="2",a="1"} 2\nm{a="1"} 3\n', [({"a": "1"}, 3.0)], [{"b": "2", "a": "1"}]),
+        ("m 4\nm 5\n", [], [{}]),
+        # written twice with the same value (NaN too): one sample, nothing named
+        ('m{a="1"} 7\nm{a="1"} 7\nm 2\n', [({"a": "1"}, 7.0), ({}, 2.0)], []),
+        ("m NaN\nm NaN\n", [({}, math.nan)], []),
+        # NaN then a number is two values
+        ("m NaN\nm 1\nn 1\n", [], [{}]),
+        ("m 1\nm NaN\n", [], [{}]),
+        # several clashes: named in the order of their last lines, the rest of the family kept
+        (
+            'm{a="2"} 1\nm{a="1"} 1\nm{a="3"} 1\nm{a="1"} 2\nm{a="2"} 2\n',
+            [({"a": "3"}, 1.0)],
+            [{"a": "1"}, {"a": "2"}],
+        ),
+    ],
+)
+def test_a_series_written_twice_with_different_values_is_left_out_and_named(
+    text: str, kept: list[tuple[dict[str, str], float]], duplicates: list[dict[str, str]]
+) -> None:
+    p = FamilyParser(["m"])
+    for _ in range(2):  # line by line, then again (a page with a repeated line keeps no layout)
+        page = p.parse(text)
+        got = [(s.labels, s.value) for s in page.get("m", [])]
+        assert len(got) == len(kept)
+        for (labels, value), (want_labels, want) in zip(got, kept, strict=True):
+            assert labels == want_labels and (value == want or (math.isnan(value) and math.isnan(want)))
+        assert [labels for _, labels in p.duplicates] == duplicates
+        assert all(name == "m" for name, _ in p.duplicates)
+    p.parse("m 1\n")
+    assert p.duplicates == ()  # each page names its own
+
+
+def test_a_repeated_line_is_never_read_from_a_layout() -> None:
+    # the same heads twice: a page whose duplicate agrees, then one whose duplicate does not
+    p = FamilyParser(["m"])
+    assert p.parse("m 1\nm 1\n") == {"m": [Sample("m", {}, 1.0, None)]}
+    assert p.parse("m 1\nm 1\n") == {"m": [Sample("m", {}, 1.0, None)]}
+    assert p.parse("m 1\nm 2\n") == {}
+    assert p.duplicates == (("m", {}),)
+
+
+def test_a_duplicate_of_the_escaped_spelling_is_named_canonically() -> None:
+    p = FamilyParser(["vllm:x"])
+    assert p.parse("vllm_x 1\nvllm_x 2\n") == {}
+    assert p.duplicates == (("vllm:x", {}),)
 
 
 def test_label_blocks_read_before_are_reused_with_the_same_rules() -> None:
     p = FamilyParser(["m"])
     first = p.parse('m{a="1"} 1\n')
-    again = p.parse('m{a="1"} 2 # {trace_id="x"} 0.5\nm{a="1"}3\n')  # a cached block, an exemplar
+    again = p.parse('m{a="1"} 3 # {trace_id="x"} 0.5\nm{a="1"}3\n')  # a cached block, an exemplar
     assert first == {"m": [Sample("m", {"a": "1"}, 1.0, None)]}
     assert again == {"m": [Sample("m", {"a": "1"}, 3.0, None)]}
     with pytest.raises(ParseError, match="no blank before the value"):
@@ -186,7 +228,7 @@ def test_blanks_before_labels_and_a_label_value_with_a_brace() -> None:
 
 # A page laid out as one read before is read from that layout (issue 14, the speed of issue 8): the
 # same samples as reading it line by line, hand-computed here for each way a page can change.
-PAGE = 'a{x="1"} 8\nb 2\n# HELP c x\na{x="2"} 3\na{x="1"} 5\n'
+PAGE = 'a{x="1"} 8\nb 2\n# HELP c x\na{x="2"} 3\na{x="3"} 5\n'
 
 
 def test_a_page_laid_out_as_before_reads_its_new_values() -> None:
@@ -194,26 +236,31 @@ def test_a_page_laid_out_as_before_reads_its_new_values() -> None:
     first = p.parse(PAGE)
     assert len(p._layouts) == 1  # every line plain: its layout is kept
     assert first == {
-        "a": [Sample("a", {"x": "1"}, 5.0, None), Sample("a", {"x": "2"}, 3.0, None)],
+        "a": [
+            Sample("a", {"x": "1"}, 8.0, None),
+            Sample("a", {"x": "2"}, 3.0, None),
+            Sample("a", {"x": "3"}, 5.0, None),
+        ],
         "b": [Sample("b", {}, 2.0, None)],
     }
-    again = p.parse('a{x="1"} 9\nb\t-4.5e1\r\n# HELP c x\na{x="2"} NaN\na{x="1"} +Inf\n')
-    assert again["a"][0] == Sample("a", {"x": "1"}, math.inf, None)  # the repeated series: the last
+    again = p.parse('a{x="1"} 9\nb\t-4.5e1\r\n# HELP c x\na{x="2"} NaN\na{x="3"} +Inf\n')
+    assert again["a"][0] == Sample("a", {"x": "1"}, 9.0, None)
     assert again["a"][1].value != again["a"][1].value  # NaN
+    assert again["a"][2] == Sample("a", {"x": "3"}, math.inf, None)
     assert again["b"] == [Sample("b", {}, -45.0, None)]
-    assert list(again) == ["a", "b"] and len(again["a"]) == 2
+    assert list(again) == ["a", "b"] and len(again["a"]) == 3
     assert len(p._layouts) == 1
 
 
 def test_a_layout_is_not_used_where_a_tail_is_more_than_a_value() -> None:
     p = FamilyParser(["a", "b"])
     p.parse(PAGE)
-    page = p.parse('a{x="1"} 8\nb 2 3000\n# HELP c x\na{x="2"} 3\na{x="1"} 5\n')
+    page = p.parse('a{x="1"} 8\nb 2 3000\n# HELP c x\na{x="2"} 3\na{x="3"} 5\n')
     assert page["b"] == [Sample("b", {}, 2.0, 3.0)]  # a timestamp, in seconds
     with pytest.raises(ParseError) as err:
-        p.parse('a{x="1"} 8\nb 1_000\n# HELP c x\na{x="2"} 3\na{x="1"} 5\n')
+        p.parse('a{x="1"} 8\nb 1_000\n# HELP c x\na{x="2"} 3\na{x="3"} 5\n')
     assert str(err.value) == "invalid number in line 'b 1_000'"
-    page = p.parse('a{x="1"} 8\nb 2 # {t="x"} 1\n# HELP c x\na{x="2"} 3\na{x="1"} 5\n')
+    page = p.parse('a{x="1"} 8\nb 2 # {t="x"} 1\n# HELP c x\na{x="2"} 3\na{x="3"} 5\n')
     assert page["b"] == [Sample("b", {}, 2.0, None)]  # an exemplar: ignored
     assert len(p._layouts) == 1  # none of these pages is laid out plainly
 
@@ -293,10 +340,13 @@ def test_a_parser_asked_for_nothing_reads_nothing_even_an_empty_quoted_name() ->
 
 
 def test_read_layout_reads_the_text_format_by_default_and_hands_back_a_known_layout() -> None:
-    # the text format: "# EOF" is a comment, so the series' second line (the last) wins
-    p = FamilyParser(["t_x"])
-    page = p.read_layout("t_x 1\n# EOF\nt_x 2\n")
-    assert isinstance(page, dict) and [s.value for s in page["t_x"]] == [2.0]
-    layout, values = p.read_layout("t_x 5\n# EOF\nt_x 7\n")  # the same layout: its values, per line
+    # the text format: "# EOF" is a comment, so the line after it is read
+    p = FamilyParser(["t_x", "t_y"])
+    page = p.read_layout("t_x 1\n# EOF\nt_y 2\n")
+    assert isinstance(page, dict) and [s.value for s in page["t_y"]] == [2.0]
+    layout, values = p.read_layout("t_x 5\n# EOF\nt_y 7\n")  # the same layout: its values, per line
     assert values == [5.0, 7.0]
-    assert p.page_of(layout, values) == {"t_x": [Sample("t_x", {}, 7.0, None)]}
+    assert p.page_of(layout, values) == {
+        "t_x": [Sample("t_x", {}, 5.0, None)],
+        "t_y": [Sample("t_y", {}, 7.0, None)],
+    }

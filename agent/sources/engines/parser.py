@@ -23,11 +23,14 @@ them; ``tests/test_conformance.py`` holds both public conformance suites against
   read;
 - timestamps: milliseconds in the text format, seconds in OpenMetrics, returned in seconds;
 - OpenMetrics only: the page ends at ``# EOF`` (in the text format that line is a comment);
-- ``_created`` series: never wanted, so never read. NUL and other control characters inside label
-  values are kept as written: the adapter cleans label values (``base.clean_label``).
+- ``_created`` series: read only where asked for (an adapter asks for its counters'). NUL and other
+  control characters inside label values are kept as written: the adapter cleans label values
+  (``base.clean_label``).
 
-One sample per series, in page order: a series written twice keeps its last value (as Prometheus
-keeps it), so it is never counted twice. Both spellings of a name with a colon are read (``vllm:x`` and the
+One sample per series, in page order: a series written twice with the same value is one sample; written
+twice with different values it has no value the agent can trust (which one would Prometheus keep? which
+one did the engine mean?), so it is left out of the page and named in :attr:`FamilyParser.duplicates`
+(its signal is then refused, never taken from the last line or counted twice). Both spellings of a name with a colon are read (``vllm:x`` and the
 ``vllm_x`` that newer prometheus_client releases write when asked for OpenMetrics); a page carrying
 both keeps the canonical one only (:attr:`Page` keys are always canonical).
 """
@@ -237,6 +240,9 @@ class FamilyParser:
         # Layouts of pages read before: the heads of their wanted lines (all of the common shape)
         # and, by name, the lines kept and their labels (see :meth:`parse`), newest last, bounded.
         self._layouts: list[tuple[tuple[str, ...], _Layout]] = []
+        # The series the last page wrote twice with different values (canonical name, labels),
+        # left out of its samples.
+        self.duplicates: tuple[tuple[str, dict[str, str]], ...] = ()
 
     def parse(self, text: str, openmetrics: bool = False) -> Page:
         """Samples of the wanted families, by canonical name.
@@ -261,6 +267,7 @@ class FamilyParser:
         text = f"\n{text}\n"
         if openmetrics:
             text = _cut_at_eof(text)
+        self.duplicates = ()
         lines = self._line_re.findall(text)
         if not lines:
             return {}
@@ -301,6 +308,8 @@ class FamilyParser:
         series: dict[str, dict[frozenset[tuple[str, str]], int]] = {}  # name → labels → last sample
         made: list[Sample] = []  # in page order (one per line when none is skipped)
         plain = 0  # lines of the common shape whose value was their whole tail
+        repeated = 0  # lines of a series already read on the page
+        clashes: set[tuple[str, frozenset[tuple[str, str]]]] = set()  # series repeated with other values
         known = self._blocks
         new_sample = tuple.__new__  # Sample(...) without its Python-level __new__
         for head, whole_tail, name, rest, qname, qrest in lines:
@@ -344,14 +353,38 @@ class FamilyParser:
             per = series.get(name)
             if per is None:
                 series[name] = per = {}
-            per[key] = len(made)  # a repeated series: the last
+            if key in per:  # a repeated series: harmless with the same value, else no value at all
+                repeated += 1
+                before = made[per[key]].value
+                if before != value and (before == before or value == value):  # (NaN twice: the same)
+                    clashes.add((name, key))
+            per[key] = len(made)
             made.append(new_sample(Sample, (name, labels, value, ts)))
         out: Page = {name: [made[i] for i in per.values()] for name, per in series.items()}
-        if plain == len(lines):  # no line skipped either: sample i is line i
+        if clashes:
+            self._drop(out, series, made, clashes)
+        if plain == len(lines) and not repeated:  # no line skipped or repeated: sample i is line i
             self._remember(heads, series, made)
         if self._canonical and not self._canonical.keys().isdisjoint(out):
             self._canonicalise(out)
         return out
+
+    def _drop(
+        self,
+        out: Page,
+        series: dict[str, dict[frozenset[tuple[str, str]], int]],
+        made: list[Sample],
+        clashes: set[tuple[str, frozenset[tuple[str, str]]]],
+    ) -> None:
+        """Leave the series written twice with different values out of ``out``; name them in
+        :attr:`duplicates` (canonically spelled, in the order of their last lines)."""
+        dropped = sorted((series[name][key], name) for name, key in clashes)
+        for _, name in dropped:
+            keys = {key for n, key in clashes if n == name}
+            out[name] = [made[i] for key, i in series[name].items() if key not in keys]
+            if not out[name]:
+                del out[name]
+        self.duplicates = tuple((self._canonical.get(name, name), made[i].labels) for i, name in dropped)
 
     def _remember(
         self,

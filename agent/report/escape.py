@@ -29,6 +29,7 @@ MAX_NAME_CHARS = 160
 ZWSP = "\u200b"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]#|~])")
+_CSV_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")  # all of _CONTROL but tab
 _FORMULA = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet reads as the start of a formula
 _NUMBER = re.compile(r"-?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")  # as the renderers write numbers
 
@@ -77,8 +78,9 @@ def slack_code(text: str, limit: int = MAX_NAME_CHARS, entities: bool = True) ->
 
 def csv_cell(text: str) -> str:
     """A CSV cell that a spreadsheet will not run as a formula (invisible characters dropped; a
-    number such as ``-1.5`` left as it is)."""
+    number such as ``-1.5`` left as it is) and that stays on its row: a carriage return or any other
+    control character but tab as U+FFFD (the writer quotes only its own line terminator, so a bare
+    ``\r`` would start a row of its own in a spreadsheet)."""
     t = strip_invisible(text)
-    if t[:1] in _FORMULA and not _NUMBER.fullmatch(t):
-        return "'" + t
-    return t
+    quote = "'" if t[:1] in _FORMULA and not _NUMBER.fullmatch(t) else ""
+    return quote + _CSV_CONTROL.sub("\ufffd", t)

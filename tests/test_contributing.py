@@ -155,7 +155,8 @@ engines:
     )
     # the copy, not the installed package, is what `-m agent.cli` imports
     env = {**os.environ, "PYTHONPATH": str(src)}
-    env = {k: v for k, v in env.items() if not k.startswith("INFERCOST")}
+    # nothing from this shell's environment may point the daemon elsewhere (OTLP, config overrides)
+    env = {k: v for k, v in env.items() if not k.startswith(("INFERCOST", "OTEL_", "KUBECONFIG"))}
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

@@ -169,7 +169,7 @@ def _add_opt(total: float | None, delta: float | None) -> float | None:
     return _add(0.0 if total is None else total, delta)
 
 
-def _add_priced(total: float | None, delta: float, priced: bool) -> float | None:
+def _add_priced(total: float | None, delta: float | None, priced: bool) -> float | None:
     """A dollar counter: absent until the first priced delta; an unpriced delta is unknown and adds
     nothing (its dollars are not 0, they are not known)."""
     return _add_opt(total, delta) if priced else total
@@ -315,10 +315,10 @@ class Ledger:
                     throttled_gpu_seconds_total=_add_opt(
                         prev.throttled_gpu_seconds_total, u.throttled_gpu_seconds
                     ),
-                    prompt_cost_usd_total=_add_opt(prev.prompt_cost_usd_total, w.prompt_usd),
-                    usage_cost_usd_total=_add_opt(prev.usage_cost_usd_total, w.usage_usd),
-                    prefix_cache_saved_usd_total=_add_opt(
-                        prev.prefix_cache_saved_usd_total, w.prefix_cache_saved_usd
+                    prompt_cost_usd_total=_add_priced(prev.prompt_cost_usd_total, w.prompt_usd, w.priced),
+                    usage_cost_usd_total=_add_priced(prev.usage_cost_usd_total, w.usage_usd, w.priced),
+                    prefix_cache_saved_usd_total=_add_priced(
+                        prev.prefix_cache_saved_usd_total, w.prefix_cache_saved_usd, w.priced
                     ),
                     ttft_histogram=accumulate(prev.ttft_histogram, u.ttft_delta),
                     itl_histogram=accumulate(prev.itl_histogram, u.itl_delta),

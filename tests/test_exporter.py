@@ -24,8 +24,8 @@ T0 = 1_780_000_000.0
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _snapshot() -> Snapshot:
-    book = parse_price_book({"gpus": [{"match": "H100", "usd_per_hour": 3.6}]}, "book")
+def _snapshot(priced_gpu: str = "H100") -> Snapshot:
+    book = parse_price_book({"gpus": [{"match": priced_gpu, "usd_per_hour": 3.6}]}, "book")
     engines = (EngineConfig(name="llama", url="http://x/metrics", gpus=(0,), model_version="v7"),)
     j = WindowJoiner("node-a", [e.cost_spec() for e in engines], book.table())
     led = Ledger("node-a", "0.1.0")
@@ -63,6 +63,17 @@ def _snapshot() -> Snapshot:
             led.observe_scrape(s)
         led.apply(j.close_tick(T0 + 10 * k, sc(T0 + 10 * k, g)))
     return led.snapshot()
+
+
+def test_an_unpriced_gpu_exports_no_dollars_rather_than_zero() -> None:
+    """The book prices no H100: dollars are unknown, so every dollar series is absent, not 0;
+    tokens, power and utilisation are still known and exported."""
+    names = {name for name, _ in _samples(render(_snapshot(priced_gpu="A100")).decode())}
+    dollars = {n for n in names if "usd" in n}
+    assert not dollars, dollars
+    assert {"infercost_generation_tokens_total", "infercost_gpu_power_watts"} <= names
+    priced = {name for name, _ in _samples(render(_snapshot()).decode())}
+    assert {"infercost_cost_usd_total", "infercost_gpu_cost_usd_total"} <= priced
 
 
 def _samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

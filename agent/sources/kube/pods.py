@@ -96,14 +96,12 @@ def address_refusal(ip: str, allow_loopback: bool = False) -> str | None:
     also = f" (IPv4 {v4} written as IPv6)" if v4 is not None else ""
     if seen.is_link_local:
         return f"a link-local address{also} (the cloud metadata service lives there) is never scraped"
+    if seen.is_loopback and allow_loopback:
+        return None
     if seen.is_loopback:
         return (
-            None
-            if allow_loopback
-            else (
-                f"a loopback address{also} is the node's own, not a pod's; "
-                "fix: set kubernetes.allow_loopback: true only where engines really run on loopback"
-            )
+            f"a loopback address{also} is the node's own, not a pod's; "
+            "fix: set kubernetes.allow_loopback: true only where engines really run on loopback"
         )
     if seen.is_multicast:
         return f"a multicast address{also} is no pod"

@@ -1,6 +1,6 @@
 """Every series infercost exports: name, type, unit, help and labels — the contract.
 
-Exporters (Prometheus, OTLP), the README's metric list and the tests all read this table; nothing
+Exporters (Prometheus, OTLP), the metrics reference (docs/metrics.md) and the tests read this table; nothing
 else declares a metric. ``source`` names the snapshot collection a row reads and ``field`` the
 attribute on each of its items; a ``None`` value means "absent", and the series is not emitted.
 Label cardinality per node is bounded: gpus (≤ 8, or MIG instances), engines and their models

@@ -75,7 +75,7 @@ from agent.snapshot import Snapshot, series
 
 logger = logging.getLogger(__name__)
 
-# The semantic-conventions version this mapping follows (README "OpenTelemetry"); the schema URL
+# The semantic-conventions version this mapping follows (docs/fleet.md); the schema URL
 # goes out with the Resource and the instrumentation scope.
 SEMCONV_VERSION = "1.44.0"
 SCHEMA_URL = Schemas.V1_44_0.value

@@ -245,15 +245,20 @@ def _read(page: str, kind: str = "vllm", **kw: Any) -> tuple[dict[str, ModelSign
     return {m.model: m for m in reading.models}, reading
 
 
-def test_a_series_written_twice_counts_once_with_its_last_value() -> None:
+def test_a_series_written_twice_counts_once_and_with_two_values_not_at_all() -> None:
     page = (
         'vllm:num_requests_running{model_name="m"} 8\n'
         'vllm:generation_tokens_total{model_name="m"} 100\n'
         'vllm:num_requests_running{model_name="m"} 5\n'
         'vllm:generation_tokens_total{model_name="m"} 100\n'
     )
-    (m,) = ADAPTERS["vllm"].parse(page)
-    assert m.requests_running == 5 and m.generation_tokens_total == 100
+    for _ in range(3):  # line by line each time: no layout or map plan hides the repeat
+        models, reading = _read(page)
+        assert models["m"].generation_tokens_total == 100  # the same value twice: once
+        assert models["m"].requests_running is None  # 8 or 5? neither
+        assert reading.invalid_series == (
+            "requests_running: vllm:num_requests_running{model_name=m} (written twice with different values)",
+        )
 
 
 def test_both_spellings_of_a_family_are_read_once() -> None:

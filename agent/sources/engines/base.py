@@ -43,6 +43,7 @@ from itertools import chain
 from operator import itemgetter
 from typing import Any
 
+from agent.cost.counters import CREATED, STARTED
 from agent.samples import Histogram, ModelSignals
 from agent.sources.engines.parser import FamilyParser, Page, Sample
 
@@ -58,6 +59,11 @@ MAX_VALUE = 1e15
 # are hostile or broken and would bloat /metrics and the store (issue 11).
 MAX_LABEL_CHARS = 128
 MAX_REPORTED = 20  # refused series described per scrape (the rest only counted out of the signal)
+# The process' start time, as prometheus_client's process collector exposes it (no labels): a change
+# is a restart of every counter on the page (agent.cost.counters).
+PROCESS_START = "process_start_time_seconds"
+DUPLICATE = "written twice with different values"  # why a series the parser left out is refused
+COUNT_MISMATCH = "_count differs from the +Inf bucket"  # both count every observation
 _LE: dict[str, float] = {}  # le label text → bound (parsed once)
 _PART_KEYS: dict[tuple[str, Hashable], str] = {}  # (histogram, rank labels) → its counter_parts-style name
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -170,6 +176,31 @@ class Adapter:
                 families.update(s.names)
         families.update(f.metric for f in self.finished)
         families.update(i.metric for i in self.info.values())
+        # each counter series' _created (prometheus_client engines expose one per series)
+        created = {
+            n: created_name(n)
+            for signal, alternatives in self.scalars.items()
+            if signal in COUNTER_FIELDS
+            for s in alternatives
+            for n in s.names
+        }
+        families.update(created.values())
+        families.add(PROCESS_START)
+        readers: dict[str, list[tuple[str, Mapping[str, str]]]] = {}  # wire name → (signal, where)
+        for signal, alternatives in self.scalars.items():
+            for s in alternatives:
+                for n in s.names:
+                    readers.setdefault(n, []).append((signal, s.where))
+        for signal, alternatives in self.histograms.items():
+            for s in alternatives:
+                for suffix in ("_bucket", "_sum", "_count"):
+                    readers.setdefault(s.names[0] + suffix, []).append((signal, s.where))
+        for f in self.finished:
+            readers.setdefault(f.metric, []).append(("requests_finished_total", f.where))
+        for signal, i in self.info.items():
+            readers.setdefault(i.metric, []).append((signal, {}))
+        object.__setattr__(self, "created_names", created)
+        object.__setattr__(self, "readers", {n: tuple(r) for n, r in readers.items()})
         plan = tuple(
             (signal, s, signal in _MEAN_FIELDS, signal in COUNTER_FIELDS, len(s.names) == 1 and not s.where)
             for signal, alternatives in self.scalars.items()
@@ -183,6 +214,12 @@ class Adapter:
         object.__setattr__(self, "layout_plans", [])
 
     families: frozenset[str] = field(init=False, default=frozenset())  # wire families it reads
+    # a counter's wire name → the name of its _created samples
+    created_names: Mapping[str, str] = field(init=False, repr=False, default_factory=dict)
+    # a wire sample name → the signals (and their label filters) it feeds
+    readers: Mapping[str, tuple[tuple[str, Mapping[str, str]], ...]] = field(
+        init=False, repr=False, default_factory=dict
+    )
     # (signal, series, averaged?, counter?, one name and no filter?) in preference order: the map's work list
     scalar_plan: tuple[tuple[str, Series, bool, bool, bool], ...] = field(init=False, repr=False, default=())
     parser: FamilyParser = field(init=False, repr=False, compare=False, default=None)  # type: ignore[assignment]
@@ -278,6 +315,15 @@ def _series_key(name: str, labels: Mapping[str, str], model_label: str | None) -
     return name + "".join(f",{k}={clean_label(x)}" for k, x in sorted(labels.items()) if k != model_label)
 
 
+def created_name(counter: str) -> str:
+    """The name of a counter's ``_created`` samples as prometheus_client writes them (``x_total`` →
+    ``x_created``; a histogram's ``x_sum`` or ``x_count`` → ``x_created``)."""
+    for suffix in ("_total", "_sum", "_count"):
+        if counter.endswith(suffix):
+            return counter[: -len(suffix)] + "_created"
+    return counter + "_created"
+
+
 def _describe(name: str, labels: Mapping[str, str], why: str) -> str:
     inner = ",".join(f"{k}={clean_label(v)[:40]}" for k, v in sorted(labels.items()))
     return f"{name}{{{inner}}}"[:200] + f" ({why})"
@@ -286,9 +332,17 @@ def _describe(name: str, labels: Mapping[str, str], why: str) -> str:
 class _Mapping:
     """One run of :meth:`Adapter.map` (state shared by its steps)."""
 
-    def __init__(self, adapter: Adapter, page: Page, default_model: str | None, max_models: int) -> None:
+    def __init__(
+        self,
+        adapter: Adapter,
+        page: Page,
+        default_model: str | None,
+        max_models: int,
+        duplicates: tuple[tuple[str, dict[str, str]], ...] = (),
+    ) -> None:
         self.a = adapter
         self.page = page
+        self.duplicates = duplicates  # the series the parser left out (written twice, two values)
         self.fallback = clean_label(default_model) if default_model else DEFAULT_MODEL
         self.invalid: list[str] = []
         self.bad: set[tuple[str, str]] = set()  # (model, signal) refused this scrape
@@ -385,6 +439,61 @@ class _Mapping:
         if mean:
             return {m: v / count[m] for m, v in total.items()}
         return total
+
+    def _refuse_duplicates(self) -> None:
+        """Refuse, for its model, every signal a series the parser left out (written twice with
+        different values) feeds: the signal is absent this scrape, not read from the other line."""
+        ml = self.a.model_label
+        for name, labels in self.duplicates:
+            wire = None if ml is None else labels.get(ml)
+            if ml is not None and wire is None:
+                continue  # a series without the model label feeds nothing
+            owner = (
+                self.fallback
+                if wire is None
+                else self.model_of.get(wire) or clean_label(wire) or self.fallback
+            )
+            for signal, where in self.a.readers.get(name, ()):
+                if not where.items() <= labels.items():
+                    continue
+                self._refuse(owner, signal, name, labels, DUPLICATE)
+
+    def _created(
+        self, won: list[tuple[str, str, Series]], counter_parts: dict[str, dict[str, dict[str, float]]]
+    ) -> None:
+        """Put each counter series' ``_created`` (epoch seconds) into ``counter_parts`` under the
+        counter's name + CREATED, keyed as its value is; a series whose _created is not one number
+        (two samples disagree) has none."""
+        ml, names, page = self.a.model_label, self.a.created_names, self.page
+        for model, signal, s in won:
+            stamps: dict[str, Any] = {}
+            torn: set[str] = set()
+            for n in s.names:
+                for sample in page.get(names[n], ()):
+                    labels = sample.labels
+                    if s.where and not s.where.items() <= labels.items():
+                        continue
+                    if (self.fallback if ml is None else self.model_of.get(labels.get(ml))) != model:  # type: ignore[arg-type]
+                        continue
+                    key = _series_key(n, labels, ml)
+                    if key in stamps and stamps[key] != sample.value:
+                        torn.add(key)
+                    stamps[key] = sample.value
+            for key in torn:
+                del stamps[key]
+            if stamps:
+                counter_parts.setdefault(model, {})[signal + CREATED] = stamps
+
+    def _started(
+        self, values: dict[str, dict[str, Any]], counter_parts: dict[str, dict[str, dict[str, float]]]
+    ) -> None:
+        """Put the process' start time (one sample on the page) into every model's ``counter_parts``
+        under STARTED."""
+        samples = self.page.get(PROCESS_START, ())
+        if len(samples) != 1:
+            return
+        for model in values:
+            counter_parts.setdefault(model, {})[STARTED] = {PROCESS_START: samples[0].value}
 
     def _info(self, signal: str, info: InfoProduct, values: dict[str, dict[str, Any]]) -> None:
         """Put ``signal`` = the mean over the info gauge's series of the product of its label numbers."""
@@ -511,6 +620,9 @@ class _Mapping:
         out: dict[str, Histogram] = {}
         for model, (bounds, cumulative) in planned.items():
             if math.isinf(bounds[-1]):  # else no +Inf bucket: not a usable histogram
+                if model in counts and counts[model] != cumulative[-1]:
+                    self._refuse(model, signal, base + "_count", {"model": model}, COUNT_MISMATCH)
+                    continue
                 out[model] = Histogram(
                     tuple(zip(bounds, cumulative)),  # noqa: B905 (one count per bound)
                     sums.get(model, 0.0) * s.scale,
@@ -627,6 +739,9 @@ class _Mapping:
             if cumulative != sorted(cumulative):
                 self._refuse(model, signal, base + "_bucket", {"model": model}, "bucket counts decrease")
                 continue
+            if model in counts and counts[model] != cumulative[-1]:
+                self._refuse(model, signal, base + "_count", {"model": model}, COUNT_MISMATCH)
+                continue
             out[model] = Histogram(
                 tuple(zip(bounds, cumulative)),  # noqa: B905 (one count per bound)
                 sums.get(model, 0.0) * s.scale,
@@ -642,7 +757,11 @@ class _Mapping:
                             _PART_KEYS[(base, gk)] = key
                     seq = tuple(sorted(own_buckets.items()))
                     own_sum, own_count = own_sc.get((model, gk), (None, None))
-                    if math.isinf(seq[-1][0]) and [c for _, c in seq] == sorted(c for _, c in seq):
+                    if (
+                        math.isinf(seq[-1][0])
+                        and [c for _, c in seq] == sorted(c for _, c in seq)
+                        and (own_count is None or own_count == seq[-1][1])
+                    ):
                         n = seq[-1][1] if own_count is None else own_count
                         own_parts[key] = Histogram(seq, (own_sum or 0.0) * s.scale, n)
                 if len(own_parts) == len(ranked[model]):  # else: no per-series reading this scrape
@@ -654,6 +773,8 @@ class _Mapping:
         values: dict[str, dict[str, Any]] = {}
         counter_parts: dict[str, dict[str, dict[str, float]]] = {}  # model → signal → series → value
         page, ml, model_of, fallback = self.page, a.model_label, self.model_of, self.fallback
+        self._refuse_duplicates()
+        won: list[tuple[str, str, Series]] = []  # (model, counter, the series it was read from)
         for signal, s, mean, counter, lone in a.scalar_plan:
             first = page.get(s.names[0])
             if not first:
@@ -668,10 +789,12 @@ class _Mapping:
                     elif signal in got:
                         continue  # an earlier alternative wins
                     got[signal] = v * s.scale
-                    if counter and len(labels) > (ml in labels):  # a lone DP rank or version
-                        counter_parts.setdefault(model, {})[signal] = {
-                            _series_key(s.names[0], labels, ml): v * s.scale
-                        }
+                    if counter:
+                        won.append((model, signal, s))
+                        if len(labels) > (ml in labels):  # a lone DP rank or version
+                            counter_parts.setdefault(model, {})[signal] = {
+                                _series_key(s.names[0], labels, ml): v * s.scale
+                            }
                     continue
             parts: dict[str, dict[str, float]] | None = {} if counter else None
             per_model = self._scalar(signal, s, parts, mean, counter)
@@ -683,6 +806,8 @@ class _Mapping:
                     elif signal in got:
                         continue  # an earlier alternative wins
                     got[signal] = v
+                    if counter:
+                        won.append((model, signal, s))
                     if parts and parts.get(model):
                         counter_parts.setdefault(model, {})[signal] = parts[model]
         histogram_parts: dict[str, dict[str, dict[str, Histogram]]] = {}  # model → signal → series
@@ -719,10 +844,13 @@ class _Mapping:
             values.setdefault(model, {}).setdefault("requests_finished_total", dict(sorted(per.items())))
         for signal, info in a.info.items():
             self._info(signal, info, values)
+        self._created(won, counter_parts)
+        self._started(values, counter_parts)
         for model, signal in self.bad:  # a refused series makes its signal absent for the model
             if model in values:
                 values[model].pop(signal, None)
                 counter_parts.get(model, {}).pop(signal, None)
+                counter_parts.get(model, {}).pop(signal + CREATED, None)
                 histogram_parts.get(model, {}).pop(signal, None)
         for model, per_signal in counter_parts.items():
             if per_signal:
@@ -906,8 +1034,17 @@ def _compile(
     return scope["plan"]
 
 
-def _map(adapter: Adapter, page: Page, default_model: str | None, max_models: int) -> Reading:
-    """:class:`_Mapping`'s Reading, through a compiled plan when the page's structure was seen before."""
+def _map(
+    adapter: Adapter,
+    page: Page,
+    default_model: str | None,
+    max_models: int,
+    duplicates: tuple[tuple[str, dict[str, str]], ...] = (),
+) -> Reading:
+    """:class:`_Mapping`'s Reading, through a compiled plan when the page's structure was seen before
+    (never for a page with ``duplicates``: series the parser left out, which no plan knows of)."""
+    if duplicates:
+        return _Mapping(adapter, page, default_model, max_models, duplicates).run()
     flat = list(chain.from_iterable(page.values()))
     if len(flat) > PLAN_SAMPLES:
         return _Mapping(adapter, page, default_model, max_models).run()
@@ -945,7 +1082,7 @@ def _read(
     that layout's map is compiled (the plan takes the page's values as the parser converted them)."""
     got = adapter.parser.read_layout(text, openmetrics)
     if isinstance(got, dict):
-        return _map(adapter, got, default_model, max_models)
+        return _map(adapter, got, default_model, max_models, adapter.parser.duplicates)
     layout, values = got
     if len(values) > PLAN_SAMPLES:
         return _Mapping(adapter, adapter.parser.page_of(layout, values), default_model, max_models).run()

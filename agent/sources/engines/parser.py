@@ -27,12 +27,13 @@ them; ``tests/test_conformance.py`` holds both public conformance suites against
   control characters inside label values are kept as written: the adapter cleans label values
   (``base.clean_label``).
 
-One sample per series, in page order: a series written twice with the same value is one sample; written
-twice with different values it has no value the agent can trust (which one would Prometheus keep? which
-one did the engine mean?), so it is left out of the page and named in :attr:`FamilyParser.duplicates`
-(its signal is then refused, never taken from the last line or counted twice). Both spellings of a name with a colon are read (``vllm:x`` and the
-``vllm_x`` that newer prometheus_client releases write when asked for OpenMetrics); a page carrying
-both keeps the canonical one only (:attr:`Page` keys are always canonical).
+One sample per series, in page order: a series written twice with the same value is one sample;
+written twice with different values it has no value the agent can trust (the exposition format
+forbids it, and which line did the engine mean?), so it is left out of the page and named in
+:attr:`FamilyParser.duplicates` (the adapter refuses its signal: never the last line, never counted
+twice). Both spellings of a name with a colon are read (``vllm:x`` and the ``vllm_x`` that newer
+prometheus_client releases write when asked for OpenMetrics); a page carrying both keeps the
+canonical one only (:attr:`Page` keys are always canonical).
 """
 
 from __future__ import annotations

@@ -16,12 +16,17 @@ parsed page into one :class:`ModelSignals` per served model:
 
 The adapter boundary (issue 11): nothing hostile passes on to the cost path.
 
-- one value per series: a series written twice on a page counts once, the last value (as
-  Prometheus keeps it; the parser keeps one sample per series);
+- one value per series: a series written twice on a page with the same value counts once; with
+  two values it has none, and its signal is refused for its model (the parser leaves it out);
 - counters must be finite, ≥ 0 and ≤ :data:`MAX_VALUE`; gauges too (ratios ≤ 1; a NaN gauge is
   simply no reading); histogram buckets finite, ≥ 0 and non-decreasing in ``le``. A series that
   fails makes its signal absent for that model in this scrape (never a made-up value or quantile)
   and is described in :attr:`Reading.invalid_series`; the other signals and models are unaffected;
+  a histogram whose ``_count`` is not its ``+Inf`` bucket is refused too (both count every observation);
+- each counter series' ``_created`` (prometheus_client engines: vLLM, SGLang, trtllm-serve) and the
+  page's ``process_start_time_seconds`` go into ``counter_parts`` under the counter's name +
+  :data:`agent.cost.counters.CREATED` and under :data:`agent.cost.counters.STARTED`: a change is a
+  restart, which the window join tells from a glitch by them;
 - model names (and finish reasons) are cleaned by :func:`clean_label`; at most ``max_models``
   models per engine (the first by name), the rest folded into ``model="other"``, their series
   counted in :attr:`Reading.dropped_series`.

@@ -10,8 +10,8 @@ refused series in ``invalid_series`` (one log line when that set changes) and th
 beyond ``max_models`` counted in ``dropped_series``. The content type decides the format:
 ``application/openmetrics-text`` is read as OpenMetrics (timestamps in seconds, ``# EOF``).
 
-Values are cumulative, as read. Counter resets are handled downstream, in the window join
-(:func:`agent.cost.quantiles.counter_delta`).
+Values are cumulative, as read. Counter resets, glitches and spikes are told apart downstream, in
+the window join (:func:`agent.cost.counters.counter_increase`).
 """
 
 from __future__ import annotations

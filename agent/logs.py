@@ -9,10 +9,12 @@
   is written in full the first time, then held back for the rest of the interval; the next one
   after the interval carries the count of those held back. A huge message (a 1 MB malformed line)
   is cut to :data:`MAX_MESSAGE_CHARS`. So a source failing every second, an exhausted file
-  descriptor table or a full disk cost a few lines a minute, not a flood. A record that names what
-  it is about (``extra={"subject": engine}``) is limited per subject: twenty engines going down at
-  once give twenty lines, one each, up to :data:`MAX_SUBJECTS` per place and interval (the rest
-  share one limit, and the next line after the interval counts them).
+  descriptor table or a full disk cost a few lines a minute, not a flood. A record about one thing
+  is limited per thing: twenty engines going down at once give twenty lines, one each, up to
+  :data:`MAX_SUBJECTS` per place and interval (the rest share one limit, and the next line after
+  the interval counts them). The subject is ``extra={"subject": ...}``, else the first argument of
+  a template that starts with a noun and its name (``"engine %s (%s) is down: %s"``, ``"pod %s/%s
+  skipped"``): the house style of a line about one engine, pod, sink or GPU.
 - Every record leaves without invisible formatting characters (bidirectional overrides, zero-width
   characters: :func:`agent.text.strip_invisible`) in its message and arguments: a model name from an
   engine page cannot reorder or hide a log line.
@@ -45,6 +47,7 @@ MAX_SUBJECTS = 64
 OTHER_SUBJECTS = "(other subjects)"  # the shared key of the subjects beyond MAX_SUBJECTS
 
 _NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")
+_ABOUT = re.compile(r"[A-Za-z_]+ %[sr]")  # "engine %s ...": a line about the engine it names
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
 
 
@@ -70,6 +73,16 @@ def _make_visible(record: logging.LogRecord) -> None:
     record.msg = _visible(record.msg)
     if isinstance(record.args, tuple | dict):
         record.args = _visible(record.args)
+
+
+def _subject_of(record: logging.LogRecord) -> Any:
+    """What ``record`` is about (see the module docstring), None when it does not say."""
+    subject = getattr(record, "subject", None)
+    if subject is not None:
+        return subject
+    if isinstance(record.msg, str) and isinstance(record.args, tuple) and record.args:
+        return record.args[0] if _ABOUT.match(record.msg) else None
+    return None
 
 
 def _truncate(text: str) -> str:
@@ -123,7 +136,7 @@ class RateLimitFilter(logging.Filter):
         if record.levelno < logging.WARNING:
             return True
         now = self._monotonic()
-        key = (*place, self._subject(place, getattr(record, "subject", None), now))
+        key = (*place, self._subject(place, _subject_of(record), now))
         seen = self._seen.get(key)
         if seen is None or now - seen[0] >= self.interval:
             if seen is not None and seen[1]:

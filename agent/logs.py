@@ -16,8 +16,8 @@
   a template that starts with a noun and its name (``"engine %s (%s) is down: %s"``, ``"pod %s/%s
   skipped"``): the house style of a line about one engine, pod, sink or GPU.
 - Every record leaves without invisible formatting characters (bidirectional overrides, zero-width
-  characters: :func:`agent.text.strip_invisible`) in its message and arguments: a model name from an
-  engine page cannot reorder or hide a log line.
+  characters: :func:`agent.text.strip_invisible`) in its message, arguments and traceback: a model
+  name from an engine page cannot reorder or hide a log line.
 """
 
 from __future__ import annotations
@@ -73,6 +73,14 @@ def _make_visible(record: logging.LogRecord) -> None:
     record.msg = _visible(record.msg)
     if isinstance(record.args, tuple | dict):
         record.args = _visible(record.args)
+
+
+def _visible_traceback(record: logging.LogRecord) -> None:
+    """An exception's text without invisible characters, set where every formatter reads it."""
+    if record.exc_info and not record.exc_text:
+        text = logging.Formatter().formatException(record.exc_info)
+        if has_invisible(text):
+            record.exc_text = strip_invisible(text)
 
 
 def _subject_of(record: logging.LogRecord) -> Any:
@@ -131,6 +139,7 @@ class RateLimitFilter(logging.Filter):
         if has_invisible(msg):
             _make_visible(record)
             msg = record.getMessage()
+        _visible_traceback(record)
         if len(msg) > MAX_MESSAGE_CHARS:
             record.msg, record.args = _truncate(msg), None
         if record.levelno < logging.WARNING:
@@ -190,7 +199,7 @@ class JsonFormatter(logging.Formatter):
             if k not in _STANDARD and not k.startswith("_"):
                 doc[k] = v if isinstance(v, str | int | float | bool | type(None) | list | dict) else str(v)
         if record.exc_info:
-            doc["exc"] = self.formatException(record.exc_info)
+            doc["exc"] = record.exc_text or self.formatException(record.exc_info)
         return json.dumps(doc, default=str)
 
 

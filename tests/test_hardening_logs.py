@@ -117,6 +117,20 @@ def test_invisible_characters_leave_message_and_arguments_but_json_values_stay_t
     )
 
 
+def test_a_traceback_naming_a_hostile_value_loses_its_invisible_characters(
+    kept: tuple[logging.Logger, list[logging.LogRecord], Clock],
+) -> None:
+    log, out, _ = kept
+    try:
+        raise ValueError("unknown model 'ev\u202eil\u200d'")
+    except ValueError:
+        log.exception("scrape failed")
+    (record,) = out
+    for text in (logging.Formatter().format(record), JsonFormatter().format(record)):
+        assert "unknown model 'evil'" in text and "Traceback" in text
+        assert not re.search("[\u200d\u202e]", text)
+
+
 def _free_ports(n: int) -> list[int]:
     """Ports on 127.0.0.1 that nothing listens on (bound, then released)."""
     socks = [socket.socket() for _ in range(n)]

@@ -14,7 +14,7 @@ import pytest
 
 from agent.config import Config, ConfigError, KubernetesConfig, parse_config
 from agent.sources.kube.pods import PodRefused, address_refusal, engine_pod
-from agent.sources.kube.source import KubeEngines
+from agent.sources.kube.source import KubeEngines, describe
 from tests.kubeapi import FakeKubeApi, pod, write_kubeconfig
 
 K = KubernetesConfig(enabled=True, pod_resources_socket=None)
@@ -83,6 +83,16 @@ def test_allow_loopback_is_a_config_key_and_durations_are_bounded() -> None:
     for key in ("pod_resources_seconds", "backoff_max_seconds", "timeout_seconds"):
         with pytest.raises(ConfigError, match=f"kubernetes.{key}"):
             parse_config({"kubernetes": {key: 1e12}}, "node.yaml")
+
+
+def test_check_says_when_loopback_pods_are_scraped(tmp_path: Path) -> None:
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", "https://127.0.0.1:1")  # never called
+    k = KubernetesConfig(enabled=True, kubeconfig=kubeconfig, pod_resources_socket=None)
+    assert "loopback" not in describe(Config(node="n1", kubernetes=k))
+    allow = k.model_copy(update={"allow_loopback": True})
+    assert describe(Config(node="n1", kubernetes=allow)).endswith(
+        "; pods at loopback IPs scraped (allow_loopback)"
+    )
 
 
 async def _until(cond: Callable[[], bool], timeout: float = 10.0) -> None:

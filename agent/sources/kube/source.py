@@ -267,7 +267,9 @@ def describe(cfg: Config) -> str:
         gpus = f"{sock} present"
     else:
         gpus = f"{sock} absent (GPUs from engines: until it appears)"
+    loopback = "; pods at loopback IPs scraped (allow_loopback)" if k.allow_loopback else ""
     return (
         f"kubernetes: ok — pods of node {k.node_name or cfg.node} via {creds}; engines by "
         f"{' or '.join(chosen) or 'nothing (set annotations or label_selector)'}; pod-resources {gpus}"
+        f"{loopback}"
     )

@@ -88,7 +88,7 @@ def test_allow_loopback_is_a_config_key_and_durations_are_bounded() -> None:
 def test_check_says_when_loopback_pods_are_scraped(tmp_path: Path) -> None:
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", "https://127.0.0.1:1")  # never called
     k = KubernetesConfig(enabled=True, kubeconfig=kubeconfig, pod_resources_socket=None)
-    assert "loopback" not in describe(Config(node="n1", kubernetes=k))
+    assert "allow_loopback" not in describe(Config(node="n1", kubernetes=k))
     allow = k.model_copy(update={"allow_loopback": True})
     assert describe(Config(node="n1", kubernetes=allow)).endswith(
         "; pods at loopback IPs scraped (allow_loopback)"

@@ -10,7 +10,8 @@ of them may format, link, mention or inject anything where a person reads the re
   code spans (no *bold*, _italic_ or ~strike~ inside), long names shortened.
 - CSV (:func:`csv_cell`, every cell of every row): a text cell starting with ``= + - @``, a tab or a
   carriage return (what a spreadsheet runs as a formula) gets a leading ``'``, as OWASP recommends;
-  a number (``-12.5``, ``1e-07``) stays a number.
+  a number (``-12.5``, ``1e-07``) stays a number; control characters but tab show as U+FFFD (a bare
+  carriage return inside a cell would start a row of its own).
 
 Every destination also drops invisible formatting characters (bidirectional overrides and
 isolates, zero-width spaces and joiners, the byte-order mark: :func:`agent.text.strip_invisible`),

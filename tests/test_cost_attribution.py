@@ -617,14 +617,14 @@ def test_decode_efficiency_per_data_parallel_replica_and_from_the_engines_kv_cap
 def test_decode_efficiency_of_a_batch_time_engine_and_of_an_unknown_gpu() -> None:
     spec = EngineSpec("t", gpus=(0,), weights_bytes=140e9)
     before = sig("m", 0, decode_seconds_total=0.0)
-    after = sig("m", 1000, decode_seconds_total=5.0, requests_running=4.0)
+    after = sig("m", 1000, decode_seconds_total=12.0, requests_running=4.0)
     j = WindowJoiner("n1", (spec,), BOOK)
     j.add_round(rnd(T0))
     j.close_tick(T0, {"t": EngineScrape("t", "tgi", T0, True, 0.0, (before,))})
     j.add_round(rnd(T0 + 10))
     res = j.close_tick(T0 + 10, {"t": EngineScrape("t", "tgi", T0 + 10, True, 0.0, (after,))})
-    # TGI's decode seconds are batch seconds: a step = 5 s × 4 running / 1,000 tokens = 20 ms
-    assert res.windows[0].roofline_ratio == pytest.approx((140e9 / 3.35e12) / (5.0 * 4 / 1000))
+    # TGI's decode seconds are batch seconds: a step = 12 s × 4 running / 1,000 tokens = 48 ms
+    assert res.windows[0].roofline_ratio == pytest.approx((140e9 / 3.35e12) / (12.0 * 4 / 1000))
     j2 = WindowJoiner("n1", (spec,), BOOK)
     mystery = "Mystery GPU 9000"
     res2 = two_ticks(
@@ -903,14 +903,16 @@ def test_the_prompt_split_needs_tokens_one_is_enough() -> None:
     assert res2.windows[0].prompt_usd is None and res2.windows[0].idle_usd == pytest.approx(0.01)
 
 
-def test_decode_efficiency_leaves_the_prefill_share_of_request_time_out() -> None:
+def test_decode_efficiency_reads_the_step_from_the_inter_token_latency_of_the_window() -> None:
     spec = EngineSpec("a", gpus=(0,), weights_bytes=140e9)
-    before = sig("m", 0, decode_seconds_total=0.0, prefill_seconds_total=0.0)
-    after = sig("m", 428.4, decode_seconds_total=40.0, prefill_seconds_total=2.0)
+    itl0, itl1 = h((0.1, 0), (INF, 0), total=0.0), h((0.1, 400), (INF, 400), total=20.0)
+    before = sig("m", 0, decode_seconds_total=0.0, prefill_seconds_total=0.0, itl_seconds=itl0)
+    # 2 s of prefill request time changes nothing; 400 intervals in 20 s: the step ran 50 ms,
+    # although the requests that finished report 40 request-seconds for 428.4 tokens (93 ms)
+    after = sig("m", 428.4, decode_seconds_total=40.0, prefill_seconds_total=2.0, itl_seconds=itl1)
     j = WindowJoiner("n1", (spec,), BOOK)
     res = two_ticks(j, {"a": scrape("a", T0, before)}, {"a": scrape("a", T0 + 10, after)})
-    # prefill took 2 of the window's 10 s: the measured step is 40 / 428.4 × (1 − 0.2)
-    assert res.windows[0].roofline_ratio == pytest.approx((140e9 / 3.35e12) / (40.0 / 428.4 * 0.8))
+    assert res.windows[0].roofline_ratio == pytest.approx((140e9 / 3.35e12) / 0.05)
 
 
 def test_priority_classes_by_engine_or_by_model_are_exported_to_join_on() -> None:

@@ -88,23 +88,30 @@ def test_unknown_weights_mean_no_figure() -> None:
     assert decode_efficiency(obs(), ModelFigures(None, KV70, 1.0)) is None
 
 
-def test_the_prefill_share_of_request_seconds_is_taken_out() -> None:
-    # 8 replicas over 60 s; 96 request-seconds of prefill = a fifth of the replica-seconds:
-    # the decode part of the measured 0.1 s step is 0.08 s
-    got = decode_efficiency(
-        obs(replicas=8, bandwidth_bytes_per_s=8 * H100_BW, prefill_seconds=96.0, window_seconds=60.0), FIG
-    )
-    assert got == pytest.approx((156.384e9 / H100_BW) / 0.08)
+def test_the_inter_token_latency_is_the_step_where_the_window_observed_it() -> None:
+    # 400 intervals summing to 32 s: a mean step of 0.08 s, observed as the steps ran, wins over the
+    # request-seconds of requests that happened to finish in the window (100 s / 1000 tokens)
+    got = decode_efficiency(obs(itl_seconds=32.0, itl_count=400.0), FIG)
+    assert got == pytest.approx((140e9 + 50_000 * KV70) / H100_BW / 0.08)
+    # no interval observed: back to decode seconds per token
+    assert decode_efficiency(obs(itl_seconds=0.0, itl_count=0.0), FIG) == pytest.approx(0.46682, rel=1e-4)
+    # TGI's decode time is engine time per forward: its own path
+    assert decode_efficiency(
+        obs(engine_kind="tgi", decode_seconds=12.5, itl_seconds=1.0, itl_count=1000.0), FIG
+    ) == (pytest.approx(0.46682, rel=1e-4))
 
 
-def test_tgi_decode_forwards_exclude_prefill_already() -> None:
-    plain = decode_efficiency(obs(engine_kind="tgi", decode_seconds=12.5), FIG)
-    assert (
-        decode_efficiency(
-            obs(engine_kind="tgi", decode_seconds=12.5, prefill_seconds=30.0, window_seconds=60.0), FIG
-        )
-        == plain
-    )
+@pytest.mark.parametrize(
+    ("decode_seconds", "present"),
+    [(100.0, True), (46.682, True), (46.0, False), (10.0, False)],
+)
+def test_a_step_faster_than_the_roofline_is_impossible_and_absent(
+    decode_seconds: float, present: bool
+) -> None:
+    # the fastest step is 46.68 ms; 1000 tokens in 46 request-seconds would beat peak bandwidth
+    got = decode_efficiency(obs(decode_seconds=decode_seconds), FIG)
+    assert (got is not None) is present
+    assert got is None or 0.0 < got <= 1.0
 
 
 def test_a_coarse_window_takes_its_batch_from_the_decode_counter_not_the_one_instant_gauge() -> None:

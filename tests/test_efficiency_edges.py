@@ -27,9 +27,12 @@ def test_small_but_positive_figures_still_give_an_efficiency() -> None:
     assert decode_efficiency(obs(decode_seconds=0.5, generation_tokens=1.0), fig) == pytest.approx(
         (W / H100_BW) / 0.5
     )
-    assert decode_efficiency(obs(bandwidth_bytes_per_s=0.5e12), fig) == pytest.approx((W / 0.5e12) / 0.1)
+    assert decode_efficiency(obs(bandwidth_bytes_per_s=2e12), fig) == pytest.approx((W / 2e12) / 0.1)
     # any positive bandwidth is a bandwidth (even 1 B/s): only ≤ 0 means unknown
-    assert decode_efficiency(obs(bandwidth_bytes_per_s=1.0), fig) == pytest.approx(W / 0.1)
+    slow = obs(bandwidth_bytes_per_s=1.0, decode_seconds=1.5e14, generation_tokens=1000.0)
+    assert decode_efficiency(slow, fig) == pytest.approx(W / 1.5e11)
+    # a step the bandwidth could not have made (above the roofline) is absent
+    assert decode_efficiency(obs(bandwidth_bytes_per_s=0.5e12), fig) is None
 
 
 def test_without_kv_figures_only_the_weights_are_read() -> None:
@@ -52,13 +55,3 @@ def test_batch_seconds_count_running_sequences_per_replica() -> None:
     assert got == pytest.approx(ideal / (0.1 * 1.5))
     # running unknown: one sequence per step
     assert decode_efficiency(obs(engine_kind="tgi"), fig) == pytest.approx(ideal / 0.1)
-
-
-def test_the_prefill_share_needs_a_window() -> None:
-    fig = ModelFigures(W, None, None)
-    ideal = W / H100_BW
-    # a half-second window with 0.1 s of prefill: share 0.2 of the step is prefill
-    assert decode_efficiency(obs(prefill_seconds=0.1, window_seconds=0.5), fig) == pytest.approx(
-        ideal / (0.1 * 0.8)
-    )
-    assert decode_efficiency(obs(prefill_seconds=0.1, window_seconds=0.0), fig) == pytest.approx(ideal / 0.1)

@@ -266,6 +266,8 @@ class Lifetime:
     rss: list[tuple[float, float]] = field(default_factory=list)  # (sim seconds, MB)
     last: Series = field(default_factory=dict)
     nonmonotonic: list[str] = field(default_factory=list)
+    out_of_range: list[str] = field(default_factory=list)  # ratios outside [0, 1], as probed
+    max_efficiency: float = float("nan")  # the highest roofline efficiency any probe saw
 
 
 class Soak:
@@ -348,6 +350,11 @@ class Soak:
     def _check_counters(self, life: Lifetime, m: Series) -> None:
         for key, v in m.items():
             name = key[0]
+            if name.startswith("infercost_") and name.endswith("_ratio"):  # a share: in [0, 1] by definition
+                if not 0.0 <= v <= 1.0:
+                    life.out_of_range.append(f"{name}{dict(key[1])} = {v}")
+                if name == "infercost_roofline_efficiency_ratio" and not v <= life.max_efficiency:
+                    life.max_efficiency = v
             # counters, and the re-based latency histograms' buckets, counts and sums
             if not name.endswith("_total") and not (
                 name.startswith("infercost_") and name.endswith(("_bucket", "_count", "_sum"))
@@ -579,6 +586,9 @@ class Soak:
         dups = sum(n - 1 for n in got.values() if n > 1)
         undelivered = sum(1 for r in rows if r[3] != "delivered")
         nonmono = [x for life in self.lifetimes for x in life.nonmonotonic]
+        outside = [x for life in self.lifetimes for x in life.out_of_range]
+        efficiencies = [life.max_efficiency for life in self.lifetimes if math.isfinite(life.max_efficiency)]
+        max_eff = max(efficiencies, default=float("nan"))
         longest = max(self.lifetimes, key=lambda life: len(life.rss))
         warm = longest.rss[len(longest.rss) // 5 :]
         slope = _slope_per_day(warm)
@@ -631,6 +641,13 @@ class Soak:
                 "counters monotonic",
                 not nonmono,
                 f"{len(nonmono)} violations" + (f": {nonmono[0]}" if nonmono else ""),
+            ),
+            (
+                "every ratio in [0, 1] (decode efficiency included)",
+                not outside,
+                f"{len(outside)} outside"
+                + (f": {outside[0]}" if outside else "")
+                + f"; highest roofline efficiency seen {max_eff:.3f}",
             ),
             (
                 "conservation Σ busy model + Σ GPU idle = Σ GPU",

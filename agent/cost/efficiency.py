@@ -6,19 +6,28 @@ sequence's KV cache once, so the fastest a step can be is
     step_min = (weights_bytes + resident_kv_tokens × kv_bytes_per_token) / replica_bandwidth
 
 and every running sequence gains one token per step. The efficiency is ``step_min`` over the step
-the engine actually took, measured from its own **decode-time** series, never from wall-clock
+the engine actually took, measured from the engine's own step timing, never from wall-clock
 time: wall-clock tokens/s moves with the share of time spent in prefill (the prompt mix, the hour
-of the day) and with how full the batch is (load), decode time does not. Two kinds of decode time:
+of the day) and with how full the batch is (load). The measured step, best first:
 
-- ``request`` seconds (vLLM ``request_decode_time_seconds_sum``, trtllm-serve's, llama.cpp
-  ``tokens_predicted_seconds_total``): summed over requests, so generation tokens ÷ decode seconds is
-  the per-sequence rate, one token per step: ``step = decode_seconds / generation_tokens``. With
-  chunked prefill those steps also carry other requests' prompt chunks, so the part of each step
-  that was prefill is taken out: the prefill share of a replica's time is estimated as the prefill
-  request-seconds over the window's replica-seconds (each request's prefill occupies the steps
-  that carry it), and ``step × (1 − share)`` is the decode part;
+- the **inter-token latency** histogram (vLLM, trtllm-serve): each running sequence observes one
+  interval per step *as the step happens*, so the window's ΔITL_sum ÷ ΔITL_count is the mean step
+  of exactly the steps the window holds;
+- ``request`` decode seconds (vLLM ``request_decode_time_seconds_sum``, trtllm-serve's, llama.cpp
+  ``tokens_predicted_seconds_total``), summed over requests: ``step = decode_seconds /
+  generation_tokens`` (one token per sequence per step). These are added when a request finishes,
+  so over a short window they are lumpier than the tokens;
 - ``batch`` seconds (TGI ``tgi_batch_forward_duration{method="decode"}``): engine time in decode
   forward passes, each producing ``batch`` tokens: ``step = decode_seconds × batch / generation_tokens``.
+
+Bias, stated: with chunked prefill a decode step also carries other requests' prompt chunks, and
+both timings see the whole step, so the figure is the efficiency of the steps as run — a lower bound
+on the pure-decode efficiency, by the share of step time the prompt chunks took. Nothing subtracts
+an estimate of that share: summed prefill request-seconds overlap (many prefills share one step)
+and are no measure of engine time. A figure above 1 is impossible (the ceiling is the peak
+bandwidth); it comes from counters that do not line up within a window, and it is absent, not
+clamped. Speculative decoding (more than one token per sequence per step) is not measured by these
+series; an engine running it can read high, and is refused above 1 like any other.
 
 Engines without a decode-time series (SGLang, Triton) get no efficiency: absent, not guessed.
 
@@ -69,12 +78,11 @@ class DecodeObservation:
     kv_capacity_tokens: float | None  # tokens per replica's cache as the engine reports it
     replicas: int  # data-parallel replicas (vLLM ``engine`` ranks); 1 when the page shows one
     bandwidth_bytes_per_s: float  # bytes/s, peak bandwidth summed over the engine's GPUs
-    prefill_seconds: float | None = None  # request-seconds of prefill in the window
     window_seconds: float = 0.0  # seconds the window covers
+    itl_seconds: float | None = None  # Σ inter-token intervals observed in the window (seconds)
+    itl_count: float | None = None  # inter-token intervals observed in the window
 
 
-# Why at most 0.9: beyond it decode would be starved; an estimate that high is a measurement artefact.
-MAX_PREFILL_SHARE = 0.9
 # A window at least this long is coarse history (imported at 5-minute steps, say): its gauges are
 # one instant of it, its counters the whole of it. Why 2 minutes: the daemon's own windows are one
 # tick (15–60 s), over which request-seconds (added when a request finishes) are lumpier than the
@@ -115,11 +123,11 @@ def min_step_seconds(
 
 
 def decode_efficiency(obs: DecodeObservation, model: ModelFigures) -> float | None:
-    """Fastest possible decode step ÷ the measured one, per data-parallel replica (0–1).
+    """Fastest possible decode step ÷ the measured one, per data-parallel replica, in (0, 1].
 
     None when the engine has no decode-time series, the window decoded nothing, the model's
-    weights or the GPUs' bandwidth are unknown, or a coarse window's gauge instant is more than
-    :data:`COARSE_BATCH_AGREEMENT` off its mean batch.
+    weights or the GPUs' bandwidth are unknown, a coarse window's gauge instant is more than
+    :data:`COARSE_BATCH_AGREEMENT` off its mean batch, or the ratio comes out above 1.
     """
     kind = DECODE_TIME_KIND.get(obs.engine_kind)
     if (
@@ -147,10 +155,16 @@ def decode_efficiency(obs: DecodeObservation, model: ModelFigures) -> float | No
     ideal = min_step_seconds(
         model.weights_bytes, resident, model.kv_bytes_per_token or 0.0, obs.bandwidth_bytes_per_s / replicas
     )
-    measured = obs.decode_seconds / obs.generation_tokens
-    if kind == "request" and obs.prefill_seconds and obs.window_seconds > 0:
-        share = min(MAX_PREFILL_SHARE, obs.prefill_seconds / (obs.window_seconds * replicas))
-        measured *= 1.0 - share
+    efficiency = ideal / measured_step_seconds(obs, kind, replicas)
+    return efficiency if efficiency <= 1.0 else None  # impossible: counters out of step, not a figure
+
+
+def measured_step_seconds(obs: DecodeObservation, kind: DecodeTime, replicas: int) -> float:
+    """Seconds of one decode step as the engine ran it: the mean inter-token latency where the
+    window observed one, else from decode seconds (see the module docstring)."""
+    if kind == "request" and obs.itl_count and obs.itl_count > 0 and obs.itl_seconds and obs.itl_seconds > 0:
+        return obs.itl_seconds / obs.itl_count
+    step = (obs.decode_seconds or 0.0) / obs.generation_tokens
     if kind == "batch":
-        measured *= max(1.0, (obs.requests_running or 1.0) / replicas)
-    return ideal / measured
+        step *= max(1.0, (obs.requests_running or 1.0) / replicas)
+    return step

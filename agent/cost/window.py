@@ -484,8 +484,9 @@ def _efficiency(
         kv_capacity_tokens=cur.kv_capacity_tokens,
         replicas=ranks,
         bandwidth_bytes_per_s=sum(bandwidth_of(n) or 0.0 for n in gpu_names),
-        prefill_seconds=usage.prefill_seconds,
         window_seconds=usage.duration,
+        itl_seconds=usage.itl_delta.sum if usage.itl_delta is not None else None,
+        itl_count=usage.itl_delta.count if usage.itl_delta is not None else None,
     )
     figures = ModelFigures(spec.weights_bytes, spec.kv_bytes_per_token, spec.kv_capacity_tokens)
     return decode_efficiency(obs, figures)

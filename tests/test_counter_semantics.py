@@ -184,3 +184,104 @@ async def test_a_restart_without_created_is_a_fall_a_new_process_could_have_coun
     tokens, refused = await _run(url, pages, [gen(1e9), gen(9e8), gen(1e9 + 70)])
     assert tokens == [0.0, 70.0]
     assert refused[0] and "glitch" in refused[0][0]
+
+
+# ---- the adapter's side: what reaches the window join -------------------------------------------
+
+from agent.cost.counters import CREATED, STARTED  # noqa: E402
+from agent.sources.engines import ADAPTERS  # noqa: E402
+
+TTFT = "vllm:time_to_first_token_seconds"
+
+
+def _hist(buckets: Sequence[tuple[str, float]], count: float, rank: str = "0") -> str:
+    lines = ['vllm:num_requests_running{model_name="m"} 1', f"# TYPE {TTFT} histogram"]
+    lines += [f'{TTFT}_bucket{{engine="{rank}",le="{le}",model_name="m"}} {c!r}' for le, c in buckets]
+    lines += [
+        f'{TTFT}_sum{{engine="{rank}",model_name="m"}} 1.5',
+        f'{TTFT}_count{{engine="{rank}",model_name="m"}} {count!r}',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("page", "valid", "why"),
+    [
+        (_hist([("0.1", 1.0), ("+Inf", 3.0)], 3.0), True, None),
+        (_hist([("0.1", 1.0), ("+Inf", 3.0)], 4.0), False, "_count differs from the +Inf bucket"),
+        (_hist([("0.1", 2.0), ("+Inf", 1.0)], 1.0), False, "bucket counts decrease"),
+        # two ranks: each its own histogram, their sum checked as one
+        (
+            _hist([("0.1", 1.0), ("+Inf", 3.0)], 3.0) + _hist([("0.1", 1.0), ("+Inf", 2.0)], 2.0, "1"),
+            True,
+            None,
+        ),
+        (
+            _hist([("0.1", 1.0), ("+Inf", 3.0)], 3.0) + _hist([("0.1", 1.0), ("+Inf", 2.0)], 5.0, "1"),
+            False,
+            "_count",
+        ),
+        # a bucket written twice with two values: the histogram is refused
+        (
+            _hist([("0.1", 1.0), ("+Inf", 3.0)], 3.0)
+            + f'{TTFT}_bucket{{engine="0",le="0.1",model_name="m"}} 2\n',
+            False,
+            "written twice with different values",
+        ),
+    ],
+)
+def test_a_histogram_is_read_only_when_its_buckets_and_count_agree(
+    page: str, valid: bool, why: str | None
+) -> None:
+    for _ in range(3):  # line by line, then through the remembered layout and the compiled map
+        reading = ADAPTERS["vllm"].read(page)
+        (m,) = reading.models
+        assert (m.ttft_seconds is not None) == valid
+        if why is not None:
+            assert len(reading.invalid_series) == 1 and why in reading.invalid_series[0]
+        else:
+            assert reading.invalid_series == ()
+
+
+def test_each_series_created_and_the_start_time_reach_counter_parts() -> None:
+    page = (
+        gen(10.0, created=T0 - 5)
+        + gen(20.0, rank="1", created=T0 - 4)
+        + started(T0 - 9)
+        + 'vllm:prompt_tokens_total{engine="0",model_name="m"} 3\n'
+        + 'vllm:prompt_tokens_created{engine="0",model_name="m"} 7\n'
+        + 'vllm:prompt_tokens_created{engine="0",model_name="other"} 8\n'
+    )
+    for _ in range(3):
+        (m,) = ADAPTERS["vllm"].read(page).models
+        assert m.counter_parts["generation_tokens_total" + CREATED] == {
+            "vllm:generation_tokens_total,engine=0": T0 - 5,
+            "vllm:generation_tokens_total,engine=1": T0 - 4,
+        }
+        assert m.counter_parts["prompt_tokens_total" + CREATED] == {"vllm:prompt_tokens_total,engine=0": 7.0}
+        assert m.counter_parts[STARTED] == {"process_start_time_seconds": T0 - 9}
+        assert len(m.counter_parts["generation_tokens_total"]) == 2  # the ranks, as before
+
+
+def test_a_lone_series_created_is_its_own_and_two_disagreeing_ones_are_none() -> None:
+    (m,) = ADAPTERS["vllm"].read(gen(10.0, rank=None, created=5.0)).models
+    assert "generation_tokens_total" not in m.counter_parts  # a lone series: no parts
+    assert m.counter_parts["generation_tokens_total" + CREATED] == {"vllm:generation_tokens_total": 5.0}
+    # the same series' _created under two spellings with two values: no _created at all
+    page = gen(10.0, rank=None, created=5.0) + 'vllm_generation_tokens_created{model_name="m"} 6\n'
+    (m,) = ADAPTERS["vllm"].read(page).models
+    assert m.generation_tokens_total == 10.0
+    two_pages = started(1.0) + 'process_start_time_seconds{pid="2"} 2\n' + gen(10.0)
+    (m,) = ADAPTERS["vllm"].read(two_pages).models
+    assert STARTED not in m.counter_parts  # two processes' start times: not one process
+
+
+def test_a_refused_counter_drops_its_created_too() -> None:
+    page = (
+        gen(10.0, created=5.0)
+        + 'vllm:generation_tokens_total{engine="1",model_name="m"} -1\n'
+        + 'vllm:num_requests_running{model_name="m"} 1\n'
+    )
+    (m,) = ADAPTERS["vllm"].read(page).models
+    assert m.generation_tokens_total is None
+    assert ("generation_tokens_total" + CREATED) not in m.counter_parts

@@ -10,8 +10,9 @@ of them may format, link, mention or inject anything where a person reads the re
   code spans (no *bold*, _italic_ or ~strike~ inside), long names shortened.
 - CSV (:func:`csv_cell`, every cell of every row): a text cell starting with ``= + - @``, a tab or a
   carriage return (what a spreadsheet runs as a formula) gets a leading ``'``, as OWASP recommends;
-  a number (``-12.5``, ``1e-07``) stays a number; control characters but tab show as U+FFFD (a bare
-  carriage return inside a cell would start a row of its own).
+  a number (``-12.5``, ``1e-07``) stays a number; otherwise names are kept exactly (the writer ends
+  rows with CRLF, so a cell holding a carriage return or a line feed is quoted and cannot start a
+  row of its own).
 
 Every destination also drops invisible formatting characters (bidirectional overrides and
 isolates, zero-width spaces and joiners, the byte-order mark: :func:`agent.text.strip_invisible`),
@@ -30,7 +31,6 @@ MAX_NAME_CHARS = 160
 ZWSP = "\u200b"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]#|~])")
-_CSV_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")  # all of _CONTROL but tab
 _FORMULA = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet reads as the start of a formula
 _NUMBER = re.compile(r"-?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")  # as the renderers write numbers
 
@@ -79,9 +79,6 @@ def slack_code(text: str, limit: int = MAX_NAME_CHARS, entities: bool = True) ->
 
 def csv_cell(text: str) -> str:
     """A CSV cell that a spreadsheet will not run as a formula (invisible characters dropped; a
-    number such as ``-1.5`` left as it is) and that stays on its row: a carriage return or any other
-    control character but tab as U+FFFD (the writer quotes only its own line terminator, so a bare
-    ``\r`` would start a row of its own in a spreadsheet)."""
+    number such as ``-1.5`` left as it is)."""
     t = strip_invisible(text)
-    quote = "'" if t[:1] in _FORMULA and not _NUMBER.fullmatch(t) else ""
-    return quote + _CSV_CONTROL.sub("\ufffd", t)
+    return "'" + t if t[:1] in _FORMULA and not _NUMBER.fullmatch(t) else t

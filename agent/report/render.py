@@ -468,9 +468,11 @@ def _csv_row(cells: Sequence[str]) -> list[str]:
 
 
 def render_csv(r: WeeklyReport) -> str:
-    """One row per model version plus an ``(all)`` total row; empty cells where absent."""
+    """One row per model version plus an ``(all)`` total row; empty cells where absent. Rows end
+    with CRLF (RFC 4180): the writer then quotes every cell holding a CR or an LF, so a name with a
+    bare carriage return cannot start a row of its own (whose first cell could be a formula)."""
     buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
+    w = csv.writer(buf, lineterminator="\r\n")
     w.writerow(_csv_row(CSV_COLUMNS))
     for m in r.models:
         w.writerow(

@@ -286,8 +286,10 @@ async def test_nul_bytes_in_comments_and_openmetrics_pages(pages: tuple[str, dic
     assert nul.up and nul.models[0].generation_tokens_total == 10
     # text format: "# EOF" is a comment, so the series is written twice, with two values: refused
     assert text_eof.up and text_eof.models == ()
-    assert text_eof.invalid_series == (
-        "generation_tokens_total: vllm:generation_tokens_total{model_name=b} (written twice with different values)",
+    (refused,) = text_eof.invalid_series
+    assert refused == (
+        "generation_tokens_total: vllm:generation_tokens_total{model_name=b}"
+        " (written twice with different values)"
     )
     assert om_eof.models[0].generation_tokens_total == 10  # OpenMetrics: the page ends at # EOF
     assert not binary.up and binary.error is not None and "binary body" in binary.error

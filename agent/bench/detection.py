@@ -355,6 +355,8 @@ class NodeRun:
     annotations: Mapping[str, list[tuple[float, str]]]  # rule id → (fired at, price change named) per alert
     seconds: float  # wall-clock seconds the run took
     cpu_seconds: Mapping[str, float] = field(default_factory=dict)  # CPU seconds per phase (PHASES)
+    max_efficiency: float = float("nan")  # the highest decode efficiency of any window (physically ≤ 1)
+    efficiency_windows: int = 0  # windows with a decode efficiency
 
 
 def bench_rules() -> RuleSet:
@@ -474,6 +476,7 @@ async def _run_through_agent(
                 intervals[rule_id].append((since, ev.at))
 
     readings = ticks(sim)
+    top_efficiency, with_efficiency = float("nan"), 0
     while True:
         with ph("render"):
             tick = next(readings, None)
@@ -481,7 +484,13 @@ async def _run_through_agent(
             break
         with ph("join"):
             joiner.add_round(tick.nvml)
-            pending.extend(joiner.close_tick(tick.t, {ENGINE: tick.scrape}, {ENGINE: tick.version}).windows)
+            made = joiner.close_tick(tick.t, {ENGINE: tick.scrape}, {ENGINE: tick.version}).windows
+            pending.extend(made)
+        for w in made:
+            if w.roofline_ratio is not None:
+                with_efficiency += 1
+                if not w.roofline_ratio <= top_efficiency:  # NaN until the first
+                    top_efficiency = w.roofline_ratio
         if tick.t >= next_step:
             await flush(tick.t)
             next_step = tick.t + HOUR
@@ -494,6 +503,7 @@ async def _run_through_agent(
     return NodeRun(
         sim.generator, -1, sim.node, sim.start, sim.minutes, sim.tick_seconds, sim.incidents,
         sim.excess_usd_per_minute, intervals, notes, time.perf_counter() - t0, dict(ph.seconds),
+        top_efficiency, with_efficiency,
     )  # fmt: skip
 
 
@@ -753,6 +763,14 @@ def run(
         print_fn(f"  {d:<9} " + "  ".join(f"{label}: {det}/{n}" for label, det, n in rows))
     named, n_price = _price_named(runs, warmup)
     print_fn(f"price-book regressions whose cost or price alert names the price change: {named}/{n_price}")
+    for gen in generators:
+        mine = [r for r in runs if r.generator == gen]
+        tops = [r.max_efficiency for r in mine if r.efficiency_windows]
+        present = sum(r.efficiency_windows for r in mine)
+        print_fn(
+            f"  {gen}: decode efficiency (physically ≤ 1) present in {present} windows, "
+            f"highest {max(tops, default=float('nan')):.3f}"
+        )
     causes: dict[str, int] = {}
     missed: dict[str, int] = {}
     for g in groups.values():

@@ -680,9 +680,16 @@ class Store:
         return n
 
     def close(self) -> None:
-        """Checkpoint the WAL and close the file."""
+        """Checkpoint the WAL and close the file. A checkpoint that fails (a full or read-only disk)
+        loses nothing: the WAL keeps the rows and the next open replays it; it is logged, not raised."""
         try:
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error as err:
+            logger.warning(
+                "history %s: WAL not checkpointed at close (%s); its rows stay in the WAL for the next start",
+                self.path,
+                err,
+            )
         finally:
             self._db.close()
 

@@ -255,6 +255,21 @@ def test_a_full_disk_raises_the_real_error_and_the_next_write_works(
     assert store.records(T0 + 60 * 500, T0 + 60 * 501, ("model",))[0].sums["generation_tokens"] == 6000.0
 
 
+def test_a_full_disk_at_close_loses_nothing_and_raises_nothing(
+    tmp_path: Path, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "h.sqlite"
+    store = Store(path, clock=clock)
+    store.write_windows([cw(T0 + 60 * i, version=f"v{i}") for i in range(200)])  # rows in the WAL
+    caplog.set_level(logging.WARNING, logger="agent.store")
+    with _file_size_limit(path.stat().st_size):  # the checkpoint cannot grow the main file
+        store.close()
+    assert any("not checkpointed at close" in r.getMessage() for r in caplog.records)
+    again = Store(path, clock=clock)  # the next start replays the WAL
+    assert len(again.records(T0, T0 + 60 * 200, ("model",))) == 200
+    again.close()
+
+
 def _damage(path: Path, offset: int, length: int) -> None:
     with path.open("r+b") as f:
         f.seek(offset)

@@ -343,11 +343,13 @@ def _common() -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser."""
+    # two copies of the common options: set_defaults on the top parser rewrites its actions' defaults,
+    # and shared actions would make every subcommand overwrite a --log-format given before it
     common = _common()
     p = argparse.ArgumentParser(
         prog="infercost",
         description="What every token costs.",
-        parents=[common],
+        parents=[_common()],
         formatter_class=_HelpFormatter,
     )
     p.set_defaults(log_level="info", log_format="text")

@@ -262,3 +262,20 @@ def test_bench_seed_help_names_the_held_out_seed_the_benchmark_uses() -> None:
     assert f"default {HELD_OUT_SEED}:" in (bench.help or "") and f"--quick: {QUICK_SEED}" in (
         bench.help or ""
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "fmt", "level"),
+    [
+        (["--log-format", "json", "check"], "json", "info"),
+        (["check", "--log-format", "json"], "json", "info"),
+        (["--log-level", "debug", "check"], "text", "debug"),
+        (["--log-level", "debug", "check", "--log-level", "error"], "text", "error"),
+        (["check"], "text", "info"),
+    ],
+)
+def test_common_options_hold_before_or_after_the_subcommand(argv: list[str], fmt: str, level: str) -> None:
+    from agent.cli import build_parser
+
+    args = build_parser().parse_args(argv)
+    assert (args.log_format, args.log_level) == (fmt, level)

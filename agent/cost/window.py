@@ -143,9 +143,8 @@ class WindowJoiner:
         self._histograms: dict[tuple[str, str, str], HistogramMemory] = {}  # (engine, model, histogram)
         self._known_models: dict[str, tuple[str, ...]] = {}  # engine → models seen
         self._unpriced_logged: set[str] = set()
-        self._refused_logged: set[tuple[str, str, str, str, str]] = (
-            set()
-        )  # (engine, model, counter, series, why)
+        # (engine, model, counter, series, why) of every refusal logged
+        self._refused_logged: set[tuple[str, str, str, str, str]] = set()
         self._refused: list[str] = []  # this tick's refused counter series
 
     # ------------------------------------------------------------------ inputs

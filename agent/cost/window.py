@@ -6,8 +6,9 @@ the NVML rounds and each model's deployed version. Each tick runs the pure steps
 layer in order:
 
 1. :func:`agent.cost.pricing.price_gpus` — what each GPU (or MIG instance) cost;
-2. per engine and model, the counters' increases (:func:`agent.cost.counters.counter_increase`)
-   and the histograms' deltas;
+2. per engine and model, the counters' increases (:func:`agent.cost.counters.counter_increase`:
+   resets told from glitches, increases beyond what the engine's hardware can produce refused and
+   listed in :attr:`TickResult.refused_counters`) and the histograms' deltas;
 3. :func:`agent.cost.attribution.attribute` — GPUs → engines → models, used and idle dollars, and
    where each model's GPU time went (:func:`agent.cost.bound.bound_shares` per GPU, from GPM);
 4. :func:`agent.cost.efficiency.decode_efficiency` — decode efficiency of each window.

@@ -309,7 +309,6 @@ class FamilyParser:
         series: dict[str, dict[frozenset[tuple[str, str]], int]] = {}  # name → labels → last sample
         made: list[Sample] = []  # in page order (one per line when none is skipped)
         plain = 0  # lines of the common shape whose value was their whole tail
-        repeated = 0  # lines of a series already read on the page
         clashes: set[tuple[str, frozenset[tuple[str, str]]]] = set()  # series repeated with other values
         known = self._blocks
         new_sample = tuple.__new__  # Sample(...) without its Python-level __new__
@@ -355,7 +354,6 @@ class FamilyParser:
             if per is None:
                 series[name] = per = {}
             if key in per:  # a repeated series: harmless with the same value, else no value at all
-                repeated += 1
                 before = made[per[key]].value
                 if before != value and (before == before or value == value):  # (NaN twice: the same)
                     clashes.add((name, key))
@@ -364,7 +362,8 @@ class FamilyParser:
         out: Page = {name: [made[i] for i in per.values()] for name, per in series.items()}
         if clashes:
             self._drop(out, series, made, clashes)
-        if plain == len(lines) and not repeated:  # no line skipped or repeated: sample i is line i
+        # no line skipped or repeated: sample i is line i
+        if plain == len(lines) and len(made) == sum(map(len, series.values())):
             self._remember(heads, series, made)
         if self._canonical and not self._canonical.keys().isdisjoint(out):
             self._canonicalise(out)

@@ -1,4 +1,4 @@
-"""Mutation testing of the cost core, the baselines and the parser, scored per file (issue 16).
+"""Mutation testing of the cost core, the baselines and the parser, scored per file.
 
     python scripts/mutation.py            # mutmut run (config: [tool.mutmut] in pyproject.toml), then score
     python scripts/mutation.py --no-run   # score the results already in mutants/

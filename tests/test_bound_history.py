@@ -1,4 +1,4 @@
-"""Issue 12: where GPU time goes, in history (schema 6). Each model minute keeps its GPU-seconds and
+"""Where GPU time goes, in history (schema 6). Each model minute keeps its GPU-seconds and
 GPU dollars by bound (compute, memory, communication, idle: :mod:`agent.cost.bound`); a minute
 without a split (GPM unsupported) keeps 0 in all eight and reads back as absent, not as zero.
 

@@ -1,4 +1,4 @@
-"""The fast parser against prometheus_client on both public conformance suites (issue 14).
+"""The fast parser against prometheus_client on both public conformance suites.
 
 The cases (``tests/fixtures/conformance/``, see ``SOURCE.json`` for the upstream commits and the
 licences beside it): the OpenMetrics repository's ``tests/testdata/parsers`` and every input of
@@ -158,7 +158,7 @@ def test_agrees_with_prometheus_client_or_is_a_listed_difference(case: Case) -> 
 
 
 def test_the_issue_14_cases_are_read() -> None:
-    """The lines issue 14 found refused or absent, each read as prometheus_client reads it."""
+    """The lines once found refused or absent, each read as prometheus_client reads it."""
     page = parse('a_total 0 123 # {a="b"} 0.5\n', ["a_total"], openmetrics=True)
     assert page["a_total"][0].value == 0.0 and page["a_total"][0].timestamp == 123.0
     page = parse("a_total 0 123\n", ["a_total"])

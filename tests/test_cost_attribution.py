@@ -1,4 +1,4 @@
-"""The window join's dollars, hand-computed: every regression of issue 12 and every survivor of issue 16.
+"""The window join's dollars, hand-computed: every regression found in review and every survivor of mutation testing.
 
 Unless a test says otherwise: an H100 at $3.60 per GPU-hour ($0.001 per second), ticks of 10 s
 (so $0.01 per GPU per tick), power at $0.10 per kWh with a PUE of 1.5 ($0.15 per kWh drawn).
@@ -67,7 +67,7 @@ def two_ticks(
 
 
 # ---------------------------------------------------------------------------------------------
-# issue 12, defect 1: a data-parallel rank (or Triton version) that vanishes for a scrape
+# a data-parallel rank (or Triton version) that vanishes for a scrape
 # ---------------------------------------------------------------------------------------------
 
 
@@ -146,7 +146,7 @@ def test_a_new_rank_counts_in_full_and_a_single_series_becoming_two_is_continued
 
 
 # ---------------------------------------------------------------------------------------------
-# issue 12, defect 2: MIG — the whole GPU is paid, the parent's energy is split by slice
+# MIG — the whole GPU is paid, the parent's energy is split by slice
 # ---------------------------------------------------------------------------------------------
 
 
@@ -202,7 +202,7 @@ def test_a_mig_instance_whose_parent_was_not_read_pays_its_profile_share() -> No
 
 
 # ---------------------------------------------------------------------------------------------
-# issue 12, defect 4: a price change inside a tick is prorated
+# a price change inside a tick is prorated
 # ---------------------------------------------------------------------------------------------
 
 
@@ -220,7 +220,7 @@ def test_a_price_change_inside_a_tick_is_prorated() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# issue 16: survivors of mutation testing, each pinned by a hand-computed number
+# survivors of mutation testing, each pinned by a hand-computed number
 # ---------------------------------------------------------------------------------------------
 
 
@@ -657,7 +657,7 @@ def test_a_lost_gpu_listed_first_does_not_stop_the_others_being_remembered() -> 
 
 
 # ---------------------------------------------------------------------------------------------
-# issue 12 additions: prompt vs output by phase time, usage basis, prefix-cache savings
+# prompt vs output by phase time, usage basis, prefix-cache savings
 # ---------------------------------------------------------------------------------------------
 
 

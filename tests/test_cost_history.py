@@ -1,4 +1,4 @@
-"""Issue 12, defect 5: per-GPU dollars in history, so node idle (unused GPUs) is never lost.
+"""Per-GPU dollars in history, so node idle (unused GPUs) is never lost.
 
 A node of three H100s at $3.60/h; one engine uses GPU 0 and makes tokens every minute, GPUs 1 and
 2 serve nothing. Over a day, idle = 2 GPUs × 24 h × $3.60 = $172.80. The idle-cost rule, the local

@@ -1,4 +1,4 @@
-"""Issue 12: where the dollars went, in history: prompt vs output, allocation vs usage, prefix-cache
+"""Where the dollars went, in history: prompt vs output, allocation vs usage, prefix-cache
 savings and the cost floor are stored per model minute (schema 5), read back as the daemon wrote
 them, and usable in agent rules. Every expected figure is computed by hand in the comments.
 

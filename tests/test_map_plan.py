@@ -1,4 +1,4 @@
-"""The two-phase map (issue 14): a page structure seen again is mapped by a compiled plan that only
+"""The two-phase map: a page structure seen again is mapped by a compiled plan that only
 applies the new values; every check still applies (hostile values, decreasing buckets, DP-rank parts,
 folded models), hand-computed, and the plan agrees with the slow map on perturbed pages."""
 

@@ -1,5 +1,4 @@
-"""The adapter's map of histograms read through a remembered bucket layout (issue 14, the speed of
-issue 8): scrape after scrape, the same histograms and refusals as reading every bucket, hand-computed."""
+"""The adapter's map of histograms read through a remembered bucket layout (for speed): scrape after scrape, the same histograms and refusals as reading every bucket, hand-computed."""
 
 from __future__ import annotations
 

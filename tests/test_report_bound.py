@@ -1,4 +1,4 @@
-"""Issue 12 in the weekly report: where GPU time goes (compute, memory, communication, idle), per
+"""The weekly report: where GPU time goes (compute, memory, communication, idle), per
 model version and for the week, from the local store (real SQLite, summed in SQL) and from a real
 Prometheus holding the same traffic as the agents' counters. Both paths must give the hand figures.
 

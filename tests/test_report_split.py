@@ -1,4 +1,4 @@
-"""Issue 12 in the weekly report: prompt vs output dollars, allocation − usage as waste and the cost
+"""The weekly report: prompt vs output dollars, allocation − usage as waste and the cost
 floor's possible saving, from the local store (real SQLite, aggregated in SQL) and from a real
 Prometheus holding the same traffic as the agents' counters. Both paths must give the hand figures.
 

@@ -1,4 +1,4 @@
-"""The window join's dollars, hand-computed: every regression found in review and every survivor of mutation testing.
+"""The window join's dollars, hand-computed: every regression found in review, every mutation survivor.
 
 Unless a test says otherwise: an H100 at $3.60 per GPU-hour ($0.001 per second), ticks of 10 s
 (so $0.01 per GPU per tick), power at $0.10 per kWh with a PUE of 1.5 ($0.15 per kWh drawn).

@@ -1,4 +1,5 @@
-"""The adapter's map of histograms read through a remembered bucket layout (for speed): scrape after scrape, the same histograms and refusals as reading every bucket, hand-computed."""
+"""The adapter's map of histograms read through a remembered bucket layout (for speed): scrape
+after scrape, the same histograms and refusals as reading every bucket, hand-computed."""
 
 from __future__ import annotations
 

@@ -437,10 +437,12 @@ def test_named_series_beyond_the_bound_together_are_refused_as_one_spike() -> No
 
 def test_a_series_that_did_not_count_is_left_as_it_was_when_the_others_are_refused() -> None:
     mem = CounterMemory({"a": 100.0, "b": 100.0}, at=T0)
-    inc, mem2 = counter_increase(mem, 0.0, {"a": 99.0, "b": 120.0, "c": 0.0}, T0 + 10, 1.0)
+    # a glitches, c is new at 0; b +6 and d new at 5: 11 > 10 together, refused
+    inc, mem2 = counter_increase(mem, 0.0, {"a": 99.0, "b": 106.0, "c": 0.0, "d": 5.0}, T0 + 10, 1.0)
     assert inc == 0.0 and mem2 is not None
-    assert mem2.refused == {"a": C.GLITCH, "b": C.SPIKE}  # c counted 0: not refused
-    assert mem2.pending == {"a": 99.0, "b": 120.0}
+    assert mem2.refused == {"a": C.GLITCH, "b": C.SPIKE, "d": C.SPIKE}  # c counted nothing: not refused
+    assert mem2.pending == {"a": 99.0, "b": 106.0}
+    assert mem2.series == {"a": 100.0, "b": 100.0, "c": 0.0, "d": 5.0}
 
 
 def test_a_glitch_then_its_level_again_shifts_the_series_and_counts_from_there() -> None:
@@ -529,6 +531,13 @@ def test_a_glitch_then_its_level_again_shifts_the_series_and_counts_from_there()
                 refused={"a": C.GLITCH},
             ),
         ),
+        # a current series no longer remembered (a memory built by hand): the unnamed value goes on
+        (
+            CounterMemory({"a": 1.0}, anonymous=5.0, current="b", at=T0),
+            6.0,
+            1.0,
+            CounterMemory({"a": 1.0}, anonymous=6.0, at=T0 + 10),
+        ),
         # no series at all (a memory built by hand): a baseline
         (CounterMemory({}, at=T0), 5.0, 0.0, CounterMemory({}, anonymous=5.0, at=T0 + 10)),
     ],
@@ -537,6 +546,11 @@ def test_an_unnamed_reading_is_read_against_the_series_it_continues(
     mem: CounterMemory, total: float, inc: float, after: CounterMemory
 ) -> None:
     assert counter_increase(mem, total, None, T0 + 10, 100.0) == (inc, after)
+
+
+def test_an_unnamed_baseline_over_a_memory_without_series_keeps_its_created() -> None:
+    inc, mem = counter_increase(CounterMemory({}, at=T0), 5.0, None, T0 + 10, 100.0, {"x": 3.0}, 4.0)
+    assert inc == 0.0 and mem == CounterMemory({}, anonymous=5.0, at=T0 + 10, created={"": 3.0}, started=4.0)
 
 
 def test_an_unnamed_reading_below_every_series_with_a_new_start_time_is_a_restart() -> None:

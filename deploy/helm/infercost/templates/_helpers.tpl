@@ -49,3 +49,33 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- $_ := set $cfg "kubernetes" $kube -}}
 {{- toYaml $cfg -}}
 {{- end -}}
+
+{{- /* Whether the state directory is a hostPath (a claim, when given, replaces it). */ -}}
+{{- define "infercost.stateOnHost" -}}
+{{- if and .Values.stateDir.hostPath (not .Values.stateDir.persistentVolumeClaim) -}}true{{- end -}}
+{{- end -}}
+
+{{- /*
+  The Pod Security Standards level the rendered pods need (values.yaml, podSecurity): a hostPath
+  volume (the state directory or the kubelet socket, for which the agent also runs as uid 0) fails
+  baseline, so it needs privileged; without one, every pod of the chart passes restricted.
+*/ -}}
+{{- define "infercost.podSecurityLevel" -}}
+{{- if or .Values.podResources.enabled (include "infercost.stateOnHost" .) -}}privileged{{- else -}}restricted{{- end -}}
+{{- end -}}
+
+{{- /* podSecurity: restricted renders nothing that needs more, and says what to change. */ -}}
+{{- define "infercost.checkPodSecurity" -}}
+{{- if eq .Values.podSecurity "restricted" -}}
+{{- $fixes := list -}}
+{{- if .Values.podResources.enabled -}}
+{{- $fixes = append $fixes "podResources.enabled=false (the kubelet socket is a hostPath and needs uid 0)" -}}
+{{- end -}}
+{{- if include "infercost.stateOnHost" . -}}
+{{- $fixes = append $fixes "stateDir.hostPath=\"\" (an emptyDir) or stateDir.persistentVolumeClaim=<claim>" -}}
+{{- end -}}
+{{- if $fixes -}}
+{{- fail (printf "podSecurity=restricted forbids hostPath volumes: set %s, or install with -f values-restricted.yaml" (join " and " $fixes)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}

@@ -33,7 +33,6 @@ class MetricSpec:
     source: Source
     field: str  # attribute read on each item of the source
     labels: tuple[str, ...]
-    otel_name: str | None = None  # the OTel semantic-convention name, where one exists
 
     @property
     def full_name(self) -> str:
@@ -49,9 +48,8 @@ def _m(
     source: Source,
     field: str,
     labels: tuple[str, ...],
-    otel: str | None = None,
 ) -> MetricSpec:
-    return MetricSpec(name, kind, unit, help_, source, field, labels, otel)
+    return MetricSpec(name, kind, unit, help_, source, field, labels)
 
 
 CATALOG: tuple[MetricSpec, ...] = (
@@ -129,7 +127,6 @@ CATALOG: tuple[MetricSpec, ...] = (
         "gpu",
         "util_gpu_ratio",
         GPU_LABELS,
-        "hw.gpu.utilization",
     ),
     _m(
         "gpu_memory_busy_ratio",
@@ -139,7 +136,6 @@ CATALOG: tuple[MetricSpec, ...] = (
         "gpu",
         "util_memory_ratio",
         GPU_LABELS,
-        "hw.gpu.memory.utilization",
     ),
     _m(
         "gpu_dram_bandwidth_ratio",
@@ -213,7 +209,7 @@ CATALOG: tuple[MetricSpec, ...] = (
         "nvlink_tx_bytes_per_s",
         GPU_LABELS,
     ),
-    _m("gpu_power_watts", "gauge", "W", "GPU power draw.", "gpu", "power_watts", GPU_LABELS, "hw.power"),
+    _m("gpu_power_watts", "gauge", "W", "GPU power draw.", "gpu", "power_watts", GPU_LABELS),
     _m(
         "gpu_energy_joules_total",
         "counter",
@@ -222,7 +218,6 @@ CATALOG: tuple[MetricSpec, ...] = (
         "gpu",
         "energy_joules",
         GPU_LABELS,
-        "hw.energy",
     ),
     _m(
         "gpu_memory_used_bytes",
@@ -232,7 +227,6 @@ CATALOG: tuple[MetricSpec, ...] = (
         "gpu",
         "memory_used_bytes",
         GPU_LABELS,
-        "hw.gpu.memory.usage",
     ),
     _m(
         "gpu_memory_total_bytes",
@@ -242,7 +236,6 @@ CATALOG: tuple[MetricSpec, ...] = (
         "gpu",
         "memory_total_bytes",
         GPU_LABELS,
-        "hw.gpu.memory.limit",
     ),
     _m("gpu_sm_clock_hertz", "gauge", "Hz", "SM clock.", "gpu", "sm_clock_hz", GPU_LABELS),
     _m("gpu_memory_clock_hertz", "gauge", "Hz", "Memory clock.", "gpu", "mem_clock_hz", GPU_LABELS),
@@ -355,7 +348,6 @@ CATALOG: tuple[MetricSpec, ...] = (
         "model",
         "prompt_tokens_total",
         MODEL_LABELS,
-        "gen_ai.server.token.usage.input",
     ),
     _m(
         "generation_tokens_total",
@@ -365,7 +357,6 @@ CATALOG: tuple[MetricSpec, ...] = (
         "model",
         "generation_tokens_total",
         MODEL_LABELS,
-        "gen_ai.server.token.usage.output",
     ),
     _m(
         "cost_usd_total",

@@ -640,3 +640,13 @@ def test_the_first_tick_sets_the_time_the_second_is_bounded_from() -> None:
         res = j.close_tick(t, {"a": scrape("a", t, ("m", 0.0, g))})
     assert [w.usage.generation_tokens for w in res.windows] == [0.0]
     assert res.refused_counters == ("a/m/generation_tokens_total/generation_tokens_total (spike)",)
+
+
+def test_gpus_configured_but_not_read_count_as_the_fastest_in_the_bound() -> None:
+    # GPU 0 is an H100 (1.98e7 tokens/s), GPU 5 is not on the node: bounded as a B200 (4.5e7/s)
+    j = WindowJoiner("n1", (EngineSpec(name="a", gpus=(0, 5)),), book())
+    for t, g in ((T0, 0.0), (T0 + 10, 3e8)):  # 3e8 in 10 s: beyond one H100, within both
+        j.add_round(rnd(t))
+        res = j.close_tick(t, {"a": scrape("a", t, ("m", 0.0, g))})
+    assert [w.usage.generation_tokens for w in res.windows] == [3e8]
+    assert res.refused_counters == ()

@@ -50,9 +50,10 @@ CREATED = "@created"
 STARTED = "@process_start_time_seconds"
 GLITCH = "glitch"  # a decrease that is no reset: nothing counted
 SPIKE = "spike"  # an increase beyond the hardware bound: refused
-# Why a half: a restart sets a counter back to zero, and one that fell to under half of its last
-# value can only be a process that started again (and counted since); read-out glitches (a torn
-# sum, a rank answering for another) move a counter by a few counts, nowhere near half of it.
+# Why a half: a restart sets a counter back to zero, so a restarted process' counter lies far below
+# the old one (with the bound: no higher than what it could count since the last scrape), while a
+# read-out glitch (a torn sum, a float written with fewer digits) moves a counter by a few counts,
+# nowhere near half of it.
 RESET_FRACTION = 0.5
 # Why 4,096 sequences × 8 tokens: a decode step emits at most one token per running sequence plus
 # the draft tokens speculative decoding accepted; engines batch at most a few thousand sequences

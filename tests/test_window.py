@@ -381,6 +381,10 @@ def test_the_budget_is_the_bound_times_the_time_since_the_last_reading(
     assert counter_increase(named, cur, {"a": cur}, now, ceiling)[0] == expected
 
 
+def _later(a: float | None, b: float | None) -> float | None:
+    return a if b is None else b if a is None else max(a, b)
+
+
 @pytest.mark.parametrize(
     ("old_created", "created", "old_started", "started", "expected"),
     [
@@ -393,6 +397,8 @@ def test_the_budget_is_the_bound_times_the_time_since_the_last_reading(
         (None, None, None, 6.0, 50.0),
         (None, None, 5.0, None, 50.0),
         (1.0, 1.0, 5.0, 6.0, 150.0),  # either is enough
+        (2.0, 1.0, None, None, 50.0),  # an earlier one: another process at the address, no restart
+        (None, None, 6.0, 5.0, 50.0),
     ],
 )
 def test_a_changed_created_or_start_time_is_a_restart(
@@ -407,14 +413,14 @@ def test_a_changed_created_or_start_time_is_a_restart(
     named = CounterMemory({"a": 100.0}, at=T0, created=old, started=old_started)
     inc, mem = counter_increase(named, 150.0, {"a": 150.0}, T0 + 10, 100.0, new, started)
     assert inc == expected and mem is not None
-    assert mem.created.get("a") == (created if created is not None else old_created)
-    assert mem.started == (started if started is not None else old_started)
+    assert mem.created.get("a") == _later(old_created, created)  # the latest is kept
+    assert mem.started == _later(old_started, started)
     anon_old = {"": old_created} if old_created is not None else {}
     unnamed = CounterMemory(anonymous=100.0, at=T0, created=anon_old, started=old_started)
     inc, mem = counter_increase(unnamed, 150.0, None, T0 + 10, 100.0, new, started)
     assert inc == expected and mem is not None
-    assert mem.created.get("") == (created if created is not None else old_created)
-    assert mem.started == (started if started is not None else old_started)
+    assert mem.created.get("") == _later(old_created, created)
+    assert mem.started == _later(old_started, started)
 
 
 def test_named_series_beyond_the_bound_together_are_refused_as_one_spike() -> None:

@@ -14,10 +14,10 @@ including series that are missing from the latest scrape, and:
 
 What a reading of one series means (:func:`counter_step`):
 
-- **a reset** when the series' ``_created`` or the process' start time changed (the whole new
-  value counts, even above the old one), or when the value fell to under half of the last one
-  *and* no more than the engine could have counted since the last scrape (a restarted process
-  that counted again);
+- **a reset** when the series' ``_created`` or the process' start time moved on (the whole new
+  value counts, even above the old one; an earlier one is another process, not a restart), or
+  when the value fell to under half of the last one *and* no more than the engine could have
+  counted since the last scrape (a restarted process that counted again);
 - **a glitch** for any other decrease: nothing counts, the last value is kept, the series is
   flagged (a counter that goes down by one every scrape counts nothing, instead of its whole
   value every scrape);
@@ -175,11 +175,21 @@ def _budget(memory: CounterMemory, now: float | None, ceiling: float | None) -> 
 
 
 def _restarted(memory: CounterMemory, key: str, created: float | None, started: float | None) -> bool:
-    """Whether the series' ``_created`` or the process' start time changed since the last reading."""
+    """Whether the series' ``_created`` or the process' start time moved on since the last reading.
+
+    Only a later one is a restart (time runs forward); an earlier one is another process answering
+    at the same address (pods behind one Service), not a restart of this one."""
     old = memory.created.get(key)
-    if created is not None and old is not None and created != old:
+    if created is not None and old is not None and created > old:
         return True
-    return started is not None and memory.started is not None and started != memory.started
+    return started is not None and memory.started is not None and started > memory.started
+
+
+def _latest(old: float | None, new: float | None) -> float | None:
+    """The later of two start times (either may be unknown)."""
+    if old is None:
+        return new
+    return old if new is None else max(old, new)
 
 
 def counter_increase(
@@ -247,8 +257,8 @@ def _named(
     return sum(s.increase for s in steps.values()), CounterMemory(
         known,
         at=now,
-        created={**memory.created, **created},
-        started=started if started is not None else memory.started,
+        created={**memory.created, **{k: max(v, memory.created.get(k, v)) for k, v in created.items()}},
+        started=_latest(memory.started, started),
         pending=pending,
         refused={k: s.refused for k, s in steps.items() if s.refused is not None},
     )
@@ -316,8 +326,10 @@ def _remember(
         anonymous,
         current,
         at=now,
-        created={**memory.created, key: created} if created is not None else memory.created,
-        started=started if started is not None else memory.started,
+        created=memory.created
+        if created is None
+        else {**memory.created, key: max(created, memory.created.get(key, created))},
+        started=_latest(memory.started, started),
         pending=pending,
         refused={key: step.refused} if step.refused is not None else {},
     )

@@ -662,6 +662,7 @@ CLAIM: Obj = {"stateDir": {"hostPath": "", "persistentVolumeClaim": "infercost-s
 
 
 def _profile() -> Obj:
+    """values-restricted.yaml, as ``-f`` reads it."""
     return dict(yaml.safe_load(PROFILE.read_text()))
 
 
@@ -695,6 +696,7 @@ def render_all(values: Obj) -> tuple[list[Obj], str]:
 
 
 def chart_pods(values: Obj) -> dict[str, tuple[Obj, Obj]]:
+    """Kind/name → (pod metadata, pod spec) of every pod template the chart renders."""
     return {where: (meta, spec) for obj in render_all(values)[0] for where, meta, spec in pod_templates(obj)}
 
 

@@ -23,10 +23,9 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as genai
 from opentelemetry.semconv._incubating.attributes import host_attributes as host
 from opentelemetry.semconv._incubating.attributes import hw_attributes as hw
-from opentelemetry.semconv._incubating.metrics import gen_ai_metrics, hw_metrics
+from opentelemetry.semconv._incubating.metrics import hw_metrics
 from opentelemetry.semconv.attributes import k8s_attributes as k8s
 from opentelemetry.semconv.attributes import service_attributes as service
 from test_exporter import _snapshot
@@ -74,10 +73,18 @@ class Received:
     monotonic: bool | None
     unit: str
     points: list[Point]
+    description: str = ""
 
 
 def _value(v: AnyValue) -> Any:
     return getattr(v, v.WhichOneof("value"))
+
+
+def _point_value(kind: str, dp: Any) -> Any:
+    """A number point's value (int or float as sent); a histogram point's count."""
+    if kind == "histogram":
+        return dp.count
+    return dp.as_double if dp.WhichOneof("value") == "as_double" else dp.as_int
 
 
 def decode(msg: ExportMetricsServiceRequest) -> tuple[dict[str, Any], str, dict[str, Received]]:
@@ -94,13 +101,10 @@ def decode(msg: ExportMetricsServiceRequest) -> tuple[dict[str, Any], str, dict[
                 data = getattr(m, kind)
                 mono = data.is_monotonic if kind == "sum" else None
                 pts = [
-                    Point(
-                        {a.key: _value(a.value) for a in dp.attributes},
-                        dp.as_double if dp.WhichOneof("value") == "as_double" else dp.as_int,
-                    )
+                    Point({a.key: _value(a.value) for a in dp.attributes}, _point_value(kind, dp))
                     for dp in data.data_points
                 ]
-                out[m.name] = Received(kind, mono, m.unit, pts)
+                out[m.name] = Received(kind, mono, m.unit, pts, m.description)
     return resource, schema, out
 
 
@@ -193,32 +197,34 @@ async def test_endpoint_from_env_alone_enables_semconv_export(monkeypatch: pytes
         hw_metrics.HW_GPU_MEMORY_UTILIZATION,
         hw_metrics.HW_STATUS,
     } <= got.keys()
-    # hw.power / hw.energy: hw.type is required and must be "gpu"; hw.id names the GPU
+    # hw.power / hw.energy: hw.type is required and must be "gpu"; hw.id is the GPU's UUID, the
+    # NVML index an attribute of its own
     gpu = hw.HwTypeValues.GPU.value
     for name in (hw_metrics.HW_POWER, hw_metrics.HW_ENERGY):
         pts = got[name].points
-        assert [(p.attrs[hw.HW_ID], p.attrs[hw.HW_TYPE]) for p in pts] == [("0", gpu)], name
+        assert [(p.attrs[hw.HW_ID], p.attrs[hw.HW_TYPE]) for p in pts] == [("GPU-0", gpu)], name
+        assert [p.attrs["infercost.gpu.index"] for p in pts] == [0], name
     assert got[hw_metrics.HW_POWER].points[0].value == 600.0  # GPU 1 has no power reading: absent
     assert got[hw_metrics.HW_ENERGY].points[0].value == 12000.0  # joules (NVML total energy)
     assert got[hw_metrics.HW_POWER].points[0].attrs[hw.HW_MODEL] == "NVIDIA H100 80GB HBM3"
     util = {p.attrs[hw.HW_ID]: p.value for p in got[hw_metrics.HW_GPU_UTILIZATION].points}
-    assert util == {"0": 0.9, "1": 0.0}
+    assert util == {"GPU-0": 0.9, "GPU-1": 0.0}
     # memory: bytes as integers on UpDownCounters; utilisation 60 / 80 GB
     assert [p.value for p in got[hw_metrics.HW_GPU_MEMORY_USAGE].points] == [60_000_000_000]
     assert [p.value for p in got[hw_metrics.HW_GPU_MEMORY_LIMIT].points] == [80_000_000_000]
     assert [p.value for p in got[hw_metrics.HW_GPU_MEMORY_UTILIZATION].points] == [0.75]
     status = {(p.attrs[hw.HW_ID], p.attrs[hw.HW_STATE]): p.value for p in got[hw_metrics.HW_STATUS].points}
     ok, failed = hw.HwStateValues.OK.value, hw.HwStateValues.FAILED.value
-    assert status == {("0", ok): 1, ("0", failed): 0, ("1", ok): 1, ("1", failed): 0}
-    # tokens: one metric split by gen_ai.token.type; the model is gen_ai.request.model
-    assert gen_ai_metrics.GEN_AI_CLIENT_TOKEN_USAGE not in got  # a per-request histogram we cannot fill
+    assert status == {("GPU-0", ok): 1, ("GPU-0", failed): 0, ("GPU-1", ok): 1, ("GPU-1", failed): 0}
+    # tokens: one metric split by gen_ai.token.type; the model is gen_ai.request.model (names
+    # checked against the GenAI registry in test_otlp_semconv)
+    assert "gen_ai.client.token.usage" not in got  # a per-request histogram we cannot fill
     tokens = got["infercost.token.usage"]
     assert (tokens.kind, tokens.monotonic, tokens.unit) == ("sum", True, "{token}")
-    by_type = {p.attrs[genai.GEN_AI_TOKEN_TYPE]: p.value for p in tokens.points}
+    by_type = {p.attrs["gen_ai.token.type"]: p.value for p in tokens.points}
     # _snapshot(): 4000 generated tokens, prompt counter at half of that
-    tt = genai.GenAiTokenTypeValues
-    assert by_type == {tt.INPUT.value: 2000, tt.OUTPUT.value: 4000}
-    assert {p.attrs[genai.GEN_AI_REQUEST_MODEL] for p in tokens.points} == {"meta/llama"}
+    assert by_type == {"input": 2000, "output": 4000}
+    assert {p.attrs["gen_ai.request.model"] for p in tokens.points} == {"meta/llama"}
     (cost,) = got["infercost.cost"].points
     assert cost.attrs["infercost.model.version"] == "v7" and round(cost.value, 6) == 0.02
     assert got["infercost.cost"].unit == "{USD}"

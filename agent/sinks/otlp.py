@@ -1,31 +1,41 @@
 """OTLP export of the same snapshot, by the OpenTelemetry semantic conventions (pinned below).
 
-Each catalogue row maps (a pure table, ``OTEL``) to an observable instrument whose callback reads
-the current snapshot; a PeriodicExportingMetricReader pushes them over OTLP/HTTP (protobuf), or
-gRPC with the ``grpc`` extra. Where the conventions define a metric, its name, instrument, unit
-and attributes are the conventions' (taken from the ``opentelemetry-semantic-conventions``
-package's constants): ``hw.gpu.utilization``, ``hw.gpu.memory.usage`` / ``.limit`` (UpDownCounters,
-bytes), ``hw.gpu.memory.utilization``, ``hw.power`` and ``hw.energy`` (with the required
-``hw.type="gpu"``), ``hw.status`` (``hw.state`` ok / failed) and ``hw.temperature``. Everything
-else is ``infercost.*`` with UCUM units in the unit field, never in the name.
+Each catalogue row maps (pure tables below; :func:`metric_table` builds the instruments) to an
+observable instrument whose callback reads the current snapshot; a PeriodicExportingMetricReader
+pushes them over OTLP/HTTP (protobuf), or gRPC with the ``grpc`` extra. This module is the one
+place OTLP names are declared. Where the conventions define a metric, its name, instrument, unit
+and attributes are the conventions' (the ``opentelemetry-semantic-conventions`` package's
+constants): ``hw.gpu.utilization``, ``hw.gpu.memory.usage`` / ``.limit`` (UpDownCounters, bytes),
+``hw.gpu.memory.utilization``, ``hw.gpu.io`` (bytes over PCIe and NVLink, an estimate: see
+:class:`GpuIo`), ``hw.power`` and ``hw.energy`` (with the required ``hw.type="gpu"``),
+``hw.status`` (``hw.state`` ok / failed) and ``hw.temperature``. Everything else is
+``infercost.*`` with UCUM units in the unit field, never in the name.
 
-Attributes: the GPU is ``hw.id`` (plus ``hw.model``, ``hw.vendor``, ``hw.parent`` for a MIG slice);
-the served model is ``gen_ai.request.model``; the engine, model version, rule and sink are
-``infercost.*``. The node is not a point attribute: ``host.name`` (and ``k8s.node.name``,
-``k8s.pod.name`` when the environment says) sit on the Resource with ``service.name`` and
-``service.version``.
+Attributes: the GPU is ``hw.id`` = its UUID (a MIG instance's own ``MIG-…`` UUID, with the GPU's
+UUID as ``hw.parent``), plus ``hw.model``, ``hw.vendor`` and ``infercost.gpu.index`` (the NVML
+index; the hardware registry has no attribute for it). ``hw.driver_version`` is not sent: the
+snapshot does not carry the driver version. The served model is ``gen_ai.request.model``; the
+engine, model version, rule and sink are ``infercost.*``. The node is not a point attribute:
+``host.name`` (and ``k8s.node.name``, ``k8s.pod.name`` when the environment says) sit on the
+Resource with ``service.name`` and ``service.version``.
 
-Token counts: the conventions' only token metric, ``gen_ai.client.token.usage``, is a histogram
-of tokens *per request* recorded by a client; the agent sees the engine's cumulative counters,
-not requests. So tokens go out as one counter, ``infercost.token.usage``, with the conventions'
-``gen_ai.token.type`` (``input`` / ``output``) and ``gen_ai.request.model`` attributes — the
-same split a backend would query on the histogram's sum.
+``gen_ai.*`` names: semantic conventions 1.44 deprecate every ``gen_ai`` attribute as moved to the
+GenAI registry (``open-telemetry/semantic-conventions-genai``), so the two the agent sends are
+declared here from that registry (``model/gen-ai/registry.yaml``), not taken from the pinned
+package's deprecated constants; the names and values are unchanged.
+
+Token counts: the GenAI registry's token metrics (``gen_ai.client.token.usage``, a histogram per
+request; the ``gen_ai.client.inference.*`` counters) are recorded by a *client* per operation and
+require ``gen_ai.provider.name`` and ``gen_ai.operation.name``; the agent sees an engine's
+cumulative counters, not requests. So tokens go out as one counter, ``infercost.token.usage``,
+with the registry's ``gen_ai.token.type`` (``input`` / ``output``) and ``gen_ai.request.model``
+attributes — the same split a backend would query on the histogram's sum.
 
 Latency histograms: the engines' TTFT, inter-token and end-to-end histograms re-based under the
 agent's labels (``HISTOGRAMS`` in the catalogue) go out as explicit-bucket histograms with the
 engine's own bounds, cumulative temporality, start time = when the agent started. The SDK has no
 observable histogram instrument, so the exporter is wrapped (:class:`HistogramExporter`) and adds
-them to each batch the reader hands it. Names are ``infercost.*``: the conventions'
+them to each batch the reader hands it. Names are ``infercost.*``: the registry's
 ``gen_ai.server.*`` histograms require attributes (operation, provider) an agent reading engine
 counters does not know.
 
@@ -37,6 +47,7 @@ the SDK's own handling of those variables; ``OTEL_RESOURCE_ATTRIBUTES`` is merge
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -60,9 +71,9 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as genai
 from opentelemetry.semconv._incubating.attributes import host_attributes as host
 from opentelemetry.semconv._incubating.attributes import hw_attributes as hw
+from opentelemetry.semconv._incubating.attributes import network_attributes as network
 from opentelemetry.semconv._incubating.metrics import hw_metrics
 from opentelemetry.semconv.attributes import k8s_attributes as k8s
 from opentelemetry.semconv.attributes import service_attributes as service
@@ -71,7 +82,7 @@ from opentelemetry.semconv.schemas import Schemas
 from agent import __version__
 from agent.catalog import CATALOG, HISTOGRAMS, MetricSpec
 from agent.config import ConfigError, OtlpExporterConfig
-from agent.snapshot import Snapshot, series
+from agent.snapshot import GpuState, Snapshot, series
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +90,12 @@ logger = logging.getLogger(__name__)
 # goes out with the Resource and the instrumentation scope.
 SEMCONV_VERSION = "1.44.0"
 SCHEMA_URL = Schemas.V1_44_0.value
+
+# The GenAI registry's names (open-telemetry/semantic-conventions-genai, model/gen-ai/registry.yaml
+# at 002c8a6e): 1.44 keeps them only as deprecated constants pointing there.
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_TOKEN_TYPE = "gen_ai.token.type"
+TOKEN_INPUT, TOKEN_OUTPUT = "input", "output"  # gen_ai.token.type's members
 
 Instrument = Literal["counter", "updowncounter", "gauge"]
 Points = Iterator[tuple[dict[str, Any], float | int]]
@@ -95,11 +112,12 @@ class OtelMetric:
     points: Callable[[Snapshot], Points]
 
 
-# Catalogue label → OTel attribute. The node goes on the Resource, never on a point.
+# Catalogue label → OTel attribute. The node goes on the Resource, never on a point; the GPU's
+# attributes (hw.id = its UUID, not the label's index) come from _gpu_attrs.
 ATTRIBUTES: Mapping[str, str | None] = {
     "node": None,
-    "gpu": hw.HW_ID,
-    "model": genai.GEN_AI_REQUEST_MODEL,
+    "gpu": None,
+    "model": GEN_AI_REQUEST_MODEL,
     "model_version": "infercost.model.version",
     "engine": "infercost.engine",
     "kind": "infercost.engine.kind",
@@ -107,6 +125,8 @@ ATTRIBUTES: Mapping[str, str | None] = {
     "severity": "infercost.severity",
     "sink": "infercost.sink",
 }
+GPU_INDEX = "infercost.gpu.index"  # the NVML index (a MIG instance's: its GPU's); no hw.* holds it
+GPU_LINK = "infercost.gpu.link"  # hw.gpu.io's link: "pcie" or "nvlink"; the conventions name none
 GPU = hw.HwTypeValues.GPU.value  # hw.type of every GPU point that requires it
 GPU_VENDOR = "NVIDIA"  # every GPU the agent reads comes through NVML
 UNIT_WORDS = ("_total", "_seconds", "_bytes", "_ratio", "_watts", "_joules", "_hertz", "_celsius")
@@ -121,14 +141,24 @@ SEMCONV_GPU: Mapping[str, tuple[str, Instrument, str, dict[str, str]]] = {
     ),
     "gpu_memory_used_bytes": (hw_metrics.HW_GPU_MEMORY_USAGE, "updowncounter", "By", {}),
     "gpu_memory_total_bytes": (hw_metrics.HW_GPU_MEMORY_LIMIT, "updowncounter", "By", {}),
-    "gpu_power_watts": (hw_metrics.HW_POWER, "gauge", "W", {hw.HW_TYPE: hw.HwTypeValues.GPU.value}),
-    "gpu_energy_joules_total": (
-        hw_metrics.HW_ENERGY,
-        "counter",
-        "J",
-        {hw.HW_TYPE: hw.HwTypeValues.GPU.value},
-    ),
+    "gpu_power_watts": (hw_metrics.HW_POWER, "gauge", "W", {hw.HW_TYPE: GPU}),
+    "gpu_energy_joules_total": (hw_metrics.HW_ENERGY, "counter", "J", {hw.HW_TYPE: GPU}),
 }
+# Catalogue rows of NVML GPM throughput (bytes/s) → one hw.gpu.io byte counter, by link and
+# network.io.direction (required by hw.gpu.io).
+RECEIVE = network.NetworkIoDirectionValues.RECEIVE.value
+TRANSMIT = network.NetworkIoDirectionValues.TRANSMIT.value
+GPU_IO: Mapping[str, tuple[str, str]] = {
+    "gpu_pcie_rx_bytes_per_second": ("pcie", RECEIVE),
+    "gpu_pcie_tx_bytes_per_second": ("pcie", TRANSMIT),
+    "gpu_nvlink_rx_bytes_per_second": ("nvlink", RECEIVE),
+    "gpu_nvlink_tx_bytes_per_second": ("nvlink", TRANSMIT),
+}
+GPU_IO_HELP = (
+    "Bytes received and transmitted over PCIe and NVLink (infercost.gpu.link), an estimate: NVML "
+    "samples throughput (bytes/s), which the agent integrates between the samples it exports "
+    "(trapezoid rule), so traffic that rises and falls between two of them is not seen."
+)
 # Catalogue rows with their own infercost.* name (the default strips unit words: see otel_name).
 NAMES: Mapping[str, str] = {
     "gpu_memory_busy_ratio": "infercost.gpu.memory.busy",
@@ -173,10 +203,6 @@ NAMES: Mapping[str, str] = {
     "store_files_recovered_total": "infercost.store.recovered_files",
     "gpu_tensor_active_ratio": "infercost.gpu.tensor.active",
     "gpu_sm_occupancy_ratio": "infercost.gpu.sm.occupancy",
-    "gpu_pcie_rx_bytes_per_second": "infercost.gpu.pcie.receive.rate",
-    "gpu_pcie_tx_bytes_per_second": "infercost.gpu.pcie.transmit.rate",
-    "gpu_nvlink_rx_bytes_per_second": "infercost.gpu.nvlink.receive.rate",
-    "gpu_nvlink_tx_bytes_per_second": "infercost.gpu.nvlink.transmit.rate",
     "gpu_time_bound_seconds_total": "infercost.gpu.time.by_bound",
     "cost_bound_usd_total": "infercost.cost.by_bound",
 }
@@ -208,6 +234,8 @@ def otel_name(spec: MetricSpec) -> str:
     """The OTLP name of a catalogue row (``infercost.`` + the name without unit words)."""
     if spec.name in SEMCONV_GPU:
         return SEMCONV_GPU[spec.name][0]
+    if spec.name in GPU_IO:
+        return hw_metrics.HW_GPU_IO
     if spec.name in NAMES:
         return NAMES[spec.name]
     name = spec.name
@@ -226,12 +254,14 @@ def _attrs(spec: MetricSpec, values: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _gpu_attrs(snap: Snapshot) -> dict[str, dict[str, Any]]:
-    """Per GPU label: hw.id, hw.model, hw.vendor and (for a MIG slice) hw.parent."""
+    """Per GPU label: hw.id (the UUID), hw.model, hw.vendor, the NVML index and, for a MIG
+    instance, hw.parent (its GPU's UUID, that GPU's hw.id)."""
     out: dict[str, dict[str, Any]] = {}
     for g in snap.gpus:
-        a = {hw.HW_ID: g.gpu, hw.HW_MODEL: g.sample.name, hw.HW_VENDOR: GPU_VENDOR}
-        if g.sample.mig_parent_uuid:
-            a[hw.HW_PARENT] = g.sample.mig_parent_uuid
+        s = g.sample
+        a = {hw.HW_ID: s.uuid, hw.HW_MODEL: s.name, hw.HW_VENDOR: GPU_VENDOR, GPU_INDEX: s.index}
+        if s.mig_parent_uuid:
+            a[hw.HW_PARENT] = s.mig_parent_uuid
         out[g.gpu] = a
     return out
 
@@ -264,10 +294,10 @@ def _tokens(fields: Mapping[str, str]) -> Callable[[Snapshot], Points]:
                     continue
                 yield (
                     {
-                        genai.GEN_AI_REQUEST_MODEL: m.model,
+                        GEN_AI_REQUEST_MODEL: m.model,
                         "infercost.model.version": m.model_version,
                         "infercost.engine": m.engine,
-                        genai.GEN_AI_TOKEN_TYPE: kind,
+                        GEN_AI_TOKEN_TYPE: kind,
                     },
                     float(v),
                 )
@@ -279,7 +309,7 @@ def _gpu_status(snap: Snapshot) -> Points:
     """hw.status of each GPU: 1 for its current hw.state (ok or failed), 0 for the other."""
     gpus = _gpu_attrs(snap)
     for g in snap.gpus:
-        base = {**gpus[g.gpu], hw.HW_TYPE: hw.HwTypeValues.GPU.value}
+        base = {**gpus[g.gpu], hw.HW_TYPE: GPU}
         up = 1 if g.sample.up else 0
         yield {**base, hw.HW_STATE: hw.HwStateValues.OK.value}, up
         yield {**base, hw.HW_STATE: hw.HwStateValues.FAILED.value}, 1 - up
@@ -295,14 +325,67 @@ def _gpu_memory_utilization(snap: Snapshot) -> Points:
 
 
 def _gpu_temperature(snap: Snapshot) -> Points:
-    """The GPU's temperature sensor: its own hw.id, the GPU as hw.parent."""
+    """The GPU's temperature sensor: its own hw.id, the GPU (its UUID) as hw.parent."""
     for g in snap.gpus:
         t = g.sample.temperature_celsius
         if t is not None:
-            yield {hw.HW_ID: f"{g.gpu}.temperature", hw.HW_PARENT: g.gpu, hw.HW_SENSOR_LOCATION: "gpu"}, t
+            uuid = g.sample.uuid
+            yield {hw.HW_ID: f"{uuid}.temperature", hw.HW_PARENT: uuid, hw.HW_SENSOR_LOCATION: "gpu"}, t
 
 
-def _table() -> tuple[OtelMetric, ...]:
+@dataclass(slots=True)
+class _Link:
+    """One (GPU, link, direction) being integrated."""
+
+    total: float  # bytes since the sink first saw this link's throughput
+    at: float | None  # epoch seconds of the last sample integrated; None after a gap
+    rate: float  # bytes/s at ``at``
+
+
+class GpuIo:
+    """``hw.gpu.io`` points: NVML's sampled PCIe / NVLink throughput integrated into byte counters.
+
+    Between two samples the sink sees, the bytes are the trapezoid of their rates over the time
+    between the samples' timestamps: an estimate (traffic between two samples is taken as linear).
+    A sample seen again adds nothing; an absent rate (no GPM, a MIG instance, the GPU lost) leaves
+    the counter out and integrates nothing across the gap; a negative or non-finite rate counts as
+    absent, so the counter never goes down. One per exporter: it holds the running totals (the
+    SDK runs callbacks one at a time, under its collection lock)."""
+
+    def __init__(self) -> None:
+        self._links: dict[tuple[str, str, str], _Link] = {}  # (UUID, link, direction) → state
+
+    def __call__(self, snap: Snapshot) -> Points:
+        gpus = _gpu_attrs(snap)
+        by_label: dict[str, GpuState] = {g.gpu: g for g in snap.gpus}
+        out: list[tuple[dict[str, Any], float | int]] = []
+        for spec in CATALOG:
+            if spec.name not in GPU_IO:
+                continue
+            link, direction = GPU_IO[spec.name]
+            for (_, label), rate in series(spec, snap):
+                sample = by_label[label].sample
+                key = (sample.uuid, link, direction)
+                state = self._links.get(key)
+                if rate is None or not math.isfinite(rate) or rate < 0:
+                    if state is not None:
+                        state.at = None
+                    continue
+                t = sample.timestamp
+                if state is None:
+                    state = self._links[key] = _Link(0.0, None, rate)
+                if state.at is not None and t > state.at:
+                    state.total += (state.rate + rate) / 2 * (t - state.at)
+                if state.at is None or t > state.at:
+                    state.at, state.rate = t, rate
+                attrs = {**gpus[label], GPU_LINK: link, network.NETWORK_IO_DIRECTION: direction}
+                out.append((attrs, round(state.total)))
+        return iter(out)
+
+
+def metric_table() -> tuple[OtelMetric, ...]:
+    """Every OTLP metric the agent sends but the latency histograms; a fresh table per exporter
+    (``hw.gpu.io`` holds running totals)."""
     token_help = "Tokens processed, by gen_ai.token.type (input = prompt, output = generated)."
     out = [
         OtelMetric(
@@ -310,14 +393,14 @@ def _table() -> tuple[OtelMetric, ...]:
             "counter",
             "{token}",
             token_help,
-            _tokens({"prompt_tokens_total": "input", "generation_tokens_total": "output"}),
+            _tokens({"prompt_tokens_total": TOKEN_INPUT, "generation_tokens_total": TOKEN_OUTPUT}),
         ),
         OtelMetric(
             "infercost.token.rate",
             "gauge",
             "{token}/s",
             "Tokens per second over the trailing window, by gen_ai.token.type.",
-            _tokens({"prompt_tokens_per_second": "input", "generation_tokens_per_second": "output"}),
+            _tokens({"prompt_tokens_per_second": TOKEN_INPUT, "generation_tokens_per_second": TOKEN_OUTPUT}),
         ),
         OtelMetric(hw_metrics.HW_STATUS, "updowncounter", "1", "GPU operational status.", _gpu_status),
         OtelMetric(
@@ -328,9 +411,10 @@ def _table() -> tuple[OtelMetric, ...]:
             _gpu_memory_utilization,
         ),
         OtelMetric(hw_metrics.HW_TEMPERATURE, "gauge", "Cel", "GPU temperature.", _gpu_temperature),
+        OtelMetric(hw_metrics.HW_GPU_IO, "counter", "By", GPU_IO_HELP, GpuIo()),
     ]
     for spec in CATALOG:
-        if spec.name in SPECIAL:
+        if spec.name in SPECIAL or spec.name in GPU_IO:
             continue
         if spec.name in SEMCONV_GPU:
             name, sc_inst, sc_unit, extra = SEMCONV_GPU[spec.name]
@@ -344,9 +428,6 @@ def _table() -> tuple[OtelMetric, ...]:
     dup = {n for n in names if names.count(n) > 1}
     assert not dup, f"two catalogue rows map to one OTLP name: {dup}"
     return tuple(out)
-
-
-OTEL: tuple[OtelMetric, ...] = _table()
 
 
 # Re-based latency histograms (catalogue HISTOGRAMS) → OTLP name.
@@ -526,7 +607,7 @@ class OtlpExporter:
         )
         self._provider = MeterProvider(resource=res, metric_readers=[self._reader])
         meter = self._provider.get_meter("infercost", __version__, schema_url=SCHEMA_URL)
-        for m in OTEL:
+        for m in metric_table():
             cb = self._callback(m)
             if m.instrument == "counter":
                 meter.create_observable_counter(

@@ -47,7 +47,8 @@ def test_report_from_the_demos_kept_history(tmp_path: Path) -> None:
     # time, a busy ratio, model sizes): prompt + output = the week's dollars, waste and a floor below
     # what was paid
     d = data["dollars"]
-    assert d["prompt_usd"] > 0 and d["prompt_usd"] + d["output_usd"] == pytest.approx(data["total_usd"])
+    assert d["prompt_usd"] > 0
+    assert d["prompt_usd"] + d["output_usd"] + d["idle_usd"] == pytest.approx(data["total_usd"])
     assert d["waste_usd"] is not None and 0 < d["waste_usd"] < data["total_usd"]
     assert 0 < d["floor_max_batch_usd_per_1m"] < d["floor_usd_per_1m"] < data["usd_per_1m_output"]
     assert 0 < d["floor_saving_usd"] < data["total_usd"]

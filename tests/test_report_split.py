@@ -193,8 +193,9 @@ def check(rep: WeeklyReport) -> None:
     assert total.floor_max_batch_saving_usd == pytest.approx(305.76)
     # conservation: prompt $ + output $ = model $, per version and in total
     for m in rep.models:
-        assert m.dollars.prompt_usd + m.dollars.output_usd == pytest.approx(m.cost_usd)
-    assert total.prompt_usd + total.output_usd == pytest.approx(total.cost_usd)
+        d = m.dollars
+        assert d.prompt_usd + d.output_usd + d.idle_usd == pytest.approx(m.cost_usd)
+    assert total.prompt_usd + total.output_usd + total.idle_usd == pytest.approx(total.cost_usd)
 
 
 def test_from_windows() -> None:
@@ -236,17 +237,21 @@ def test_markdown_csv_json_and_html() -> None:
     md = render_markdown(rep)
     assert "## Where the dollars went" in md
     assert (
-        "Prompt $84.00 (16.7 %), output $420.00; waste (allocation − usage) $84.00; the prefix cache saved "
+        "Prompt $84.00 (16.7 %), output $420.00, idle $0.00; waste (allocation − usage) $84.00; the prefix "
+        "cache saved "
         "$16.80; at the cost floor "
         "the same output tokens would cost $239.23 less "
         "($305.76 less at the largest batch the KV cache holds)."
     ) in md
     assert (
-        "| llama-70b | v1 | $336.00 | $84.00 | $252.00 | $0.3472 | $2.0833 | $84.00 | $2.7778 | $0.8000 "
-        "| $0.2500 | $239.23 | $305.76 |"
+        "| llama-70b | v1 | $336.00 | $84.00 | $252.00 | $0.00 | $0.3472 | $2.0833 | $84.00 | $2.7778 "
+        "| $0.8000 | $0.2500 | $239.23 | $305.76 |"
     ) in md
-    assert "| qwen-7b | v1 | $168.00 | $0.00 | $168.00 | — | — | — | $2.7778 | — | — | — | — |" in md
-    assert "| (all) | | $504.00 | $84.00 | $420.00 | $0.3472 | $2.0833 | $84.00 | $2.7778 | $0.8000" in md
+    assert "| qwen-7b | v1 | $168.00 | $0.00 | $168.00 | $0.00 | — | — | — | $2.7778 | — | — | — | — |" in md
+    assert (
+        "| (all) | | $504.00 | $84.00 | $420.00 | $0.00 | $0.3472 | $2.0833 | $84.00 | $2.7778 | $0.8000"
+        in md
+    )
     rows = {r["model"]: r for r in csv.DictReader(io.StringIO(render_csv(rep)))}
     assert float(rows["llama-70b"]["prompt_usd"]) == pytest.approx(84.0)
     assert float(rows["llama-70b"]["waste_usd"]) == pytest.approx(84.0)
@@ -258,7 +263,9 @@ def test_markdown_csv_json_and_html() -> None:
     assert data["dollars"]["waste_usd"] == pytest.approx(84.0)
     llama = next(m for m in data["models"] if m["model"] == "llama-70b")
     assert llama["dollars"]["usd_per_1m_prompt"] == pytest.approx(84 / 241.92)
-    assert "Prompt $84.00 (16.7 %), output $420.00; waste (allocation − usage) $84.00" in render_slack(rep)
+    assert "Prompt $84.00 (16.7 %), output $420.00, idle $0.00; waste (allocation − usage) $84.00" in (
+        render_slack(rep)
+    )
     page = render_html(rep)
     assert "<h2>Where the dollars went</h2>" in page and "$239.23" in page and "$305.76" in page
 
@@ -316,7 +323,7 @@ def test_the_real_join_to_the_report_by_hand(tmp_path: Path) -> None:
     d = m.dollars
     assert m.cost_usd == pytest.approx(ticks * 0.6) and m.output_tokens == pytest.approx(ticks * 120_000)
     assert d.prompt_usd == pytest.approx(ticks * 0.15) and d.output_usd == pytest.approx(ticks * 0.45)
-    assert d.prompt_usd + d.output_usd == pytest.approx(m.cost_usd)  # conservation
+    assert d.prompt_usd + d.output_usd + d.idle_usd == pytest.approx(m.cost_usd)  # conservation
     assert d.usd_per_1m_prompt == pytest.approx(0.625)
     assert d.usd_per_1m_output_decode == pytest.approx(3.75)
     assert d.usage_usd == pytest.approx(ticks * 0.36) and d.waste_usd == pytest.approx(ticks * 0.24)

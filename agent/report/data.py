@@ -159,9 +159,10 @@ def _per_1m(usd: float, tokens: float) -> float | None:
 class WhereDollarsWent:
     """One model version's (or the week's) dollars split four ways, from a :class:`DollarSplit`.
 
-    - **prompt vs output**: ``prompt_usd + output_usd == cost_usd`` (windows without phase times
-      count wholly as output, as the all-in $ per 1M output does); the $ per 1M prompt and decode
-      figures are over the windows with a split only (None without any);
+    - **prompt, output and idle**: ``prompt_usd + output_usd + idle_usd == cost_usd``: idle is the
+      dollars of windows without tokens (the one "idle" of :mod:`agent.cost`, never part of output);
+      windows with tokens but without phase times count wholly as output; the $ per 1M prompt and
+      decode figures are over the windows with a split only (None without any);
     - **allocation − usage** (``waste_usd``): paid while no kernel ran, over windows with a usage
       figure (None without any);
     - **cost floor**: $ per 1M output at the bandwidth roofline (running batch; at the largest
@@ -171,7 +172,8 @@ class WhereDollarsWent:
 
     cost_usd: float  # dollars (allocation basis, the report's figure)
     prompt_usd: float  # dollars of prefill time
-    output_usd: float  # cost − prompt
+    output_usd: float  # dollars of windows with tokens, less their prefill: cost − prompt − idle
+    idle_usd: float  # dollars of windows without tokens
     usd_per_1m_prompt: float | None  # dollars per 1M prompt tokens (windows with a split)
     usd_per_1m_output_decode: float | None  # dollars of decode time per 1M output tokens (same windows)
     split_share: float | None  # 0–1: share of the dollars with a split (None: no dollars)
@@ -184,12 +186,13 @@ class WhereDollarsWent:
     floor_max_batch_saving_usd: float | None  # actual − floor at the largest batch
 
     @staticmethod
-    def of(cost_usd: float, d: DollarSplit) -> WhereDollarsWent:
-        """The figures of ``d`` for a total of ``cost_usd`` dollars."""
+    def of(cost_usd: float, d: DollarSplit, idle_usd: float) -> WhereDollarsWent:
+        """The figures of ``d`` for a total of ``cost_usd`` dollars, ``idle_usd`` of them idle."""
         return WhereDollarsWent(
             cost_usd=cost_usd,
             prompt_usd=d.prompt_usd,
-            output_usd=cost_usd - d.prompt_usd,
+            output_usd=cost_usd - d.prompt_usd - idle_usd,
+            idle_usd=idle_usd,
             usd_per_1m_prompt=_per_1m(d.prompt_usd, d.split_prompt_tokens) if d.split_usd > 0 else None,
             usd_per_1m_output_decode=(
                 _per_1m(d.split_usd - d.prompt_usd, d.split_generation_tokens) if d.split_usd > 0 else None
@@ -329,7 +332,7 @@ class ModelWeek:
     @property
     def dollars(self) -> WhereDollarsWent:
         """This week's dollars: prompt vs output, allocation − usage, cost floor."""
-        return WhereDollarsWent.of(self.cost_usd, self.split)
+        return WhereDollarsWent.of(self.cost_usd, self.split, self.idle_usd)
 
     @property
     def gpu_time(self) -> WhereGpuTimeWent:
@@ -444,7 +447,9 @@ class WeeklyReport:
         total = DollarSplit()
         for m in self.models:
             total = total + m.split
-        return WhereDollarsWent.of(sum(m.cost_usd for m in self.models), total)
+        return WhereDollarsWent.of(
+            sum(m.cost_usd for m in self.models), total, sum(m.idle_usd for m in self.models)
+        )
 
     @property
     def gpu_time(self) -> WhereGpuTimeWent:

@@ -59,6 +59,7 @@ CSV_COLUMNS = (
     # where the dollars went (agent.report.data.WhereDollarsWent)
     "prompt_usd",
     "output_usd",
+    "idle_usd",
     "usd_per_1m_prompt",
     "usd_per_1m_output_decode",
     "usage_usd",
@@ -232,6 +233,7 @@ def render_markdown(r: WeeklyReport) -> str:
 DOLLARS_TITLE = "Where the dollars went"
 DOLLARS_NOTE = (
     "Prompt vs output by prefill vs decode request time (engines without phase times count as output); "
+    "idle = dollars of windows without tokens (never part of output: prompt + output + idle = cost); "
     "waste = allocation − usage: dollars of GPU time held while no kernel ran (NVML busy time); "
     "the cost floor prices the same output tokens at the bandwidth roofline, so 'saving at the floor' "
     "is the most faster kernels or bigger batches could save on this hardware (a bound that overlaps "
@@ -243,6 +245,7 @@ DOLLARS_HEAD = (
     "cost",
     "prompt",
     "output",
+    "idle",
     "$/1M prompt",
     "$/1M output (decode)",
     "waste (alloc − usage)",
@@ -259,6 +262,7 @@ def _dollars_row(d: WhereDollarsWent, usd_per_1m_output: float | None, floor: fl
         usd(d.cost_usd),
         usd(d.prompt_usd),
         usd(d.output_usd),
+        usd(d.idle_usd),
         usd(d.usd_per_1m_prompt, 4),
         usd(d.usd_per_1m_output_decode, 4),
         usd(d.waste_usd),
@@ -283,7 +287,7 @@ def _has_dollar_split(r: WeeklyReport) -> bool:
 def _dollars_summary(r: WeeklyReport) -> str:
     d = r.dollars
     share = f" ({d.prompt_usd / d.cost_usd * 100:.1f} %)" if d.cost_usd > 0 else ""
-    text = f"Prompt {usd(d.prompt_usd)}{share}, output {usd(d.output_usd)}"
+    text = f"Prompt {usd(d.prompt_usd)}{share}, output {usd(d.output_usd)}, idle {usd(d.idle_usd)}"
     if d.waste_usd is not None:
         text += f"; waste (allocation − usage) {usd(d.waste_usd)}"
     if d.cache_saved_usd > 0:
@@ -541,6 +545,7 @@ def _dollar_cells(d: WhereDollarsWent) -> list[str]:
     return [
         _num(d.prompt_usd),
         _num(d.output_usd),
+        _num(d.idle_usd),
         _num(d.usd_per_1m_prompt),
         _num(d.usd_per_1m_output_decode),
         _num(d.usage_usd),

@@ -212,7 +212,7 @@ def test_parse_benchmark_reports_its_figures() -> None:
     names = [r.page for r in results]
     assert {p.name for p in PAGES} <= set(names)  # every fixture page is timed
     dense = next(r for r in results if f"{DENSE_MODELS} models" in r.page)
-    assert 800_000 < dense.page_bytes < 1_600_000  # the ~1 MB page of issue 8
+    assert 800_000 < dense.page_bytes < 1_600_000  # the ~1 MB dense page
     assert len(lines) == len(results) + 3 and lines[-2].startswith("minimum ")
     assert lines[-1].startswith("first scrape")
     assert all(r.cold_ms > 0 for r in results)
@@ -237,7 +237,7 @@ def test_underscore_escaped_names_from_newer_prometheus_client_map_the_same() ->
     assert sig.model == "m" and sig.generation_tokens_total == 42
 
 
-# ---- the adapter boundary (issues 11 and 14) ------------------------------------------------
+# ---- the adapter boundary ------------------------------------------------------------------
 
 
 def _read(page: str, kind: str = "vllm", **kw: Any) -> tuple[dict[str, ModelSignals], Any]:

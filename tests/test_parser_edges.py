@@ -1,5 +1,5 @@
 """The family parser's messages, escapes, trie, ``# EOF`` and spellings, computed by hand
-(each a behaviour a surviving mutant showed no test pinned; issue 16)."""
+(each a behaviour a surviving mutant showed no test pinned)."""
 
 from __future__ import annotations
 
@@ -226,7 +226,7 @@ def test_blanks_before_labels_and_a_label_value_with_a_brace() -> None:
     assert page["m"] == [Sample("m", {"a": "x{y}"}, 1.0, None), Sample("m", {"b": "z"}, 2.0, 3.0)]
 
 
-# A page laid out as one read before is read from that layout (issue 14, the speed of issue 8): the
+# A page laid out as one read before is read from that layout (for speed): the
 # same samples as reading it line by line, hand-computed here for each way a page can change.
 PAGE = 'a{x="1"} 8\nb 2\n# HELP c x\na{x="2"} 3\na{x="3"} 5\n'
 

@@ -14,7 +14,7 @@ parsed page into one :class:`ModelSignals` per served model:
   in ``histogram_parts`` too, so the window join can difference them rank by rank;
 - a signal whose series are all missing stays ``None`` (absent), never 0.
 
-The adapter boundary (issue 11): nothing hostile passes on to the cost path.
+The adapter boundary: nothing hostile passes on to the cost path.
 
 - one value per series: a series written twice on a page with the same value counts once; with
   two values it has none, and its signal is refused for its model (the parser leaves it out);
@@ -61,7 +61,7 @@ DEFAULT_MAX_MODELS = 64  # models per engine (config: engines[].max_models)
 # count that far, while 1e308 or Inf would turn every sum downstream into Inf or NaN.
 MAX_VALUE = 1e15
 # Why 128: real model names (Hugging Face ids, paths, LoRA names) are well under it; longer values
-# are hostile or broken and would bloat /metrics and the store (issue 11).
+# are hostile or broken and would bloat /metrics and the store.
 MAX_LABEL_CHARS = 128
 MAX_REPORTED = 20  # refused series described per scrape (the rest only counted out of the signal)
 # The process' start time, as prometheus_client's process collector exposes it (no labels): a change

@@ -122,6 +122,7 @@ class Snapshot:
     version: str
     timestamp: float  # epoch seconds of the last tick
     nvml_up: bool | None = None  # None: no NVML backend configured
+    driver_version: str | None = None  # the NVIDIA driver NVML last reported; None: unknown
     gpus: tuple[GpuState, ...] = ()
     engines: tuple[EngineState, ...] = ()
     models: tuple[ModelState, ...] = ()
@@ -218,6 +219,7 @@ class Ledger:
         self._models: dict[ModelKey, ModelState] = {}
         self._recent: dict[ModelKey, deque[CostWindow]] = {}
         self._nvml_up: bool | None = None
+        self._driver_version: str | None = None
         self._timestamp = 0.0
         self._alerts: Mapping[tuple[str, str], int] = {}
         self._outbox: Mapping[str, int] = {}
@@ -231,6 +233,7 @@ class Ledger:
             self._nvml_up = None
             return
         self._nvml_up = rnd.up
+        self._driver_version = rnd.driver_version or self._driver_version
         if not rnd.up:  # the library is gone: no GPU reading is current any more
             for uuid, st in self._gpus.items():
                 s0 = st.sample
@@ -419,6 +422,7 @@ class Ledger:
             version=self.version,
             timestamp=self._timestamp,
             nvml_up=self._nvml_up,
+            driver_version=self._driver_version,
             gpus=tuple(sorted(self._gpus.values(), key=lambda s: (s.sample.index, s.sample.uuid))),
             engines=tuple(sorted(self._engines.values(), key=lambda e: e.engine)),
             models=models,

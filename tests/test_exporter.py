@@ -525,3 +525,12 @@ def test_refused_and_folded_series_are_counted_per_engine() -> None:
         labels = frozenset({"node": "node-a", "engine": engine}.items())
         assert s[("infercost_engine_invalid_series", labels)] == invalid
         assert s[("infercost_engine_dropped_series", labels)] == dropped
+
+
+def test_the_driver_version_nvml_reported_is_kept_across_rounds() -> None:
+    led = Ledger("node-a", "0.1.0")
+    gpu = GpuSample(0, "GPU-0", "NVIDIA H100 80GB HBM3", T0)
+    led.observe_nvml(NvmlRound(timestamp=T0, up=True, gpus=(gpu,), driver_version="580.159.04"))
+    assert led.snapshot().driver_version == "580.159.04"
+    led.observe_nvml(NvmlRound(timestamp=T0 + 1, up=True, gpus=(gpu,)))  # a round that did not say
+    assert led.snapshot().driver_version == "580.159.04"

@@ -134,6 +134,7 @@ def _rich_snapshot() -> Snapshot:
         outbox_pending={"slack": 2},
         deploys={(m.engine, m.model, m.model_version): T0},
         gpu_pods={MIG: ("batch", "trainer-0")},
+        driver_version="580.159.04",
     )
 
 
@@ -242,6 +243,7 @@ def test_the_gpu_is_its_uuid_with_the_nvml_index_beside(
     # a MIG instance is its own UUID under its GPU's: hw.parent is the GPU's hw.id
     assert ids == {("GPU-0", 0, None), ("GPU-1", 1, None), (MIG, 1, "GPU-1")}
     assert all(p.attrs[hw.HW_VENDOR] == "NVIDIA" for p in status)
+    assert all(p.attrs[hw.HW_DRIVER_VERSION] == "580.159.04" for p in status)
     (temp,) = got[hw_metrics.HW_TEMPERATURE].points
     assert temp.attrs[hw.HW_PARENT] == "GPU-0" and temp.attrs[hw.HW_ID] != "GPU-0"
     # the pod holding the MIG instance is read on that instance's hw.id

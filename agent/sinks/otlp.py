@@ -13,8 +13,8 @@ constants): ``hw.gpu.utilization``, ``hw.gpu.memory.usage`` / ``.limit`` (UpDown
 
 Attributes: the GPU is ``hw.id`` = its UUID (a MIG instance's own ``MIG-…`` UUID, with the GPU's
 UUID as ``hw.parent``), plus ``hw.model``, ``hw.vendor`` and ``infercost.gpu.index`` (the NVML
-index; the hardware registry has no attribute for it). ``hw.driver_version`` is not sent: the
-snapshot does not carry the driver version. The served model is ``gen_ai.request.model``; the
+index; the hardware registry has no attribute for it) and ``hw.driver_version`` where NVML
+reported one. The served model is ``gen_ai.request.model``; the
 engine, model version, rule and sink are ``infercost.*``. The node is not a point attribute:
 ``host.name`` (and ``k8s.node.name``, ``k8s.pod.name`` when the environment says) sit on the
 Resource with ``service.name`` and ``service.version``.
@@ -262,6 +262,8 @@ def _gpu_attrs(snap: Snapshot) -> dict[str, dict[str, Any]]:
         a = {hw.HW_ID: s.uuid, hw.HW_MODEL: s.name, hw.HW_VENDOR: GPU_VENDOR, GPU_INDEX: s.index}
         if s.mig_parent_uuid:
             a[hw.HW_PARENT] = s.mig_parent_uuid
+        if snap.driver_version:
+            a[hw.HW_DRIVER_VERSION] = snap.driver_version
         out[g.gpu] = a
     return out
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from agent.catalog import CATALOG, HISTOGRAMS, NAMESPACE, MetricSpec
-from agent.sinks.otlp import SPECIAL, otel_name
+from agent.sinks.otlp import HISTOGRAM_NAMES, SPECIAL, otel_name
 
 PATH = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 SOURCES = {
@@ -32,7 +32,7 @@ def _cell(text: str) -> str:
 
 def _otlp(spec: MetricSpec) -> str:
     if spec.kind == "histogram":
-        return "(not sent)"
+        return f"`{HISTOGRAM_NAMES[spec.name]}` (histogram)"
     if spec.name in SPECIAL:
         return "(attribute, resource or token usage)"
     return f"`{otel_name(spec)}`"

@@ -61,10 +61,22 @@ def test_every_link_and_picture_of_a_page_exists(page: Path) -> None:
     for target in _LINK.findall(page.read_text(encoding="utf-8")):
         if re.match(r"[a-z]+:", target) or target.startswith("#"):
             continue  # a URL or an anchor of the same page
-        path = target.split("#", 1)[0]
-        if path and not (page.parent / path).exists():
+        path, _, anchor = target.partition("#")
+        file = page.parent / path
+        exists = not path or file.exists()
+        if not exists or (anchor and file.suffix == ".md" and anchor not in _anchors(file)):
             missing.append(target)
-    assert not missing, f"{page.relative_to(ROOT)} links to missing files: {missing}"
+    assert not missing, f"{page.relative_to(ROOT)} links to missing files or headings: {missing}"
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces → '-'."""
+    out = set()
+    for line in _FENCE.sub("", page.read_text(encoding="utf-8")).split("\n"):
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            out.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return out
 
 
 def test_the_readme_shows_the_demo_and_the_report() -> None:

@@ -80,11 +80,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     )
     rules = load_rules(cfg.alerts.rules_dirs) if cfg.alerts.rules_dirs else load_default_rules()
     print(f"rules: ok — {len(rules)} rule(s)")
-    from agent.sinks.registry import check_links, configured
+    from agent.sinks.registry import check_links, configured, runbooks_into_a_dashboard
 
     problems = check_links(cfg.alerts, [(r.id, r.runbook_url) for r in rules], rules.sources)
     if problems:
         raise ConfigError("\n".join(problems))
+    if configured(cfg.alerts) and (warning := runbooks_into_a_dashboard(cfg.alerts)):
+        print(f"warning: {warning}")
     print(f"alerts: ok — {', '.join(configured(cfg.alerts)) or 'no destination (log and /metrics only)'}")
     if cfg.report.enabled:
         r = cfg.report

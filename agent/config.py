@@ -246,11 +246,26 @@ class AlertsConfig(_Frozen):
     """Rules and where alerts go."""
 
     rules_dirs: tuple[Path, ...] = ()  # empty = the bundled default rules
-    external_url: str | None = None  # link put in alerts (e.g. a Grafana dashboard)
+    external_url: str | None = None  # link put in alerts (e.g. a Grafana dashboard; the generatorURL)
+    # where the rules' relative runbook links (rules/agent/README.md#rule) resolve, e.g. the
+    # project's repository or your own copy of the runbooks; unset: external_url, as before
+    runbook_base_url: str | None = None
     slack: SlackConfig | None = None
     pagerduty: PagerDutyConfig | None = None
     webhook: WebhookConfig | None = None
     alertmanager: AlertmanagerConfig | None = None
+
+    @field_validator("external_url", "runbook_base_url")
+    @classmethod
+    def _absolute(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError("give an absolute http:// or https:// URL")
+        return v
+
+    @property
+    def runbook_base(self) -> str | None:
+        """The base relative runbook links are joined to."""
+        return self.runbook_base_url or self.external_url
 
 
 class KubernetesConfig(_Frozen):

@@ -361,10 +361,19 @@ def test_check_refuses_relative_runbook_links_without_external_url(tmp_path: Pat
     assert bad.returncode == 2, bad.stdout + bad.stderr
     assert "rule 'cost_per_token_regression'" in bad.stderr and "default.yaml" in bad.stderr
     assert "rules/agent/README.md#cost_per_token_regression" in bad.stderr
-    assert "alerts.external_url" in bad.stderr and "Traceback" not in bad.stderr
+    assert "alerts.runbook_base_url" in bad.stderr and "Traceback" not in bad.stderr
     good = _check(tmp_path, {**am, "external_url": "https://github.com/acme/infercost/blob/main/"})
     assert good.returncode == 0, good.stderr
-    assert "alerts: ok — alertmanager" in good.stdout
+    assert "alerts: ok — alertmanager" in good.stdout and "warning" not in good.stdout
+
+
+def test_check_warns_when_runbook_links_would_point_into_a_dashboard(tmp_path: Path) -> None:
+    am = {"alertmanager": {"url": "http://am:9093"}, "external_url": "https://grafana.example.com/d/fleet"}
+    into = _check(tmp_path, am)
+    assert into.returncode == 0, into.stderr
+    assert "looks like a dashboard" in into.stdout and "alerts.runbook_base_url" in into.stdout
+    apart = _check(tmp_path, {**am, "runbook_base_url": "https://git.example/infercost/blob/main/"})
+    assert apart.returncode == 0 and "looks like a dashboard" not in apart.stdout
 
 
 SHIPPED = Path(__file__).resolve().parent.parent / "deploy" / "alertmanager" / "alertmanager.yml"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from agent.detect.alerts import AlertManager
@@ -136,3 +137,23 @@ def test_deploy_tracker_attributes_recent_deploys(tmp_path: Path) -> None:
     assert info is not None and info.previous_value == 2.0 and info.new_value == 3.0
     assert tracker.lookup(rule, finding(61)) is None  # more than an hour after the deploy
     assert tracker.lookup(rule, finding(0, labels=v1)) is None  # the old version is not the deploy
+
+
+@pytest.mark.parametrize(
+    ("runbook_base", "want"),
+    [
+        (
+            "https://git.example/infercost/blob/main/",
+            "https://git.example/infercost/blob/main/rules/agent/README.md#cost",
+        ),
+        (None, "rules/agent/README.md#cost"),  # left relative: each sink joins it to external_url
+    ],
+)
+def test_relative_runbook_links_resolve_under_the_runbook_base_not_the_dashboard(
+    tmp_path: Path, runbook_base: str | None, want: str
+) -> None:
+    rs = rules(tmp_path, runbook_url="rules/agent/README.md#cost", **{"for": "0s"})
+    am = AlertManager(rs, external_url="https://grafana.example/d/fleet", runbook_base=runbook_base)
+    (event,) = [e for e in am.step([finding(0)], T0) if e.kind == "firing"]
+    assert event.alert.annotations["runbook_url"] == want
+    assert event.alert.annotations["link"] == "https://grafana.example/d/fleet"  # the generatorURL

@@ -26,6 +26,7 @@ from typing import Any
 from agent.detect.evaluator import Finding
 from agent.detect.rules import Rule, RuleSet
 from agent.records import SIGNALS, Alert, AlertEvent, DeployInfo, dedup_key, iso
+from agent.sinks.escape import absolute_link
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ def _fmt(v: float | None) -> str:
 @dataclass(slots=True)
 class _Annotator:
     external_url: str | None = None
+    runbook_base: str | None = None  # relative runbook links are made absolute from it, when set
 
     def annotate(
         self, rule: Rule, f: Finding, since: float, deploy: DeployInfo | None, price: str | None = None
@@ -81,7 +83,7 @@ class _Annotator:
         if price is not None:
             ann["price_change"] = price
         if rule.runbook_url:
-            ann["runbook_url"] = rule.runbook_url
+            ann["runbook_url"] = absolute_link(rule.runbook_url, self.runbook_base) or rule.runbook_url
         if self.external_url:
             ann["link"] = self.external_url
         return ann
@@ -96,9 +98,10 @@ class AlertManager:
         external_url: str | None = None,
         deploy_lookup: DeployLookup | None = None,
         price_lookup: PriceLookup | None = None,
+        runbook_base: str | None = None,
     ) -> None:
         self._rules = {r.id: r for r in rules}
-        self._annotator = _Annotator(external_url)
+        self._annotator = _Annotator(external_url, runbook_base)
         self._deploy_lookup = deploy_lookup
         self._price_lookup = price_lookup
         self._alerts: dict[str, Alert] = {}

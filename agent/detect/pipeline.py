@@ -75,6 +75,7 @@ class Pipeline:
         rules: RuleSet,
         notifier: Notifier,
         external_url: str | None = None,
+        runbook_base: str | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
@@ -87,7 +88,9 @@ class Pipeline:
         # is history by then, and every alert pending after the deploy compares with it (re-reading
         # a week from the store for each was most of the rules' time after a deploy)
         self._before: dict[tuple[Any, ...], float | None] = {}
-        self.alerts = AlertManager(rules, external_url, self.deploys.lookup, self._price_change)
+        self.alerts = AlertManager(
+            rules, external_url, self.deploys.lookup, self._price_change, runbook_base=runbook_base
+        )
         self._last: float | None = None  # start of the last evaluated minute (epoch seconds)
         self._deploys_seen = 0
         self._started = False
@@ -273,4 +276,4 @@ def build_pipeline(
         rules = load_rules(cfg.alerts.rules_dirs) if cfg.alerts.rules_dirs else load_default_rules()
     outbox = Outbox(cfg.state_dir / "outbox.sqlite")
     notifier = Notifier(outbox, sinks_from_config(cfg.alerts, clock) if sinks is None else sinks, clock)
-    return Pipeline(store, clock, rules, notifier, cfg.alerts.external_url)
+    return Pipeline(store, clock, rules, notifier, cfg.alerts.external_url, cfg.alerts.runbook_base)

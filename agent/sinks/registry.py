@@ -57,14 +57,26 @@ def check_links(
         return []  # links never leave the agent
     problems = []
     for rule_id, url in runbooks:
-        if url and absolute_link(url, alerts.external_url) is None:
+        if url and absolute_link(url, alerts.runbook_base) is None:
             where = sources.get(rule_id, "rules")
             problems.append(
                 f"{where}: rule '{rule_id}': runbook_url {url!r} is relative and cannot be a link in "
-                f"{', '.join(configured(alerts))}; fix: set alerts.external_url (absolute links are "
-                "built from it) or give an absolute https:// runbook_url"
+                f"{', '.join(configured(alerts))}; fix: set alerts.runbook_base_url (relative runbook "
+                "links are built from it) or give an absolute https:// runbook_url"
             )
     return problems
 
 
-__all__ = ["DESTINATIONS", "check_links", "configured", "sinks_from_config"]
+def runbooks_into_a_dashboard(alerts: AlertsConfig) -> str | None:
+    """A warning when relative runbook links would resolve under a Grafana dashboard URL (``/d/``:
+    ``…/d/infercost-fleet/rules/agent/README.md`` is no page), else None."""
+    if alerts.runbook_base_url or not alerts.external_url or "/d/" not in alerts.external_url:
+        return None
+    return (
+        f"alerts.external_url {alerts.external_url!r} looks like a dashboard, and relative runbook links "
+        "are built from it while alerts.runbook_base_url is unset; fix: set alerts.runbook_base_url to "
+        "where the runbooks are (e.g. the repository's URL)"
+    )
+
+
+__all__ = ["DESTINATIONS", "check_links", "configured", "runbooks_into_a_dashboard", "sinks_from_config"]

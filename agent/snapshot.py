@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import platform
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -433,53 +433,84 @@ class Ledger:
         )
 
 
-def series(spec: MetricSpec, snap: Snapshot) -> Iterator[tuple[tuple[str, ...], Any]]:
+Series = Iterator[tuple[tuple[str, ...], Any]]
+
+
+def series(spec: MetricSpec, snap: Snapshot) -> Series:
     """(label values, value) pairs of one catalogue row over a snapshot."""
+    return _SERIES[spec.source](spec, snap)
+
+
+def _node_series(spec: MetricSpec, snap: Snapshot) -> Series:
+    yield (snap.node,), getattr(snap, spec.field)
+
+
+def _build_series(spec: MetricSpec, snap: Snapshot) -> Series:
+    yield (snap.node, snap.version, snap.python_version), 1.0
+
+
+def _gpu_series(spec: MetricSpec, snap: Snapshot) -> Series:
     node = snap.node
-    if spec.source == "node":
-        yield (node,), getattr(snap, spec.field)
-    elif spec.source == "build":
-        yield (node, snap.version, snap.python_version), 1.0
-    elif spec.source == "gpu":
-        for g in snap.gpus:
-            s = g.sample
-            if spec.field == "pod_info":
-                holder = snap.gpu_pods.get(s.uuid)
-                if holder is not None:
-                    yield (node, g.gpu, *holder), 1.0
-            elif spec.field == "info":
-                yield (node, g.gpu, s.uuid, s.name, s.mig_parent_uuid or ""), 1.0
-            elif spec.field == "up":
-                yield (node, g.gpu), s.up
-            elif hasattr(g, spec.field):
-                yield (node, g.gpu), getattr(g, spec.field)
-            else:
-                yield (node, g.gpu), getattr(s, spec.field)
-    elif spec.source == "engine":
-        for e in snap.engines:
-            labels = (node, e.engine, e.kind) if "kind" in spec.labels else (node, e.engine)
-            yield labels, getattr(e, spec.field)
-    elif spec.source == "model":
-        for m in snap.models:
-            if spec.field == "gpu_info":
-                if m.gpu_model is not None:
-                    yield (node, m.engine, m.model, m.model_version, m.gpu_model), 1.0
-                continue
-            if "bound" in spec.labels:  # one series per bound (agent.cost.bound)
-                for bound, v in (getattr(m, spec.field) or {}).items():
-                    yield (node, m.engine, m.model, m.model_version, bound), v
-                continue
-            if spec.field == "class_info":
-                if m.priority_class is not None:
-                    yield (node, m.engine, m.model, m.model_version, m.priority_class), 1.0
-                continue
-            yield (node, m.engine, m.model, m.model_version), getattr(m, spec.field)
-    elif spec.source == "deploy":
-        for (engine, model, version), at in sorted(snap.deploys.items()):
-            yield (node, engine, model, version), at
-    elif spec.source == "alert":
-        for (rule, severity), n in snap.alerts_firing.items():
-            yield (node, rule, severity), n
-    elif spec.source == "outbox":
-        for sink, n in snap.outbox_pending.items():
-            yield (node, sink), n
+    for g in snap.gpus:
+        s = g.sample
+        if spec.field == "pod_info":
+            holder = snap.gpu_pods.get(s.uuid)
+            if holder is not None:
+                yield (node, g.gpu, *holder), 1.0
+        elif spec.field == "info":
+            yield (node, g.gpu, s.uuid, s.name, s.mig_parent_uuid or ""), 1.0
+        elif spec.field == "up":
+            yield (node, g.gpu), s.up
+        else:  # the GPU's own figures first, then the reading's
+            yield (node, g.gpu), getattr(g, spec.field) if hasattr(g, spec.field) else getattr(s, spec.field)
+
+
+def _engine_series(spec: MetricSpec, snap: Snapshot) -> Series:
+    for e in snap.engines:
+        labels = (snap.node, e.engine, e.kind) if "kind" in spec.labels else (snap.node, e.engine)
+        yield labels, getattr(e, spec.field)
+
+
+def _model_series(spec: MetricSpec, snap: Snapshot) -> Series:
+    for m in snap.models:
+        key = (snap.node, m.engine, m.model, m.model_version)
+        if spec.field in _MODEL_INFO:
+            extra = getattr(m, _MODEL_INFO[spec.field])
+            if extra is not None:
+                yield (*key, extra), 1.0
+        elif "bound" in spec.labels:  # one series per bound (agent.cost.bound)
+            for bound, v in (getattr(m, spec.field) or {}).items():
+                yield (*key, bound), v
+        else:
+            yield key, getattr(m, spec.field)
+
+
+# info rows of a model version: the catalogue field → the attribute its extra label comes from
+_MODEL_INFO = {"gpu_info": "gpu_model", "class_info": "priority_class"}
+
+
+def _deploy_series(spec: MetricSpec, snap: Snapshot) -> Series:
+    for (engine, model, version), at in sorted(snap.deploys.items()):
+        yield (snap.node, engine, model, version), at
+
+
+def _alert_series(spec: MetricSpec, snap: Snapshot) -> Series:
+    for (rule, severity), n in snap.alerts_firing.items():
+        yield (snap.node, rule, severity), n
+
+
+def _outbox_series(spec: MetricSpec, snap: Snapshot) -> Series:
+    for sink, n in snap.outbox_pending.items():
+        yield (snap.node, sink), n
+
+
+_SERIES: Mapping[str, Callable[[MetricSpec, Snapshot], Series]] = {
+    "node": _node_series,
+    "build": _build_series,
+    "gpu": _gpu_series,
+    "engine": _engine_series,
+    "model": _model_series,
+    "deploy": _deploy_series,
+    "alert": _alert_series,
+    "outbox": _outbox_series,
+}

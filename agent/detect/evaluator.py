@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,12 +154,21 @@ class _CompiledRule:
         return key
 
     def step(self, now: float, records: Sequence[MinuteRecord]) -> list[Finding]:
+        """Findings of the minute ending at ``now``: this minute's sums join each series' window,
+        every window with data is evaluated, then the minute joins the baselines."""
+        minute = now - MINUTE
+        current = self._current(records)
+        buckets = self._push(current, minute)
+        findings = self._evaluate_all(now)
+        self._learn(current, buckets, minute)
+        return findings
+
+    def _current(self, records: Sequence[MinuteRecord]) -> dict[Labels, list[float]]:
+        """This minute's vectors per series (grouped when the rule says so)."""
         rule = self.rule
-        # 1. this minute's vectors per series (grouped when the rule says so)
         current: dict[Labels, list[float]] = {}
         names = self.names
         group = self.group
-        minute = now - MINUTE
         for rec in records:
             if rec.kind != self.kind:
                 continue
@@ -173,8 +182,13 @@ class _CompiledRule:
             s = rec.sums
             for i, n in enumerate(names):
                 vec[i] += s.get(n, 0.0)
-        # 2. push into the windows (a per-minute rule notes each minute's bucket once, here)
-        horizon = now - rule.over
+        return current
+
+    def _push(
+        self, current: Mapping[Labels, list[float]], minute: float
+    ) -> dict[Labels, tuple[Any, ...] | None]:
+        """Push this minute into the windows; a per-minute rule notes each minute's bucket once,
+        here (returned by series)."""
         buckets: dict[Labels, tuple[Any, ...] | None] = {}
         for key, vec in current.items():
             w = self.windows.get(key)
@@ -190,7 +204,11 @@ class _CompiledRule:
             w.marks.append(mark)
             for i, v in enumerate(tv):
                 w.sums[i] += v
-        # 3. evaluate every series with data in its window
+        return buckets
+
+    def _evaluate_all(self, now: float) -> list[Finding]:
+        """Evaluate every series with data in its window (minutes past the window dropped first)."""
+        horizon = now - self.rule.over
         findings: list[Finding] = []
         for key in list(self.windows):
             w = self.windows[key]
@@ -205,18 +223,26 @@ class _CompiledRule:
             f = self._evaluate(key, w, now)
             if f is not None:
                 findings.append(f)
-        # 4. this minute joins the baselines (after evaluation: a minute is never its own baseline)
-        if self.baseline is not None:
-            for key, vec in current.items():
-                value = self.sig_fn([vec[i] for i in self.sig_idx])
-                if value is None:
-                    continue
-                bucket = buckets[key] if self.per_minute else self._bucket(vec, minute)
-                if bucket is None:
-                    continue
-                inputs = tuple(vec[i] for i in self.sig_idx)
-                self.baseline.add((self._baseline_key(key), bucket), minute, inputs, value)
         return findings
+
+    def _learn(
+        self,
+        current: Mapping[Labels, list[float]],
+        buckets: Mapping[Labels, tuple[Any, ...] | None],
+        minute: float,
+    ) -> None:
+        """This minute joins the baselines (after evaluation: a minute is never its own baseline)."""
+        if self.baseline is None:
+            return
+        for key, vec in current.items():
+            value = self.sig_fn([vec[i] for i in self.sig_idx])
+            if value is None:
+                continue
+            bucket = buckets[key] if self.per_minute else self._bucket(vec, minute)
+            if bucket is None:
+                continue
+            inputs = tuple(vec[i] for i in self.sig_idx)
+            self.baseline.add((self._baseline_key(key), bucket), minute, inputs, value)
 
     def _base(self, bk: Labels, bucket: tuple[Any, ...], now: float) -> tuple[float | None, int]:
         """The baseline (mean or quantile) of one bucket of the series ``bk`` (its baseline key)

@@ -273,6 +273,20 @@ class Rule(_Frozen):
         kind = SIGNALS[self.signal].kind
         if self.over < MINUTE:
             raise ValueError("'over' must be at least 1m (records are 1-minute rollups)")
+        self._check_where(kind)
+        if (self.threshold is None) == (self.baseline is None):
+            raise ValueError("give exactly one of 'threshold' (absolute) or 'baseline' (with 'factor')")
+        if self.baseline is not None:
+            self._check_baseline(kind)
+        elif self.factor is not None:
+            raise ValueError("'factor' only applies with 'baseline'; remove it or add a baseline")
+        self._check_labels(kind)
+        for name, text in (("summary", self.summary), ("description", self.description)):
+            _check_template(name, text)
+        return self
+
+    def _check_where(self, kind: Kind) -> None:
+        """Every 'where' guard reads a known signal of the rule's own kind."""
         for g in self.where:
             if g.signal not in SIGNALS:
                 raise ValueError(
@@ -283,26 +297,25 @@ class Rule(_Frozen):
                     f"'where' signal {g.signal!r} is per {SIGNALS[g.signal].kind}, but {self.signal!r} is "
                     f"per {kind}; use signals of the same kind"
                 )
-        if (self.threshold is None) == (self.baseline is None):
-            raise ValueError("give exactly one of 'threshold' (absolute) or 'baseline' (with 'factor')")
-        if self.baseline is not None:
-            if self.factor is None:
-                raise ValueError("a 'baseline' rule needs 'factor' (e.g. 1.5 for 50 % above the baseline)")
-            if self.baseline.like_load is not None and kind != "model":
-                raise ValueError("'like_load' needs a per-model signal (it reads tokens/s)")
-            if (
-                self.baseline.like_load is not None
-                and self.baseline.like_load.per_minute
-                and not SIGNALS[self.signal].over_last_input
-            ):
-                raise ValueError(
-                    f"'like_load.per_minute' needs a signal that is a ratio over its last input; "
-                    f"{self.signal!r} is not: remove per_minute"
-                )
-            if self.baseline.like_mix is not None and kind != "model":
-                raise ValueError("'like_mix' needs a per-model signal (it reads prompt and output tokens)")
-        elif self.factor is not None:
-            raise ValueError("'factor' only applies with 'baseline'; remove it or add a baseline")
+
+    def _check_baseline(self, kind: Kind) -> None:
+        """A baseline rule has a factor, and like-load / like-mix only on signals that allow them."""
+        assert self.baseline is not None
+        if self.factor is None:
+            raise ValueError("a 'baseline' rule needs 'factor' (e.g. 1.5 for 50 % above the baseline)")
+        like_load, like_mix = self.baseline.like_load, self.baseline.like_mix
+        if like_load is not None and kind != "model":
+            raise ValueError("'like_load' needs a per-model signal (it reads tokens/s)")
+        if like_load is not None and like_load.per_minute and not SIGNALS[self.signal].over_last_input:
+            raise ValueError(
+                f"'like_load.per_minute' needs a signal that is a ratio over its last input; "
+                f"{self.signal!r} is not: remove per_minute"
+            )
+        if like_mix is not None and kind != "model":
+            raise ValueError("'like_mix' needs a per-model signal (it reads prompt and output tokens)")
+
+    def _check_labels(self, kind: Kind) -> None:
+        """'match' and 'group_by' name labels the kind's series have; match patterns are safe."""
         for lbl, rx in self.match.items():
             if lbl not in KIND_LABELS[kind]:
                 raise ValueError(
@@ -318,9 +331,6 @@ class Rule(_Frozen):
                 raise ValueError(
                     f"group_by {bad} are not labels of {kind} series; use some of {KIND_LABELS[kind]}"
                 )
-        for name, text in (("summary", self.summary), ("description", self.description)):
-            _check_template(name, text)
-        return self
 
     def group_labels(self) -> tuple[str, ...]:
         """The labels that identify one series of this rule."""

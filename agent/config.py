@@ -155,7 +155,7 @@ class PrometheusExporterConfig(_Frozen):
     enabled: bool = True
     host: str = "127.0.0.1"
     port: int = Field(9464, ge=0, le=65535)  # 0 = pick a free port
-    # TLS and basic / bearer auth, in Prometheus exporter-toolkit's web-config shape (see README)
+    # TLS and basic / bearer auth, in Prometheus exporter-toolkit's web-config shape (docs/configuration.md)
     web_config_file: Path | None = None
 
 
@@ -269,8 +269,8 @@ class AlertsConfig(_Frozen):
 
 
 class KubernetesConfig(_Frozen):
-    """Engine discovery from the Kubernetes API and GPU mapping from the kubelet (see README
-    "Kubernetes"). Off by default: static ``engines:`` are used alone."""
+    """Engine discovery from the Kubernetes API and GPU mapping from the kubelet (see
+    docs/kubernetes.md). Off by default: static ``engines:`` are used alone."""
 
     enabled: bool = False
     node_name: str | None = None  # the node whose pods are watched; default: ``node`` (spec.nodeName)
@@ -425,7 +425,7 @@ def format_validation_error(source: str, err: ValidationError) -> str:
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "(top level)"
         if e["type"] == "extra_forbidden":
-            fix = "remove it or check its spelling (see README 'Configuration')"
+            fix = "remove it or check its spelling (see docs/configuration.md)"
             msg = "unknown key"
         elif e["type"] == "missing":
             fix = "add it"

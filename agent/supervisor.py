@@ -62,6 +62,11 @@ STUCK_AFTER_INTERVALS = 5
 # NVML rounds kept for the next tick's history write; why 600: ten minutes of 1 s rounds covers any
 # sane scrape interval, and a store that stays down for longer must not grow the daemon's memory.
 MAX_BUFFERED_ROUNDS = 600
+# Scrapes in flight at once. A scrape's timeout starts when it holds a slot, so an engine waiting
+# behind slow ones loses none of its own. Why 32: below aiohttp's pool of 100 connections (beyond it
+# the wait for a connection would run inside the timeout); a MIG node's 56 engines all hanging still
+# end within two timeouts, inside the default interval; and at most 32 pages are held at once.
+MAX_CONCURRENT_SCRAPES = 32
 # Why 1 s .. 5 min: a full disk or a remounted volume is fixed by a person in minutes; retrying
 # faster only floods the log, slower leaves history paused long after the fix.
 HISTORY_RETRY_MIN_SECONDS = 1.0
@@ -139,6 +144,12 @@ class HistoryGuard:
             self.failures = 0
             self._delay = HISTORY_RETRY_MIN_SECONDS
         return True
+
+
+async def _bounded(slots: asyncio.Semaphore, scraper: EngineScraper) -> EngineScrape:
+    """One scrape once a slot is free (its timeout runs from then)."""
+    async with slots:
+        return await scraper.scrape()
 
 
 def _finite(w: CostWindow) -> bool:
@@ -420,7 +431,8 @@ class Agent:
     async def _tick_once(self, scrapers: list[EngineScraper]) -> None:
         self._check_clock()
         self._follow_engines(scrapers)
-        results: list[EngineScrape] = list(await asyncio.gather(*(s.scrape() for s in scrapers)))
+        slots = asyncio.Semaphore(MAX_CONCURRENT_SCRAPES)
+        results: list[EngineScrape] = list(await asyncio.gather(*(_bounded(slots, s) for s in scrapers)))
         scrapes = {r.engine: r for r in results}
         for r in results:
             self.ledger.observe_scrape(r)

@@ -300,6 +300,13 @@ class KubernetesConfig(_Frozen):
     # per scrape of a discovered engine; why ≤ 10 min: as engines.timeout_seconds, longer is hung
     timeout_seconds: float = Field(2.0, gt=0, le=600)
     max_bytes: int = Field(8 * 1024 * 1024, gt=0)  # per page of a discovered engine
+    # Engine pods scraped on this node; the ones beyond wait (counted on /metrics, named once in the
+    # log) and take a place when an engine leaves. Why 256: an engine holds a GPU or a slice of one: a
+    # node has at most 8 GPUs (16 on the largest), each cut at most 7 ways by MIG (56, or 112), and
+    # the kubelet runs at most 110 pods by default (250 where raised); past a few hundred the pods
+    # cannot be real GPU engines, and scraping thousands would take the daemon's loop. Why ≤ 4,096:
+    # beyond it one tick's scrapes no longer fit any sane interval.
+    max_engines: int = Field(256, ge=1, le=4096)
 
 
 WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")

@@ -104,6 +104,7 @@ class GpuMap:
         self.socket_path = socket_path
         self.timeout = timeout  # seconds for one List call
         self._by_container: dict[tuple[str, str, str], tuple[str, ...]] = {}
+        self._by_pod: dict[tuple[str, str], tuple[str, ...]] = {}  # (namespace, pod) → its GPUs
         self.available: bool | None = None  # whether the last List answered; None before the first
         self.known = False  # whether any List ever answered (then the map is used)
 
@@ -121,6 +122,11 @@ class GpuMap:
             logger.info("kubelet pod-resources answering again at %s", self.socket_path)
         self.available = self.known = True
         self._by_container = {(c.namespace, c.pod, c.container): c.gpus for c in found}
+        by_pod: dict[tuple[str, str], list[str]] = {}
+        for c in found:
+            gpus = by_pod.setdefault((c.namespace, c.pod), [])
+            gpus.extend(g for g in c.gpus if g not in gpus)
+        self._by_pod = {key: tuple(gpus) for key, gpus in by_pod.items()}
 
     def containers(self) -> Mapping[tuple[str, str, str], tuple[str, ...]]:
         """(namespace, pod, container) → GPU UUIDs, from the last successful refresh."""
@@ -128,11 +134,7 @@ class GpuMap:
 
     def pod_gpus(self, namespace: str, pod: str) -> tuple[str, ...]:
         """Every GPU the pod's containers hold (kubelet order, no duplicates)."""
-        out: list[str] = []
-        for (ns, p, _c), gpus in self._by_container.items():
-            if ns == namespace and p == pod:
-                out.extend(g for g in gpus if g not in out)
-        return tuple(out)
+        return self._by_pod.get((namespace, pod), ())
 
     def holders(self) -> dict[str, tuple[str, str]]:
         """GPU UUID → (namespace, pod) holding it."""

@@ -11,6 +11,12 @@
 
 A pod with unusable annotations is skipped with one log line naming it (again only if its reason
 changes). GPUs held by pods that are not engines are reported by :meth:`KubeEngines.gpu_holders`.
+
+Each watch event updates only its own pod (an engine taken in, changed, removed or refused: one
+short log line naming the pod); the engine list is rebuilt from the engines taken in when the daemon
+next asks for it, never per event. At most ``kubernetes.max_engines`` pods are engines, in the order
+they came; the ones beyond wait, are counted (:attr:`KubeEngines.over_cap`), named in one warning
+when the cap is first reached, and take a place when an engine leaves.
 """
 
 from __future__ import annotations
@@ -27,9 +33,13 @@ from agent.config import Config, EngineConfig
 from agent.records import DeployEvent
 from agent.sources.kube.podresources import GpuMap
 from agent.sources.kube.pods import ANN, EnginePod, PodRefused, engine_names, engine_pod, is_selected
-from agent.sources.kube.watch import PodWatcher, make_client
+from agent.sources.kube.watch import PodKey, PodWatcher, make_client
 
 logger = logging.getLogger(__name__)
+
+# Why 300: a refusal names the value it refused, and an annotation may hold up to 256 KiB; the line
+# keeps enough to recognise the value, not a page of it.
+REASON_CHARS = 300
 
 
 class EngineVersionStore(Protocol):
@@ -63,13 +73,17 @@ class KubeEngines:
         k = cfg.kubernetes
         self.cfg = cfg
         self.node = k.node_name or cfg.node
-        self.watcher = watcher or PodWatcher(k, self.node, make_client(k), self._changed)
-        self.watcher.on_change = self._changed
+        self.watcher = watcher or PodWatcher(k, self.node, make_client(k))
+        self.watcher.on_pod = self._pod_changed
         if gpu_map is None and k.pod_resources_socket is not None:
             gpu_map = GpuMap(k.pod_resources_socket)
         self.gpu_map = gpu_map
         self._static = {e.name: e for e in cfg.engines}
-        self._refused: dict[tuple[str, str], str] = {}
+        self._refused: dict[PodKey, str] = {}  # pod → why it is no engine (the reason last logged)
+        self._taken: dict[PodKey, EnginePod] = {}  # the engine pods scraped (at most max_engines)
+        self._waiting: dict[PodKey, EnginePod] = {}  # engine pods beyond the cap, oldest first
+        self._cap_logged = False  # the cap was named in the log since pods last waited
+        self._dirty = False  # the engine list must be rebuilt before it is handed out
         self._pods: dict[str, EnginePod] = {}  # engine name → pod
         self._engines: tuple[EngineConfig, ...] = tuple(cfg.engines)
         self._no_gpu_logged: set[str] = set()
@@ -81,21 +95,29 @@ class KubeEngines:
     # ---------------------------------------------------------------- the daemon's side
     def engines(self) -> tuple[EngineConfig, ...]:
         """The engines to scrape now (static ones until the first list)."""
+        self._rebuild()
         return self._engines
+
+    @property
+    def over_cap(self) -> int:
+        """Engine pods on this node beyond ``kubernetes.max_engines``, not scraped."""
+        return len(self._waiting)
 
     def engine_versions(self) -> dict[str, str]:
         """engine name → engine build (image@digest) of the discovered engines."""
+        self._rebuild()
         return {n: p.engine_version for n, p in self._pods.items() if p.engine_version}
 
     def pods(self) -> Mapping[str, EnginePod]:
         """engine name → the pod behind it."""
+        self._rebuild()
         return dict(self._pods)
 
     def gpu_holders(self) -> list[GpuHolder]:
         """GPUs held (per the kubelet) by pods that are not engines."""
         if self.gpu_map is None:
             return []
-        engine_pods = {(p.namespace, p.pod) for p in self._pods.values()}
+        engine_pods = set(self._taken)
         return [
             GpuHolder(g, ns, pod)
             for g, (ns, pod) in self.gpu_map.holders().items()
@@ -127,49 +149,95 @@ class KubeEngines:
             before = dict(self.gpu_map.containers())
             await self.gpu_map.refresh()
             if dict(self.gpu_map.containers()) != before:
-                self._changed()
+                self._dirty = True
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.cfg.kubernetes.pod_resources_seconds)
 
-    # ---------------------------------------------------------------- building the list
-    def _changed(self) -> None:
+    # ---------------------------------------------------------------- one pod at a time
+    def _pod_changed(self, key: PodKey, pod: object | None) -> None:
+        """Take one pod's change (None: it is gone); the work does not grow with the node's pods."""
+        ep = self._engine_pod(key, pod)
+        if ep is None:
+            self._drop(key)
+        else:
+            self._take(key, ep)
+
+    def _engine_pod(self, key: PodKey, pod: object | None) -> EnginePod | None:
+        """The engine ``pod`` is now, None when it is none (gone, not selected, pending, refused)."""
         k = self.cfg.kubernetes
-        found: list[EnginePod] = []
-        seen: set[tuple[str, str]] = set()
-        for pod in self.watcher.pods():
-            if not is_selected(pod, k):
-                continue
-            key = (str(pod.metadata.namespace), str(pod.metadata.name))
-            seen.add(key)
-            try:
-                ep = engine_pod(pod, k)
-            except PodRefused as err:
-                if self._refused.get(key) != str(err):
-                    self._refused[key] = str(err)
-                    logger.warning("pod %s/%s skipped: %s", key[0], key[1], err)
-                continue
+        if pod is None or not is_selected(pod, k):
             self._refused.pop(key, None)
-            if ep is not None:
-                found.append(ep)
-        for key in list(self._refused):
-            if key not in seen:
-                del self._refused[key]
+            return None
+        try:
+            ep = engine_pod(pod, k)
+        except PodRefused as err:
+            why = str(err)[:REASON_CHARS]
+            if self._refused.get(key) != why:
+                self._refused[key] = why
+                logger.warning("pod %s/%s skipped: %s", key[0], key[1], why)
+            return None
+        self._refused.pop(key, None)
+        return ep
+
+    def _take(self, key: PodKey, ep: EnginePod) -> None:
+        if key in self._taken:
+            if self._taken[key] != ep:
+                self._taken[key] = ep
+                self._dirty = True
+        elif key in self._waiting:
+            self._waiting[key] = ep
+        elif len(self._taken) < self.cfg.kubernetes.max_engines:
+            self._admit(key, ep)
+        else:
+            self._waiting[key] = ep
+            self._note_cap(key)
+
+    def _admit(self, key: PodKey, ep: EnginePod) -> None:
+        self._taken[key] = ep
+        self._dirty = True
+        logger.info("engine pod %s/%s added (%s)", key[0], key[1], ep.workload)
+
+    def _drop(self, key: PodKey) -> None:
+        if self._waiting.pop(key, None) is not None and not self._waiting:
+            self._cap_logged = False
+        if self._taken.pop(key, None) is None:
+            return
+        self._dirty = True
+        logger.info("engine pod %s/%s removed", key[0], key[1])
+        if self._waiting:
+            first = next(iter(self._waiting))
+            self._admit(first, self._waiting.pop(first))
+            if not self._waiting:
+                self._cap_logged = False
+
+    def _note_cap(self, key: PodKey) -> None:
+        """Name the cap once while pods wait beyond it (they are counted, not each logged)."""
+        if self._cap_logged:
+            return
+        self._cap_logged = True
+        logger.warning(
+            "engine pods on node %s exceed kubernetes.max_engines (%d): pod %s/%s and any more wait, "
+            "unscraped, for an engine to leave (counted in infercost_kube_engines_over_cap); fix: raise "
+            "kubernetes.max_engines only if this node really runs that many GPU engines",
+            self.node,
+            self.cfg.kubernetes.max_engines,
+            key[0],
+            key[1],
+        )
+
+    # ---------------------------------------------------------------- building the list
+    def _rebuild(self) -> None:
+        """The engine list from the engines taken in, when something changed since the last one."""
+        if not self._dirty:
+            return
+        self._dirty = False
+        found = list(self._taken.values())
         names = engine_names(found)
         pods = {names[(p.namespace, p.pod)]: p for p in found}
         engines = [self._engine(name, p) for name, p in sorted(pods.items())]
         engines += [e for n, e in self._static.items() if n not in pods]
         new = tuple(engines)
         if new != self._engines or pods != self._pods:
-            added = sorted(set(pods) - set(self._pods))
-            gone = sorted(set(self._pods) - set(pods))
-            if added or gone:
-                logger.info(
-                    "engines on node %s: %s (added %s, gone %s)",
-                    self.node,
-                    ", ".join(sorted(pods)) or "none",
-                    ", ".join(added) or "none",
-                    ", ".join(gone) or "none",
-                )
             self._pods = pods
             self._engines = new
             self.generation += 1
@@ -185,13 +253,15 @@ class KubeEngines:
 
         self._on_engine_version = record
         self._noted.clear()
+        self._rebuild()
         self._note_versions()
 
     def _note_versions(self) -> None:
         if self._on_engine_version is None:
             return
-        for name, build in self.engine_versions().items():
-            if self._noted.get(name) == build:
+        for name, p in self._pods.items():
+            build = p.engine_version
+            if build is None or self._noted.get(name) == build:
                 continue
             try:
                 self._on_engine_version(name, build)

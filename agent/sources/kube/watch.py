@@ -6,6 +6,12 @@ One loop per watched namespace (or one for all): list the pods with the field se
 watch the server ends is resumed from the last version; ``410 Gone`` (the version is too old) means
 a fresh list; any other failure (API server down, token refused) keeps the last known pods, logs one
 warning per outage and retries with exponential backoff.
+
+Each change reaches ``on_pod`` as that one pod (``None`` when it is gone), so an event costs the same
+on a node of five pods or five thousand; after a list every listed pod is passed on (the receiver
+keeps what did not change) and every known pod the list lacks is passed on as gone, yielding to the
+event loop between pages and every :data:`YIELD_EVERY` pods so ``/metrics`` keeps answering through
+a large list.
 """
 
 from __future__ import annotations
@@ -27,6 +33,13 @@ logger = logging.getLogger(__name__)
 
 ALL_NAMESPACES = "*"
 PodKey = tuple[str, str]  # (namespace, name)
+OnPod = Callable[[PodKey, Any], None]  # (namespace, name), the pod or None when it is gone
+# Why 500: kubectl's own page size (--chunk-size); a page of 500 pods decodes in milliseconds, so a
+# node with thousands of pods is listed in several short steps instead of one long one.
+LIST_CHUNK = 500
+# Why 100: a pod's selection and checks take tens of microseconds, so 100 of them hold the event
+# loop for a few milliseconds at most before /metrics and the scrapes get their turn.
+YIELD_EVERY = 100
 
 
 def make_client(cfg: KubernetesConfig) -> AsyncClient:
@@ -59,20 +72,25 @@ def _key(pod: Any) -> PodKey:
     return (str(pod.metadata.namespace), str(pod.metadata.name))
 
 
+def _ignore(_key: PodKey, _pod: Any) -> None:
+    """The default ``on_pod``: nobody listens."""
+
+
 class PodWatcher:
-    """The current pods of one node; ``on_change`` is called after every change to the set."""
+    """The current pods of one node; ``on_pod(key, pod)`` is called for every pod that changed
+    (``pod`` is None when it is gone)."""
 
     def __init__(
         self,
         cfg: KubernetesConfig,
         node: str,
         client: AsyncClient,
-        on_change: Callable[[], None] = lambda: None,
+        on_pod: OnPod = _ignore,
     ) -> None:
         self.cfg = cfg
         self.node = node
         self.client = client
-        self.on_change = on_change
+        self.on_pod = on_pod
         self._pods: dict[str, dict[PodKey, Any]] = {}  # namespace loop → its pods
         self.synced = asyncio.Event()  # set once every loop has listed successfully
         self._listed: set[str] = set()
@@ -109,29 +127,35 @@ class PodWatcher:
         failing = False
         while True:
             try:
-                listing = self.client.list(Pod, namespace=ns, fields=fields, labels=labels)
-                pods = {_key(p): p async for p in listing}
+                listing = self.client.list(
+                    Pod, namespace=ns, fields=fields, labels=labels, chunk_size=LIST_CHUNK
+                )
+                pods = await self._listed_pods(listing)
                 rv = listing.resourceVersion
-                self._pods[ns] = pods
+                await self._resync(ns, pods)
                 self.lists += 1
                 self._listed.add(ns)
                 if len(self._listed) == len(self._scopes()):
                     self.synced.set()
-                self.on_change()
                 if failing:
                     logger.info("kubernetes API answering again: %d pod(s) on node %s", len(pods), self.node)
                 failing = False
                 backoff = self.cfg.backoff_min_seconds
+                events = 0
                 async for event, pod in self.client.watch(
                     Pod, namespace=ns, fields=fields, labels=labels, resource_version=rv
                 ):
                     if event in ("ADDED", "MODIFIED"):
                         pods[_key(pod)] = pod
+                        self.on_pod(_key(pod), pod)
                     elif event == "DELETED":
                         pods.pop(_key(pod), None)
+                        self.on_pod(_key(pod), None)
                     else:
                         continue  # BOOKMARK: only moves the resourceVersion (lightkube keeps it)
-                    self.on_change()
+                    events += 1
+                    if events % YIELD_EVERY == 0:
+                        await asyncio.sleep(0)  # a burst already buffered would not yield by itself
             except ApiError as err:
                 if err.status.code == 410:
                     logger.info("pod watch expired (410 Gone): listing the node's pods again")
@@ -143,6 +167,32 @@ class PodWatcher:
                 failing = self._log_outage(failing, f"{type(err).__name__}: {err}")
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self.cfg.backoff_max_seconds)
+
+    @staticmethod
+    async def _listed_pods(listing: Any) -> dict[PodKey, Any]:
+        """The pods of a list, page by page (the loop runs between pages and every few pods)."""
+        pods: dict[PodKey, Any] = {}
+        async for p in listing:
+            pods[_key(p)] = p
+            if len(pods) % YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+        return pods
+
+    async def _resync(self, ns: str, pods: dict[PodKey, Any]) -> None:
+        """Take a fresh list of ``ns``: pass on every listed pod, and the known ones it lacks as gone."""
+        old = self._pods.get(ns, {})
+        self._pods[ns] = pods
+        done = 0
+        for key, pod in pods.items():
+            self.on_pod(key, pod)
+            done += 1
+            if done % YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+        for key in [k for k in old if k not in pods]:
+            self.on_pod(key, None)
+            done += 1
+            if done % YIELD_EVERY == 0:
+                await asyncio.sleep(0)
 
     def _log_outage(self, failing: bool, why: str) -> bool:
         if not failing:

@@ -263,9 +263,11 @@ async def _wire_history(
 
     from agent.store import Store, is_corrupt, move_aside
 
+    hooks.history_expected = True
     state = await asyncio.to_thread(open_state_dir, cfg.state_dir, clock.now(), True)
     hooks.closers.append(state.close)
     hooks.history_note = state.note
+    hooks.history_temporary = state.temporary
     path = state.path / HISTORY_NAME
     try:
         try:

@@ -76,9 +76,20 @@ CATALOG: tuple[MetricSpec, ...] = (
         "store_up",
         "gauge",
         "1",
-        "1 when the history store (SQLite) accepts writes, 0 while it fails (history paused, metrics go on).",
+        "1 when the history store (SQLite) accepts writes, 0 while it fails (minutes kept in memory, metrics "
+        "go on) or the agent runs without history (a state dir that took no writes at start).",
         "node",
         "store_up",
+        NODE_LABELS,
+    ),
+    _m(
+        "store_dropped_seconds_total",
+        "counter",
+        "s",
+        "Seconds of history (whole minutes, the oldest first) dropped from memory because the store failed "
+        "for longer than the agent keeps them; 0 while every minute reaches the store.",
+        "node",
+        "store_dropped_seconds_total",
         NODE_LABELS,
     ),
     _m(

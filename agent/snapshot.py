@@ -130,6 +130,7 @@ class Snapshot:
     outbox_pending: Mapping[str, int] = field(default_factory=dict)  # sink → undelivered messages
     store_up: bool | None = None  # None: no history store configured; False: writes failing
     store_files_recovered_total: int = 0  # damaged SQLite files moved aside and recreated
+    store_dropped_seconds_total: float = 0.0  # seconds of history (whole minutes) dropped: store failing
     # (engine, model, version) → epoch seconds when it replaced another version
     deploys: Mapping[ModelKey, float] = field(default_factory=dict)
     # GPU or MIG UUID → (namespace, pod) holding it per the kubelet, for pods that are not scraped

@@ -18,6 +18,13 @@ Rollups (one row per series and minute; a window belongs to the minute it *start
 - ``engine_minutes`` per (node, engine): scrapes up / total, scrape duration.
 - ``node_minutes`` per node: NVML rounds up / total.
 
+**Windows that cover several minutes.** The daemon asks (``spread=True``) for a window that covers
+a gap to be spread over every minute it covers: a tick the agent was paused in, an engine outage
+and the tick it came back in. Each minute gets the window's sums in proportion to the seconds of it
+the window covers (every column is a sum, so ratios of sums stay exact) and counts those seconds in
+``estimated_seconds``. By default a window goes whole into the minute it starts in (the coarse
+windows of imported history, e.g. 5-minute steps, stay one row each).
+
 **Idempotent writes.** Each row remembers ``covered_until`` (epoch seconds): the end of the last
 window (or the time of the last sample) merged into it. A window whose start is before that mark
 was already counted and is ignored; a later one is added. So re-writing a window after a restart,
@@ -60,7 +67,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 # Why 1 GiB: 35 days of 1-minute rows for ~50 series is ~150 MB; the cap only guards a runaway
 # label set from filling the node's disk.
 DEFAULT_MAX_BYTES = 1 << 30
@@ -93,7 +100,9 @@ def _gauge_cols(names: Sequence[str]) -> list[str]:
 MODEL_COLS_V1 = list(MODEL_SUMS) + _gauge_cols(MODEL_GAUGES)  # as migration 1 made them
 # schema 7: seconds of the minute whose anomaly score was above 1 (how much of an hour was anomalous)
 ANOMALY_SUMS = ("anomalous_seconds",)
-MODEL_COLS = [*MODEL_COLS_V1, *SPLIT_SUMS, *BOUND_SUMS, *ANOMALY_SUMS]  # schema 5: dollars went; 6: bounds
+# schema 8: seconds of the minute whose sums were spread from a window covering several minutes
+ESTIMATE_SUMS = ("estimated_seconds",)
+MODEL_COLS = [*MODEL_COLS_V1, *SPLIT_SUMS, *BOUND_SUMS, *ANOMALY_SUMS, *ESTIMATE_SUMS]  # 5: split; 6: bounds
 GPU_COLS_V1 = [*_gauge_cols(GPU_GAUGES), "energy_first", "energy_last"]  # as migration 1 made them
 GPU_COST_SUMS = ("cost_usd", "idle_usd", "unallocated_usd")  # dollars per GPU (schema 4)
 GPU_COLS = [*GPU_COLS_V1, *GPU_COST_SUMS]
@@ -172,6 +181,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (  # how much of each scored minute was anomalous (score > 1); rows kept from before read 0
         *(f"ALTER TABLE model_minutes ADD COLUMN {c} REAL NOT NULL DEFAULT 0" for c in ANOMALY_SUMS),
     ),
+    (  # how much of each model minute was spread from a window covering several (estimated);
+        # rows kept from before read 0: each was one window's, whole
+        *(f"ALTER TABLE model_minutes ADD COLUMN {c} REAL NOT NULL DEFAULT 0" for c in ESTIMATE_SUMS),
+    ),
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
@@ -202,6 +215,113 @@ def _rollup(
     for k, v in add.items():
         r.add[k] = r.add.get(k, 0.0) + v
     return r
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpan:
+    """The additive sums (:func:`agent.records.model_sums` names) of one model series over
+    [start, end) (epoch seconds): one window, or consecutive ones summed."""
+
+    node: str
+    engine: str
+    model: str
+    model_version: str
+    start: float  # epoch seconds
+    end: float  # epoch seconds
+    sums: Mapping[str, float]
+
+    @property
+    def keys(self) -> tuple[str, str, str, str]:
+        """The model_minutes key (node, engine, model, model_version)."""
+        return (self.node, self.engine, self.model, self.model_version)
+
+
+def span_of(cw: CostWindow) -> ModelSpan:
+    """One priced window as a span."""
+    u = cw.usage
+    return ModelSpan(u.node, u.engine, u.model, u.model_version, u.start, u.end, model_sums(cw))
+
+
+def join_spans(a: ModelSpan, b: ModelSpan) -> ModelSpan:
+    """``a`` then ``b`` (same series, ``b`` from where ``a`` ends) as one span: sums added."""
+    sums = dict(a.sums)
+    for k, v in b.sums.items():
+        sums[k] = sums.get(k, 0.0) + v
+    return ModelSpan(a.node, a.engine, a.model, b.model_version, a.start, max(a.end, b.end), sums)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuCostSpan:
+    """One GPU's dollars over [start, end) (epoch seconds) from the window join."""
+
+    gpu: str  # index, or the MIG instance's UUID
+    uuid: str
+    gpu_model: str
+    start: float  # epoch seconds
+    end: float  # epoch seconds
+    cost_usd: float  # dollars (time + energy)
+    idle_usd: float  # dollars not used to make tokens
+    unallocated_usd: float  # dollars held by no engine
+
+
+def gpu_cost_spans(tick: TickResult) -> list[GpuCostSpan]:
+    """One tick's per-GPU dollars as spans."""
+    out = []
+    for g in tick.gpus:
+        s = g.sample
+        gpu = str(s.index) if not s.mig_parent_uuid else s.uuid
+        out.append(
+            GpuCostSpan(gpu, s.uuid, s.name, tick.start, tick.end, g.cost_usd, g.idle_usd, g.unallocated_usd)
+        )
+    return out
+
+
+def minute_pieces(start: float, end: float) -> list[tuple[int, float, float]]:
+    """(minute, piece start, piece end) of every minute [start, end) (epoch seconds) covers."""
+    out: list[tuple[int, float, float]] = []
+    lo = start
+    while lo < end - EPS:
+        minute = _minute(lo)
+        hi = min(end, minute + MINUTE)
+        out.append((minute, lo, hi))
+        lo = hi
+    return out or [(_minute(start), start, end)]
+
+
+def _share(start: float, end: float, lo: float, hi: float) -> float:
+    return (hi - lo) / (end - start) if end > start else 1.0
+
+
+def spread_span(sp: ModelSpan) -> list[ModelSpan]:
+    """``sp`` shared among the minutes it covers in proportion to their seconds, each piece's
+    seconds counted as ``estimated_seconds``."""
+    out = []
+    for _, lo, hi in minute_pieces(sp.start, sp.end):
+        f = _share(sp.start, sp.end, lo, hi)
+        sums = {k: v * f for k, v in sp.sums.items()}
+        sums["estimated_seconds"] = sums.get("estimated_seconds", 0.0) + (hi - lo)
+        out.append(ModelSpan(sp.node, sp.engine, sp.model, sp.model_version, lo, hi, sums))
+    return out
+
+
+def spread_gpu_span(sp: GpuCostSpan) -> list[GpuCostSpan]:
+    """A GPU's dollars shared among the minutes its span covers, as :func:`spread_span`."""
+    out = []
+    for _, lo, hi in minute_pieces(sp.start, sp.end):
+        f = _share(sp.start, sp.end, lo, hi)
+        out.append(
+            GpuCostSpan(
+                sp.gpu,
+                sp.uuid,
+                sp.gpu_model,
+                lo,
+                hi,
+                sp.cost_usd * f,
+                sp.idle_usd * f,
+                sp.unallocated_usd * f,
+            )
+        )
+    return out
 
 
 class StoreError(Exception):
@@ -335,23 +455,30 @@ class Store:
             )
         return True
 
-    def write_windows(self, windows: Sequence[CostWindow]) -> int:
-        """Roll priced windows into their minutes (idempotent, see the module docstring).
+    def write_windows(self, windows: Sequence[CostWindow], spread: bool = False) -> int:
+        """Roll priced windows into their minutes (idempotent, see the module docstring); with
+        ``spread`` each is shared among the minutes it covers, marked estimated.
 
         Returns how many windows were merged (the rest were already counted). Records a deploy
         when a (node, engine, model) shows a new model_version.
         """
+        return self.write_spans([span_of(cw) for cw in windows], spread)
+
+    def write_spans(self, spans: Sequence[ModelSpan], spread: bool = False) -> int:
+        """Roll model spans into their minutes, as :meth:`write_windows` does windows (each span in
+        the minute it starts in, or with ``spread`` shared among the minutes it covers)."""
         t = TABLES["model"]
         merged = 0
         with self._txn():
-            for cw in windows:
-                u = cw.usage
-                sums = model_sums(cw)
-                add = {k.replace(".", "_"): v for k, v in sums.items()}
-                keys = (u.node, u.engine, u.model, u.model_version)
-                if self._merge(t, keys, _minute(u.start), u.start, u.end, add):
-                    merged += 1
-                    self._note_version(u.node, u.engine, u.model, u.model_version, _minute(u.start))
+            for sp in spans:
+                done = False
+                for piece in spread_span(sp) if spread else [sp]:
+                    minute = _minute(piece.start)
+                    cols = {k.replace(".", "_"): v for k, v in piece.sums.items()}
+                    if self._merge(t, piece.keys, minute, piece.start, piece.end, cols):
+                        done = True
+                        self._note_version(sp.node, sp.engine, sp.model, piece.model_version, minute)
+                merged += done
         self._maybe_prune()
         return merged
 
@@ -448,23 +575,28 @@ class Store:
                     energy_first=r.energy_first,
                 )
 
-    def write_gpu_costs(self, node: str, tick: TickResult) -> int:
-        """Roll one tick's per-GPU dollars (cost, idle, unallocated) into each GPU's minute.
+    def write_gpu_costs(self, node: str, tick: TickResult, spread: bool = False) -> int:
+        """Roll one tick's per-GPU dollars (cost, idle, unallocated) into each GPU's minute (with
+        ``spread``: shared among the minutes the tick covers, as :meth:`write_windows`).
 
         Idempotent like :meth:`write_windows` (a tick already merged is ignored); returns the GPUs
         merged. Σ idle over a node's GPUs is the node's idle cost, GPUs no engine uses included."""
+        spans = gpu_cost_spans(tick)
+        return self.write_gpu_spans(
+            node, [p for sp in spans for p in spread_gpu_span(sp)] if spread else spans
+        )
+
+    def write_gpu_spans(self, node: str, spans: Sequence[GpuCostSpan]) -> int:
+        """Roll GPU dollar spans into the minute each starts in; returns the spans merged."""
         merged = 0
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            for g in tick.gpus:
-                s = g.sample
-                gpu = str(s.index) if not s.mig_parent_uuid else s.uuid
-                minute = _minute(tick.start)
+        with self._txn():
+            for sp in spans:
+                minute = _minute(sp.start)
                 row = self._db.execute(
                     "SELECT cost_covered_until FROM gpu_minutes WHERE node=? AND gpu=? AND minute=?",
-                    (node, gpu, minute),
+                    (node, sp.gpu, minute),
                 ).fetchone()
-                if row is not None and tick.start < float(row[0]) - EPS:
+                if row is not None and sp.start < float(row[0]) - EPS:
                     continue
                 self._db.execute(
                     "INSERT INTO gpu_minutes (node, gpu, minute, covered_until, uuid, gpu_model, cost_usd, "
@@ -473,13 +605,10 @@ class Store:
                     "idle_usd = idle_usd + excluded.idle_usd, "
                     "unallocated_usd = unallocated_usd + excluded.unallocated_usd, "
                     "cost_covered_until = excluded.cost_covered_until",
-                    (node, gpu, minute, s.uuid, s.name, g.cost_usd, g.idle_usd, g.unallocated_usd, tick.end),
-                )
+                    (node, sp.gpu, minute, sp.uuid, sp.gpu_model, sp.cost_usd, sp.idle_usd,
+                     sp.unallocated_usd, sp.end),
+                )  # fmt: skip
                 merged += 1
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
         return merged
 
     def gpu_idle_by_node(self, start: float, end: float) -> dict[str, float]:

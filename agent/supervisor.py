@@ -6,7 +6,14 @@ Loops (each catches and logs its own failures, so one failing loop never stops t
   rounds since the last tick, price, update the ledger and publish the snapshot (what /metrics
   serves) — *then* write the windows to the store. The store is behind a :class:`HistoryGuard`: a
   failing disk (full, read-only, I/O errors) degrades history only (``infercost_store_up`` 0, one
-  log line per state change, retries with backoff); the snapshot and /metrics never wait for it;
+  log line per state change, retries with backoff); the snapshot and /metrics never wait for it.
+  What a tick writes goes through a :class:`HistoryBuffer` of minute rows in memory, so while the
+  store fails no minute is lost (up to :data:`HISTORY_BUFFER_SECONDS`; the oldest minutes past it
+  are dropped, counted and logged) and each is written, whole, when the store works again;
+- minutes tell the truth: a tick longer than :data:`LONG_TICK_INTERVALS` scrape intervals (the
+  process paused, a blocked loop) is spread over the minutes it covers, marked estimated and
+  logged; an engine's windows while it is down are held back and joined with the tick it comes back
+  in (whose tokens were made during the outage), then spread over the outage the same way;
 - detect: once a tick has written a window boundary's data, score and evaluate rules up to the tick's
   time and run the alert lifecycle, in a worker thread with its own SQLite connection (so the
   start-up replay of a week of history never blocks /metrics);
@@ -38,6 +45,7 @@ from agent import __version__
 from agent.clock import Clock, SteadyClock
 from agent.config import Config, ConfigError, EngineConfig
 from agent.cost.window import TickResult, WindowJoiner
+from agent.records import MINUTE
 from agent.samples import CostWindow, EngineScrape, NvmlRound
 from agent.sinks.prometheus import PrometheusServer
 from agent.sinks.webconfig import load_web_config
@@ -52,7 +60,7 @@ if TYPE_CHECKING:
     from agent.detect.pipeline import Pipeline
     from agent.detect.scoring import AnomalyScorer
     from agent.sources.kube.source import KubeEngines as EngineSource
-    from agent.store import Store
+    from agent.store import GpuCostSpan, ModelSpan, Store
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +75,19 @@ MAX_BUFFERED_ROUNDS = 600
 # the wait for a connection would run inside the timeout); a MIG node's 56 engines all hanging still
 # end within two timeouts, inside the default interval; and at most 32 pages are held at once.
 MAX_CONCURRENT_SCRAPES = 32
+# Why 3: the tick loop skips a slot it overran (a slow scrape, whose timeout is normally below the
+# interval, or a slow NVML round), so a working loop's tick covers one or two intervals; a tick of
+# three or more means the loop did not run at all (the process stopped, a GC stall, a blocked loop),
+# and its window spans minutes that must each get their share rather than the first one all of it.
+LONG_TICK_INTERVALS = 3.0
+# Why 6 h: a full or read-only disk at night waits for the person on call to free it, and a night on
+# call is hours; at a few series per node that is a few thousand minute rows (megabytes). Past it the
+# oldest minutes are dropped (counted in infercost_store_dropped_seconds_total, logged once).
+HISTORY_BUFFER_SECONDS = 6 * 3600.0
+# Why 1 h: an engine's windows are held back while it is down (one summed span per series, so memory
+# does not grow), to be joined with the tick it comes back in; detectors read history, so an outage
+# longer than an hour is written as the idle cost it is so far instead of staying out of history.
+MAX_HELD_OUTAGE_SECONDS = 3600.0
 # Why 1 s .. 5 min: a full disk or a remounted volume is fixed by a person in minutes; retrying
 # faster only floods the log, slower leaves history paused long after the fix.
 HISTORY_RETRY_MIN_SECONDS = 1.0
@@ -88,6 +109,8 @@ class Hooks:
     scorer: AnomalyScorer | None = None
     closers: list[Callable[[], None]] = field(default_factory=list)  # run last at shutdown (e.g. the lock)
     history_note: str | None = None  # why history is off or degraded, for /healthz
+    history_expected: bool = False  # history was asked for: without a store, store_up is 0
+    history_temporary: bool = False  # the store is a private temporary one (state_dir takes no writes)
     nvml_expected: bool = False  # nvml.backend auto/real but no backend: export nvml_up 0
     recovered_files: int = 0  # damaged SQLite files moved aside at start
     engine_source: EngineSource | None = None  # engines that come and go (Kubernetes discovery)
@@ -109,9 +132,9 @@ class HistoryGuard:
         self._delay = HISTORY_RETRY_MIN_SECONDS
         self._retry_at = 0.0  # monotonic seconds
 
-    def call(self, what: str, fn: Callable[[], Any]) -> bool:
-        """Run ``fn`` unless backing off; True when it ran and succeeded."""
-        if not self.up and self._clock.monotonic() < self._retry_at:
+    def call(self, what: str, fn: Callable[[], Any], force: bool = False) -> bool:
+        """Run ``fn`` unless backing off (``force``: even then); True when it ran and succeeded."""
+        if not self.up and not force and self._clock.monotonic() < self._retry_at:
             self.failures += 1
             return False
         try:
@@ -138,12 +161,120 @@ class HistoryGuard:
             self._retry_at = self._clock.monotonic() + self._delay
             return False
         if not self.up:
-            logger.warning("history store works again (%d writes were lost while it failed)", self.failures)
+            logger.warning(
+                "history store works again after %d failed or skipped writes; the minutes kept in memory "
+                "meanwhile are written now",
+                self.failures,
+            )
             self.up = True
             self.error = None
             self.failures = 0
             self._delay = HISTORY_RETRY_MIN_SECONDS
         return True
+
+
+class HistoryBuffer:
+    """What ticks produced for the history and the store has not taken yet: model and GPU-dollar
+    rows per minute (spans of one minute each, summed), engine scrapes and NVML rounds.
+
+    Bounded by minutes held (``max_minutes``; the oldest minute's rows go first) and NVML rounds
+    (``max_rounds``). Written in time order by :meth:`flush`; each part leaves the buffer only once
+    its transaction committed, and the store's merges are idempotent, so a retry never counts twice."""
+
+    def __init__(self, max_minutes: int, max_rounds: int = MAX_BUFFERED_ROUNDS) -> None:
+        self.max_minutes = max_minutes
+        self.max_rounds = max_rounds
+        self.dropped_minutes = 0  # minutes dropped past the bound, ever
+        self._models: dict[tuple[tuple[str, ...], int], ModelSpan] = {}
+        self._gpus: dict[tuple[str, int], GpuCostSpan] = {}
+        self._scrapes: list[EngineScrape] = []
+        self._rounds: list[NvmlRound] = []
+
+    def __len__(self) -> int:
+        return len(self._models) + len(self._gpus) + len(self._scrapes) + len(self._rounds)
+
+    def add_spans(self, spans: Sequence[ModelSpan]) -> None:
+        """Add model spans (each within one minute), summed per series and minute."""
+        from agent.store import join_spans
+
+        for sp in spans:
+            key = (sp.keys, _minute_of(sp.start))
+            cur = self._models.get(key)
+            self._models[key] = sp if cur is None else join_spans(cur, sp)
+
+    def add_gpu_spans(self, spans: Sequence[GpuCostSpan]) -> None:
+        """Add GPU dollar spans (each within one minute), summed per GPU and minute."""
+        for sp in spans:
+            key = (sp.gpu, _minute_of(sp.start))
+            cur = self._gpus.get(key)
+            self._gpus[key] = sp if cur is None else _join_gpu(cur, sp)
+
+    def add_samples(self, scrapes: Sequence[EngineScrape], rounds: Sequence[NvmlRound]) -> None:
+        """Add one tick's engine scrapes (only what history keeps of them) and NVML rounds."""
+        self._scrapes.extend(replace(s, models=(), invalid_series=()) for s in scrapes)
+        self._rounds.extend(rounds)
+        del self._rounds[: max(0, len(self._rounds) - self.max_rounds)]
+
+    def trim(self) -> list[int]:
+        """Drop the oldest minutes beyond ``max_minutes``; returns the minutes dropped."""
+        minutes = sorted({m for _, m in self._models} | {m for _, m in self._gpus})
+        if len(minutes) <= self.max_minutes:
+            return []
+        dropped = minutes[: len(minutes) - self.max_minutes]
+        last = dropped[-1]
+        self._models = {k: v for k, v in self._models.items() if k[1] > last}
+        self._gpus = {k: v for k, v in self._gpus.items() if k[1] > last}
+        self._scrapes = [s for s in self._scrapes if _minute_of(s.timestamp) > last]
+        self._rounds = [r for r in self._rounds if _minute_of(r.timestamp) > last]
+        self.dropped_minutes += len(dropped)
+        return dropped
+
+    def flush(self, store: Store, node: str) -> None:
+        """Write everything held, oldest first; raises what the store raises (the rest stays)."""
+        if self._rounds:
+            store.write_nvml_rounds(node, self._rounds)
+            self._rounds = []
+        if self._scrapes:
+            store.write_engine_scrapes(node, self._scrapes)
+            self._scrapes = []
+        if self._models:
+            store.write_spans(sorted(self._models.values(), key=lambda sp: sp.start))
+            self._models = {}
+        if self._gpus:
+            store.write_gpu_spans(node, sorted(self._gpus.values(), key=lambda sp: sp.start))
+            self._gpus = {}
+
+
+def _minute_of(t: float) -> int:
+    return int(t // MINUTE * MINUTE)
+
+
+def _join_gpu(a: GpuCostSpan, b: GpuCostSpan) -> GpuCostSpan:
+    """``a`` then ``b`` (same GPU) as one span."""
+    return replace(
+        a,
+        end=max(a.end, b.end),
+        cost_usd=a.cost_usd + b.cost_usd,
+        idle_usd=a.idle_usd + b.idle_usd,
+        unallocated_usd=a.unallocated_usd + b.unallocated_usd,
+    )
+
+
+def outage_span(held: ModelSpan, back: ModelSpan) -> ModelSpan:
+    """An outage's held windows joined with the window its engine came back in: the tokens counted
+    then were made over the whole span, so where there are any, none of its dollars were idle."""
+    from agent.store import join_spans
+
+    sp = join_spans(held, back)
+    if sp.sums.get("prompt_tokens", 0.0) + sp.sums.get("generation_tokens", 0.0) > 0:
+        sp = replace(sp, sums={**sp.sums, "idle_usd": 0.0})
+    return sp
+
+
+def _utc(t: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(t, tz=dt.UTC).strftime("%Y-%m-%dT%H:%MZ")
 
 
 async def _bounded(slots: asyncio.Semaphore, scraper: EngineScraper) -> EngineScrape:
@@ -190,6 +321,11 @@ class Agent:
         self._detect_task: asyncio.Task[None] | None = None
         self._detect_error: str | None = None
         self._dropped_windows = 0  # windows with a non-finite number, kept out of the store
+        interval = cfg.intervals.scrape_seconds
+        self._buffer = HistoryBuffer(max(1, math.ceil(HISTORY_BUFFER_SECONDS / MINUTE)))
+        self._long_tick_seconds = LONG_TICK_INTERVALS * interval  # seconds
+        self._held: dict[tuple[str, ...], ModelSpan] = {}  # series → its windows while its engine is down
+        self._dropping = False  # minutes are being dropped from the buffer (logged once per outage)
         if self.hooks.nvml_expected and backend is None:
             self.ledger.observe_nvml(NvmlRound(timestamp=clock.now(), up=False, error="no NVML driver"))
         if self.hooks.pipeline is not None:  # every loaded rule exported, at 0 until it fires
@@ -323,6 +459,7 @@ class Agent:
         finally:
             if self._detect_task is not None and not self._detect_task.done():
                 await asyncio.wait({self._detect_task}, timeout=30)
+            self._last_history_write()
             if otlp is not None:
                 await asyncio.to_thread(otlp.shutdown)
             await self._close_parts()
@@ -398,12 +535,6 @@ class Agent:
         if self.hooks.store is not None and len(self._nvml_rounds) < MAX_BUFFERED_ROUNDS:
             self._nvml_rounds.append(rnd)  # written with the next tick, in one transaction
 
-    def _write_nvml_rounds(self, store: Store) -> None:
-        """Write the NVML rounds sampled since the last tick (one transaction for all of them)."""
-        rounds, self._nvml_rounds = self._nvml_rounds, []
-        if rounds:
-            self.history.call("writing NVML rounds", lambda: store.write_nvml_rounds(self.cfg.node, rounds))
-
     def _check_clock(self) -> None:
         if not isinstance(self.clock, SteadyClock):
             return
@@ -446,21 +577,10 @@ class Agent:
         self._snapshot = self._publish()
         store = self.hooks.store
         if store is not None:
-            self._write_nvml_rounds(store)
-            self.history.call(
-                "writing engine scrapes", lambda: store.write_engine_scrapes(self.cfg.node, results)
-            )
-            # history keeps priced, finite windows only: an unknown cost must not pull baselines to $0
-            priced = [w for w in tick.windows if w.priced]
-            finite = [w for w in priced if _finite(w)]
-            if len(finite) < len(priced):
-                if self._dropped_windows == 0:
-                    logger.warning("a window with a non-finite number was kept out of the history")
-                self._dropped_windows += len(priced) - len(finite)
-            if finite:
-                self.history.call("writing cost windows", lambda: store.write_windows(finite))
-            if tick.gpus:  # per-GPU dollars: node idle (unused GPUs included) survives in history
-                self.history.call("writing GPU costs", lambda: store.write_gpu_costs(self.cfg.node, tick))
+            self._buffer_tick(tick, results)
+            self.history.call("writing history", lambda: self._buffer.flush(store, self.cfg.node))
+            if self.history.up:
+                self._dropping = False
             self._snapshot = self._publish()  # store_up may have changed
         for cb in self.hooks.on_tick:
             try:
@@ -469,12 +589,110 @@ class Agent:
                 logger.exception("an on_tick hook failed")
         self._maybe_detect(tick.end)
 
+    # ------------------------------------------------------------------ history
+    def _buffer_tick(self, tick: TickResult, scrapes: Sequence[EngineScrape]) -> None:
+        """Put what this tick writes into the history buffer: minutes that tell the truth (see the
+        module docstring), the oldest dropped past the bound."""
+        from agent.store import gpu_cost_spans, spread_gpu_span
+
+        rounds, self._nvml_rounds = self._nvml_rounds, []
+        self._buffer.add_samples(scrapes, rounds)
+        # history keeps priced, finite windows only: an unknown cost must not pull baselines to $0
+        priced = [w for w in tick.windows if w.priced]
+        finite = [w for w in priced if _finite(w)]
+        if len(finite) < len(priced):
+            if self._dropped_windows == 0:
+                logger.warning("a window with a non-finite number was kept out of the history")
+            self._dropped_windows += len(priced) - len(finite)
+        long = tick.end - tick.start > self._long_tick_seconds
+        self._buffer.add_spans(self._minute_spans(tick, finite, long))
+        if tick.gpus:  # per-GPU dollars: node idle (unused GPUs included) survives in history
+            gpu = gpu_cost_spans(tick)
+            self._buffer.add_gpu_spans([p for sp in gpu for p in spread_gpu_span(sp)] if long else gpu)
+        if long:
+            logger.warning(
+                "a tick covered %.1f s, %.1f scrape intervals (the agent was stopped or its loop blocked): "
+                "its windows are spread over the minutes %s to %s, marked estimated",
+                tick.end - tick.start,
+                (tick.end - tick.start) / self.cfg.intervals.scrape_seconds,
+                _utc(tick.start),
+                _utc(tick.end),
+            )
+        dropped = self._buffer.trim()
+        if dropped and not self._dropping:
+            self._dropping = True
+            logger.error(
+                "history store down for longer than the %.0f h of minutes kept in memory: dropping the "
+                "oldest (from %s; infercost_store_dropped_seconds_total counts them)",
+                HISTORY_BUFFER_SECONDS / 3600,
+                _utc(dropped[0]),
+            )
+
+    def _minute_spans(self, tick: TickResult, windows: Sequence[CostWindow], long: bool) -> list[ModelSpan]:
+        """The tick's windows as spans for the buffer: a long tick's spread over its minutes; a down
+        engine's held back; those of an engine back from an outage joined with what was held and
+        spread over the outage."""
+        from agent.store import join_spans, span_of, spread_span
+
+        out: list[ModelSpan] = []
+        back: dict[str, float] = {}
+        for w in windows:
+            sp = span_of(w)
+            if sp.engine in tick.down_since:
+                held = self._held.get(sp.keys)
+                self._held[sp.keys] = sp if held is None else join_spans(held, sp)
+                continue
+            held = self._held.pop(sp.keys, None)
+            if held is not None and sp.engine in tick.gap_since:
+                joined = outage_span(held, sp)
+                back[sp.engine] = joined.start
+                out.extend(spread_span(joined))
+                continue
+            if held is not None:
+                out.extend(spread_span(held))
+            out.extend(spread_span(sp) if long else [sp])
+        for keys, held in list(self._held.items()):  # an engine gone, or down for too long
+            if keys[1] not in tick.down_since or held.end - held.start > MAX_HELD_OUTAGE_SECONDS:
+                out.extend(spread_span(self._held.pop(keys)))
+        for engine, since in back.items():
+            logger.info(
+                "engine %s read again after %.0f s: the tokens it counted meanwhile are spread over the "
+                "minutes %s to %s with the outage's cost, marked estimated",
+                engine,
+                tick.end - since,
+                _utc(since),
+                _utc(tick.end),
+            )
+        return out
+
+    def _last_history_write(self) -> None:
+        """At shutdown: what is held and buffered, written once more (even while backing off)."""
+        store = self.hooks.store
+        if store is None:
+            return
+        from agent.store import spread_span
+
+        self._buffer.add_spans([p for sp in self._held.values() for p in spread_span(sp)])
+        self._held = {}
+        if len(self._buffer) and not self.history.call(
+            "writing history at shutdown", lambda: self._buffer.flush(store, self.cfg.node), force=True
+        ):
+            logger.error("history store still fails at shutdown: the minutes kept in memory are lost")
+
     def _publish(self) -> Snapshot:
-        store_up = None if self.hooks.store is None else self.history.up
+        if self.hooks.store is None:  # history wanted but unavailable: down, not absent
+            store_up = False if self.hooks.history_expected else None
+        else:
+            store_up = self.history.up and not self.hooks.history_temporary
         snap = self.ledger.snapshot(store_up=store_up)
         src = self.hooks.engine_source
         gpu_pods = src.gpu_pods() if src is not None else {}
-        return replace(snap, store_files_recovered_total=self.hooks.recovered_files, gpu_pods=gpu_pods)
+        return replace(
+            snap,
+            store_files_recovered_total=self.hooks.recovered_files,
+            store_dropped_seconds_total=self._buffer.dropped_minutes * MINUTE,
+            gpu_pods=gpu_pods,
+        )
 
     def _maybe_detect(self, tick_end: float) -> None:
         """Start detection up to ``tick_end`` when a window boundary has passed since the last run.

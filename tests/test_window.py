@@ -656,3 +656,45 @@ def test_gpus_configured_but_not_read_count_as_the_fastest_in_the_bound() -> Non
         res = j.close_tick(t, {"a": scrape("a", t, ("m", 0.0, g))})
     assert [w.usage.generation_tokens for w in res.windows] == [3e8]
     assert res.refused_counters == ()
+
+
+# ---------------------------------------------------------------- engine outages: the gap marking
+@pytest.mark.parametrize(
+    ("read", "known", "down_since", "want_down", "want_back"),
+    [
+        ({"a": True}, {"a": ("m",)}, {}, {}, {}),  # up, never down: nothing
+        ({"a": False}, {"a": ("m",)}, {}, {"a": 100.0}, {}),  # goes down: since this tick's start
+        ({"a": False}, {"a": ("m",)}, {"a": 50.0}, {"a": 50.0}, {}),  # stays down: since it went
+        ({"a": True}, {"a": ("m",)}, {"a": 50.0}, {}, {"a": 50.0}),  # back: its gap began at 50
+        ({"a": False}, {}, {}, {}, {}),  # never up: no models, no windows to hold
+        ({"a": True, "b": False}, {"a": ("m",), "b": ("n",)}, {"b": 70.0}, {"b": 70.0}, {}),
+        ({"b": True}, {"b": ("n",)}, {"a": 20.0}, {}, {}),  # an engine no longer listed is forgotten
+    ],
+)
+def test_outages_say_which_engines_are_down_and_which_came_back_since_when(
+    read: dict[str, bool],
+    known: dict[str, tuple[str, ...]],
+    down_since: dict[str, float],
+    want_down: dict[str, float],
+    want_back: dict[str, float],
+) -> None:
+    from agent.cost.window import outages
+
+    assert outages(read, known, down_since, 100.0) == (want_down, want_back)
+
+
+def test_the_tick_an_engine_comes_back_in_says_its_tokens_cover_the_outage() -> None:
+    j = WindowJoiner("n", ENGINES[:1], book())
+    for i, (up, gen) in enumerate([(True, 100.0), (True, 200.0), (False, 0.0), (False, 0.0), (True, 900.0)]):
+        t = T0 + 5 * i
+        j.add_round(rnd(t))
+        tick = j.close_tick(t, {"a": scrape("a", t, ("m", 10.0, gen), up=up)})
+        if i == 2:
+            assert tick.down_since == {"a": T0 + 5} and tick.gap_since == {}
+        if i == 3:
+            assert tick.down_since == {"a": T0 + 5}
+    assert tick.down_since == {} and tick.gap_since == {"a": T0 + 5}
+    assert [w.usage.generation_tokens for w in tick.windows] == [700.0]  # counted since the outage began
+    t = T0 + 25
+    j.add_round(rnd(t))
+    assert j.close_tick(t, {"a": scrape("a", t, ("m", 10.0, 950.0))}).gap_since == {}  # said once

@@ -15,6 +15,9 @@ layer in order:
 
 While an engine is down its GPUs still cost money: the cost goes, as idle, to the models it
 served before; tokens counted while it was down appear in the tick it comes back (counter deltas).
+Each tick says so: :attr:`TickResult.down_since` names the engines not read in it (since when),
+:attr:`TickResult.gap_since` those read again after an outage, whose windows' tokens were made
+since then (the history spreads them over the outage, not into one tick).
 """
 
 from __future__ import annotations
@@ -93,6 +96,11 @@ class TickResult:
     engine_usd: float = 0.0  # dollars of engines' own hourly prices (CPU-only engines) in the windows
     # counter series whose reading was refused this tick: "engine/model/counter/series (why)"
     refused_counters: tuple[str, ...] = ()
+    # engine → epoch seconds since when it has not been read (down this tick; its models idle)
+    down_since: Mapping[str, float] = field(default_factory=dict)
+    # engine → epoch seconds its outage began, for engines read again this tick: their windows'
+    # token deltas were made over [since, end), not over the tick alone
+    gap_since: Mapping[str, float] = field(default_factory=dict)
 
     def unexplained_usd(self) -> float:
         """Conservation check, ≈ 0: Σ GPU cost − (Σ model cost − engines' own + Σ unallocated).
@@ -147,6 +155,7 @@ class WindowJoiner:
         # (engine, model, counter, series, why) of every refusal logged
         self._refused_logged: set[tuple[str, str, str, str, str]] = set()
         self._refused: list[str] = []  # this tick's refused counter series
+        self._down_since: dict[str, float] = {}  # engine → start of the first tick it was not read in
 
     # ------------------------------------------------------------------ inputs
     def add_round(self, rnd: NvmlRound) -> None:
@@ -329,8 +338,19 @@ class WindowJoiner:
             )
             for u, c in charges.items()
         ]
+        read = {e.name: _is_up(scrapes.get(e.name)) for e in self.engines}
+        self._down_since, back = outages(read, self._known_models, self._down_since, start)
         self._remember(now, scrapes)
-        return TickResult(start, now, tuple(windows), tuple(gpus), att.engine_usd, tuple(self._refused))
+        return TickResult(
+            start,
+            now,
+            tuple(windows),
+            tuple(gpus),
+            att.engine_usd,
+            tuple(self._refused),
+            down_since=dict(self._down_since),
+            gap_since=back,
+        )
 
     def _window(
         self,
@@ -423,6 +443,30 @@ class WindowJoiner:
             if samples[-1].energy_joules is not None:
                 self._last_energy[uuid] = (samples[-1].energy_joules, now)
         self._acc = {}
+
+
+def _is_up(scrape: EngineScrape | None) -> bool:
+    return scrape is not None and scrape.up
+
+
+def outages(
+    read: Mapping[str, bool],
+    known: Mapping[str, tuple[str, ...]],
+    down_since: Mapping[str, float],
+    start: float,
+) -> tuple[dict[str, float], dict[str, float]]:
+    """(engines down after this tick → since when, engines back this tick → since when they were
+    down). ``read``: engine → read this tick; ``known``: engines with models seen (only those have
+    windows to idle); ``start``: the tick's start (epoch seconds)."""
+    down: dict[str, float] = {}
+    back: dict[str, float] = {}
+    for name, up in read.items():
+        if up:
+            if name in down_since:
+                back[name] = down_since[name]
+        elif name in known:
+            down[name] = down_since.get(name, start)
+    return down, back
 
 
 def _ceilings(spec: EngineSpec, gpu_names: Sequence[str]) -> dict[str, float]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.cost.efficiency import DecodeObservation, ModelFigures, decode_efficiency
+from agent.cost.efficiency import DecodeObservation, ModelFigures, decode_efficiency, prefill_share_floor
 
 H100_BW = 3.35e12  # bytes/s
 W = 140e9  # bytes of weights
@@ -55,3 +55,75 @@ def test_batch_seconds_count_running_sequences_per_replica() -> None:
     assert got == pytest.approx(ideal / (0.1 * 1.5))
     # running unknown: one sequence per step
     assert decode_efficiency(obs(engine_kind="tgi"), fig) == pytest.approx(ideal / 0.1)
+
+
+# -- the prefill share's floor: prompt FLOPs at the GPUs' peak over the window -------------------
+
+PEAK = 1e15  # FLOP/s
+F = 1e11  # FLOPs per token
+
+
+def prefilling(**kw: object) -> DecodeObservation:
+    """10 s window, 25,000 tokens prefilled: 25e3 × 1e11 / (1e15 × 10) = a floor of 0.25."""
+    base: dict[str, object] = {"window_seconds": 10.0, "prefill_tokens": 25_000.0, "peak_flops_per_s": PEAK}
+    return obs(**{**base, **kw})
+
+
+def test_the_prefill_floor_is_prompt_flops_at_peak_over_the_window() -> None:
+    assert prefill_share_floor(prefilling(), ModelFigures(W, None, None, F)) == pytest.approx(0.25)
+    assert prefill_share_floor(
+        prefilling(window_seconds=5.0), ModelFigures(W, None, None, F)
+    ) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(
+    ("kw", "flops"),
+    [
+        ({"prefill_tokens": None}, F),
+        ({"prefill_tokens": 0.0}, F),
+        ({"prefill_tokens": -1000.0}, F),  # a counter glitch is no prefill
+        ({}, None),  # the model's FLOPs per token unknown
+        ({}, 0.0),
+        ({"peak_flops_per_s": 0.0}, F),
+        ({"peak_flops_per_s": -1.0}, F),
+        ({"window_seconds": 0.0}, F),
+    ],
+)
+def test_the_prefill_floor_is_0_when_an_input_is_unknown(kw: dict[str, object], flops: float | None) -> None:
+    fig = ModelFigures(W, None, None, flops)
+    assert prefill_share_floor(prefilling(**kw), fig) == 0.0
+    # and the figure is the step as run: ideal / 0.1 s
+    assert decode_efficiency(prefilling(**kw), fig) == pytest.approx((W / H100_BW) / 0.1)
+
+
+def test_request_timed_steps_lose_the_floor_of_their_prefill_share() -> None:
+    ideal = W / H100_BW
+    fig = ModelFigures(W, None, None, F)
+    # decode seconds: step 0.1 s, a quarter of it at least prefill: decode step ≤ 0.075 s
+    assert decode_efficiency(prefilling(), fig) == pytest.approx(ideal / 0.075)
+    # the inter-token latency is the step where observed: 0.09 s × (1 − 0.25)
+    got = decode_efficiency(prefilling(itl_seconds=90.0, itl_count=1000.0), fig)
+    assert got == pytest.approx(ideal / (0.09 * 0.75))
+
+
+def test_batch_seconds_time_decode_passes_alone_and_keep_their_step() -> None:
+    fig = ModelFigures(W, None, None, F)
+    assert decode_efficiency(prefilling(engine_kind="tgi"), fig) == pytest.approx((W / H100_BW) / 0.1)
+
+
+def test_a_prefill_floor_of_1_or_a_figure_it_pushes_above_1_is_absent() -> None:
+    fig = ModelFigures(W, None, None, F)
+    # 1e5 tokens × 1e11 / (1e15 × 10) = exactly 1: no decode time left
+    assert decode_efficiency(prefilling(prefill_tokens=100_000.0), fig) is None
+    assert decode_efficiency(prefilling(prefill_tokens=200_000.0), fig) is None
+    # floor 0.5: 41.79 ms / 50 ms = 0.836, a figure; floor 0.75: 41.79 / 25 ms = 1.67, impossible
+    assert decode_efficiency(prefilling(prefill_tokens=50_000.0), fig) == pytest.approx((W / H100_BW) / 0.05)
+    assert decode_efficiency(prefilling(prefill_tokens=75_000.0), fig) is None
+
+
+@pytest.mark.parametrize(("accepted", "present"), [(None, True), (0.0, True), (1.0, False), (500.0, False)])
+def test_a_window_with_accepted_draft_tokens_has_no_figure(accepted: float | None, present: bool) -> None:
+    got = decode_efficiency(obs(spec_accepted_tokens=accepted), ModelFigures(W, None, None))
+    assert (got is not None) is present
+    if present:
+        assert got == pytest.approx((W / H100_BW) / 0.1)

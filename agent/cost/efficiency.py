@@ -20,14 +20,26 @@ of the day) and with how full the batch is (load). The measured step, best first
 - ``batch`` seconds (TGI ``tgi_batch_forward_duration{method="decode"}``): engine time in decode
   forward passes, each producing ``batch`` tokens: ``step = decode_seconds × batch / generation_tokens``.
 
-Bias, stated: with chunked prefill a decode step also carries other requests' prompt chunks, and
-both timings see the whole step, so the figure is the efficiency of the steps as run — a lower bound
-on the pure-decode efficiency, by the share of step time the prompt chunks took. Nothing subtracts
-an estimate of that share: summed prefill request-seconds overlap (many prefills share one step)
-and are no measure of engine time. A figure above 1 is impossible (the ceiling is the peak
-bandwidth); it comes from counters that do not line up within a window, and it is absent, not
-clamped. Speculative decoding (more than one token per sequence per step) is not measured by these
-series; an engine running it can read high, and is refused above 1 like any other.
+The prefill share. With chunked prefill a decode step also carries other requests' prompt chunks,
+and both timings see the whole step, so the step as run is longer than the pure-decode step by the
+time those chunks took. The estimator takes that time out with the least it can physically be:
+the window's prefilled tokens (prompt tokens not served from the prefix cache) times the model's
+FLOPs per token, at the GPUs' dense peak, is a lower bound on the seconds prefill kept the replica
+busy, and over the window's seconds a lower bound ``s`` on prefill's share of them (a replica runs
+at most ``window ÷ step`` steps, so per step prefill took at least ``s × step``). The decode step is
+then at most ``step × (1 − s)``: in a step whose prefill and decode work add up (what the ITL and
+decode seconds time) the figure stays a lower bound on the pure-decode efficiency, and it under-reads
+it by ``1 − prefill MFU`` of the prefill share (prefill reaches a fraction of the peak, and nothing
+in the engine's series says which). Where the prompt counter, the model's FLOPs per token or the
+GPUs' peak is unknown, nothing is taken out and the figure is the efficiency of the steps as run:
+a lower bound by the whole prefill share. Summed prefill request-seconds are never used for this:
+they overlap (many prefills share one step) and are no measure of engine time. A lower bound ``s``
+of 1 or more, or a figure above 1, is impossible (the ceilings are peaks): it comes from counters
+that do not line up within a window, and it is absent, not clamped.
+
+Speculative decoding yields more than one token per sequence per step, which neither timing
+counts; a window in which the engine accepted draft tokens (vLLM ``spec_decode_num_accepted_tokens``)
+gets no figure.
 
 Engines without a decode-time series (SGLang, Triton) get no efficiency: absent, not guessed.
 
@@ -64,6 +76,7 @@ class ModelFigures:
     weights_bytes: float | None  # bytes of weights one replica reads per decode step
     kv_bytes_per_token: float | None  # bytes of KV cache per token
     kv_capacity_tokens: float | None  # tokens per replica's KV cache (config fallback)
+    flops_per_token: float | None = None  # FLOPs of one token through the weights (2 × parameters)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +94,11 @@ class DecodeObservation:
     window_seconds: float = 0.0  # seconds the window covers
     itl_seconds: float | None = None  # Σ inter-token intervals observed in the window (seconds)
     itl_count: float | None = None  # inter-token intervals observed in the window
+    prefill_tokens: float | None = (
+        None  # tokens prefilled in the window (prompt tokens less prefix-cache hits)
+    )
+    peak_flops_per_s: float = 0.0  # FLOP/s, dense tensor-core peak summed over the engine's GPUs
+    spec_accepted_tokens: float | None = None  # draft tokens accepted in the window (speculative decoding)
 
 
 # A window at least this long is coarse history (imported at 5-minute steps, say): its gauges are
@@ -122,16 +140,33 @@ def min_step_seconds(
     return (weights_bytes + resident_kv_tokens * kv_bytes_per_token) / bandwidth_bytes_per_s
 
 
-def decode_efficiency(obs: DecodeObservation, model: ModelFigures) -> float | None:
-    """Fastest possible decode step ÷ the measured one, per data-parallel replica, in (0, 1].
+def prefill_share_floor(obs: DecodeObservation, model: ModelFigures) -> float:
+    """Least share of the window's seconds that prefill kept the replicas busy: the prefilled tokens'
+    FLOPs at the GPUs' peak over the window (0 when the tokens, the FLOPs or the peak are unknown)."""
+    if (
+        not obs.prefill_tokens
+        or obs.prefill_tokens <= 0
+        or not model.flops_per_token
+        or obs.peak_flops_per_s <= 0
+        or obs.window_seconds <= 0
+    ):
+        return 0.0
+    return obs.prefill_tokens * model.flops_per_token / (obs.peak_flops_per_s * obs.window_seconds)
 
-    None when the engine has no decode-time series, the window decoded nothing, the model's
-    weights or the GPUs' bandwidth are unknown, a coarse window's gauge instant is more than
-    :data:`COARSE_BATCH_AGREEMENT` off its mean batch, or the ratio comes out above 1.
+
+def decode_efficiency(obs: DecodeObservation, model: ModelFigures) -> float | None:
+    """Fastest possible decode step ÷ the measured one less its least prefill share, per
+    data-parallel replica, in (0, 1].
+
+    None when the engine has no decode-time series, the window decoded nothing or accepted draft
+    tokens, the model's weights or the GPUs' bandwidth are unknown, a coarse window's gauge instant
+    is more than :data:`COARSE_BATCH_AGREEMENT` off its mean batch, the prefill share's floor
+    reaches 1, or the ratio comes out above 1.
     """
     kind = DECODE_TIME_KIND.get(obs.engine_kind)
     if (
         kind is None
+        or (obs.spec_accepted_tokens is not None and obs.spec_accepted_tokens > 0)
         or obs.decode_seconds is None
         or obs.decode_seconds <= 0
         or obs.generation_tokens <= 0
@@ -152,10 +187,14 @@ def decode_efficiency(obs: DecodeObservation, model: ModelFigures) -> float | No
             ):
                 return None
             resident = min(capacity, resident * batch / obs.requests_running)
+    # batch seconds time decode forward passes alone; request-timed steps carry prompt chunks
+    share = prefill_share_floor(obs, model) if kind == "request" else 0.0
+    if share >= 1.0:
+        return None  # impossible: prompt and decode counters out of step
     ideal = min_step_seconds(
         model.weights_bytes, resident, model.kv_bytes_per_token or 0.0, obs.bandwidth_bytes_per_s / replicas
     )
-    efficiency = ideal / measured_step_seconds(obs, kind, replicas)
+    efficiency = ideal / (measured_step_seconds(obs, kind, replicas) * (1.0 - share))
     return efficiency if efficiency <= 1.0 else None  # impossible: counters out of step, not a figure
 
 

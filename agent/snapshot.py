@@ -7,6 +7,7 @@ so a quiet 5-second tick does not make the gauge flicker.
 
 from __future__ import annotations
 
+import logging
 import math
 import platform
 from collections import deque
@@ -20,6 +21,8 @@ from agent.cost.model import usd_per_million
 from agent.cost.quantiles import quantile
 from agent.cost.window import TickResult
 from agent.samples import CostWindow, EngineScrape, GpuSample, Histogram, NvmlRound
+
+logger = logging.getLogger(__name__)
 
 ModelKey = tuple[str, str, str]  # (engine, model, model_version)
 
@@ -208,13 +211,39 @@ def _wmean(pairs: list[tuple[float | None, float]]) -> float | None:
     return num / den if den > 0 else None
 
 
-class Ledger:
-    """Accumulates ticks into counters and trailing gauges; hands out immutable snapshots."""
+# Why an hour: a model version replaced by a deploy, an engine whose pod is gone or a model name a
+# hostile page invented once stops moving; an hour keeps it on /metrics through the dashboards'
+# before/after views and the fleet rules' 1-hour rates, then lets it go (its history stays in the
+# store). Without it such series live as long as the process.
+SERIES_EXPIRE_SECONDS = 3600.0
+# Why 4,096: engines × their max_models (the per-scrape cap) on a busy node is a few hundred; this
+# bounds what a stream of new names can hold inside the hour above.
+MAX_MODEL_SERIES = 4096
 
-    def __init__(self, node: str, version: str, trailing_seconds: float = 60.0) -> None:
+
+class Ledger:
+    """Accumulates ticks into counters and trailing gauges; hands out immutable snapshots.
+
+    A model version or engine not seen for ``expire_after_seconds`` leaves the ledger (and so
+    ``/metrics`` and OTLP); beyond :data:`MAX_MODEL_SERIES` model versions the least recently
+    seen go first. Either is counted in ``expired_series``."""
+
+    def __init__(
+        self,
+        node: str,
+        version: str,
+        trailing_seconds: float = 60.0,
+        expire_after_seconds: float = SERIES_EXPIRE_SECONDS,
+        max_model_series: int = MAX_MODEL_SERIES,
+    ) -> None:
         self.node = node
         self.version = version
         self.trailing_seconds = trailing_seconds
+        self.expire_after_seconds = expire_after_seconds
+        self.max_model_series = max_model_series
+        self.expired_series = 0  # model versions and engines expired since start
+        self._model_seen: dict[ModelKey, float] = {}  # epoch seconds of each version's last window
+        self._engine_seen: dict[str, float] = {}  # epoch seconds of each engine's last scrape
         self._gpus: dict[str, GpuState] = {}
         self._engines: dict[str, EngineState] = {}
         self._models: dict[ModelKey, ModelState] = {}
@@ -249,6 +278,7 @@ class Ledger:
 
     def observe_scrape(self, sc: EngineScrape) -> None:
         """Record an engine's latest scrape health."""
+        self._engine_seen[sc.engine] = sc.timestamp
         self._engines[sc.engine] = EngineState(
             sc.engine,
             sc.kind,
@@ -339,6 +369,38 @@ class Ledger:
                 recent.popleft()
             if not recent and key in self._models:
                 self._models[key] = self._gauges(self._models[key], recent)
+        for w in tick.windows:
+            u = w.usage
+            self._model_seen[(u.engine, u.model, u.model_version)] = u.end
+        self._expire(tick.end)
+
+    def _expire(self, now: float) -> None:
+        """Forget model versions and engines not seen for ``expire_after_seconds``, and the least
+        recently seen model versions beyond ``max_model_series``."""
+        cutoff = now - self.expire_after_seconds
+        old = [k for k, t in self._model_seen.items() if t < cutoff]
+        extra = len(self._model_seen) - len(old) - self.max_model_series
+        if extra > 0:
+            live = sorted((t, k) for k, t in self._model_seen.items() if t >= cutoff)
+            old += [k for _, k in live[:extra]]
+        for key in old:
+            self._model_seen.pop(key, None)
+            self._models.pop(key, None)
+            self._recent.pop(key, None)
+            self._scores.pop(key, None)
+            self._deploys.pop(key, None)
+        gone = [e for e, t in self._engine_seen.items() if t < cutoff]
+        for engine in gone:
+            del self._engine_seen[engine]
+            self._engines.pop(engine, None)
+        if old or gone:
+            self.expired_series += len(old) + len(gone)
+            logger.info(
+                "%d model version(s) and %d engine(s) not seen for %.0f s left /metrics (history keeps them)",
+                len(old),
+                len(gone),
+                self.expire_after_seconds,
+            )
 
     @staticmethod
     def _gauges(state: ModelState, recent: deque[CostWindow]) -> ModelState:

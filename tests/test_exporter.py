@@ -350,17 +350,16 @@ async def test_slow_headers_are_cut_off_and_oversized_requests_refused() -> None
         await server.stop()
 
 
-def test_fast_renderer_writes_what_prometheus_client_writes() -> None:
+def test_label_values_are_escaped_one_line_per_series() -> None:
     from dataclasses import replace
 
-    from agent.sinks.prometheus import render_catalogue, render_with_client
+    from agent.sinks.prometheus import render_catalogue
 
     snap = _snapshot()
     hostile = replace(snap.models[0], model='we"ird\\name\nline2', model_version="v\\7")
-    for s in (snap, replace(snap, models=(hostile,))):
-        assert render_catalogue(s) == render_with_client(s)
     text = render_catalogue(replace(snap, models=(hostile,))).decode()
     assert 'model="we\\"ird\\\\name\\nline2"' in text  # escaped: one line per series
+    assert 'model_version="v\\\\7"' in text
 
 
 # ---------------------------------------------------------------------------------------------
@@ -534,3 +533,41 @@ def test_the_driver_version_nvml_reported_is_kept_across_rounds() -> None:
     assert led.snapshot().driver_version == "580.159.04"
     led.observe_nvml(NvmlRound(timestamp=T0 + 1, up=True, gpus=(gpu,)))  # a round that did not say
     assert led.snapshot().driver_version == "580.159.04"
+
+
+def _churn_ledger(ticks: int, **kw: float) -> Ledger:
+    """A node whose engine page names a new model every scrape (10 s apart), through the real join."""
+    book = parse_price_book({"gpus": [{"match": "H100", "usd_per_hour": 3.6}]}, "book")
+    engines = (EngineConfig(name="llama", url="http://x/metrics", gpus=(0,), model_version="v7"),)
+    j = WindowJoiner("node-a", [e.cost_spec() for e in engines], book.table())
+    led = Ledger("node-a", "0.1.0", **kw)  # type: ignore[arg-type]
+    for k in range(ticks):
+        t = T0 + 10 * k
+        r = NvmlRound(timestamp=t, up=True, gpus=(GpuSample(0, "GPU-0", "NVIDIA H100 80GB HBM3", t),))
+        models = tuple(
+            ModelSignals(f"m{i}", prompt_tokens_total=10.0 * (k - i), generation_tokens_total=10.0 * (k - i))
+            for i in (k - 1, k)
+            if i >= 0
+        )  # model i appears at scrape i and is gone after scrape i + 1
+        scrape = {"llama": EngineScrape("llama", "vllm", t, True, 0.01, models)}
+        j.add_round(r)
+        led.observe_nvml(r)
+        led.observe_scrape(scrape["llama"])
+        led.apply(j.close_tick(t, scrape))
+    return led
+
+
+def test_model_names_not_seen_for_the_expiry_leave_metrics() -> None:
+    led = _churn_ledger(100, expire_after_seconds=60.0)
+    names = {m.model for m in led.snapshot().models}
+    # 100 names came and went; only those seen in the last minute are left
+    assert 0 < len(names) <= 8 and "m99" in names and "m0" not in names
+    assert led.expired_series >= 90
+    kept = _churn_ledger(100, expire_after_seconds=1e9)
+    assert len(kept.snapshot().models) >= 99  # without expiry every name stays
+
+
+def test_beyond_the_series_cap_the_least_recently_seen_go_first() -> None:
+    led = _churn_ledger(50, expire_after_seconds=1e9, max_model_series=5)
+    names = {m.model for m in led.snapshot().models}
+    assert len(names) <= 5 and "m49" in names and "m0" not in names

@@ -213,9 +213,23 @@ def test_parse_benchmark_reports_its_figures() -> None:
     assert {p.name for p in PAGES} <= set(names)  # every fixture page is timed
     dense = next(r for r in results if f"{DENSE_MODELS} models" in r.page)
     assert 800_000 < dense.page_bytes < 1_600_000  # the ~1 MB dense page
-    assert len(lines) == len(results) + 3 and lines[-2].startswith("minimum ")
-    assert lines[-1].startswith("first scrape")
-    assert all(r.cold_ms > 0 for r in results)
+    assert len(lines) == len(results) + 3
+    assert lines[-2].startswith("parse+map per 100 kB: ") and "target <= 1 ms: " in lines[-2]
+    assert lines[-1].startswith("daemon CPU: ") and "target <= 2 %: " in lines[-1]
+    assert all({line.split()[-4], line.split()[-2]} <= {"met", "missed"} for line in lines[1:-2])
+
+
+def test_parse_benchmark_figures_follow_the_formulas() -> None:
+    from agent.bench.parse import figures
+
+    r = figures("p", 50_000, 0.0004, 0.004)  # 0.4 ms for 50 kB
+    assert r.ms_per_100kb == pytest.approx(0.8) and r.speed_met
+    # 4 engines x 0.4 ms every 5 s = 0.032 % of one core; the daemon's CPU is 1 % of one core
+    assert r.core_share == pytest.approx(0.00032) and r.daemon_share == pytest.approx(0.032)
+    assert not r.share_met
+    assert figures("p", 50_000, 0.0006, 0.0).ms_per_100kb == pytest.approx(1.2)
+    assert not figures("p", 50_000, 0.0006, 0.0).speed_met
+    assert figures("p", 100_000, 0.0002, 0.0).share_met  # 1.6 % of the daemon's CPU
 
 
 def test_underscore_escaped_names_from_newer_prometheus_client_map_the_same() -> None:

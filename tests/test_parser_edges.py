@@ -10,7 +10,6 @@ import re
 import pytest
 
 from agent.sources.engines.parser import (
-    LAYOUTS,
     QUOTE_LIMIT,
     FamilyParser,
     ParseError,
@@ -34,13 +33,13 @@ def test_quote_strips_and_cuts_at_the_limit() -> None:
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ("want 1_000", "invalid number in line 'want 1_000'"),
+        ("want 1_000", "invalid value '1_000' in line 'want 1_000'"),
         ("want notanumber", "invalid value 'notanumber' in line 'want notanumber'"),
         ("want 1 1_0", "invalid timestamp '1_0' in line 'want 1 1_0'"),
         ("want 1 NaN", "timestamp not finite in line 'want 1 NaN'"),
         ("want", "no value in line 'want'"),
         ("want {} ", "no value in line 'want{}'"),
-        ('want{a="1",a="2"} 1', 'duplicate label name in line \'want{a="1",a="2"} 1\''),
+        ('want{a="1",a="2"} 1', "duplicate label name 'a' in line 'want{a=\"1\",a=\"2\"} 1'"),
         ('want{a="unterminated} 1', "malformed labels in line 'want{a=\"unterminated} 1'"),
         ('want{a="1" 1', "unterminated labels in line 'want{a=\"1\" 1'"),
         ('want{a="x\\"y",a="z"} 1', 'duplicate label name \'a\' in line \'want{a="x\\\\"y",a="z"} 1\''),
@@ -172,50 +171,44 @@ def test_a_series_written_twice_with_different_values_is_left_out_and_named(
     text: str, kept: list[tuple[dict[str, str], float]], duplicates: list[dict[str, str]]
 ) -> None:
     p = FamilyParser(["m"])
-    for _ in range(2):  # line by line, then again (a page with a repeated line keeps no layout)
-        page = p.parse(text)
+    for _ in range(2):  # the parser keeps nothing between pages
+        page, named = p.read(text)
         got = [(s.labels, s.value) for s in page.get("m", [])]
         assert len(got) == len(kept)
         for (labels, value), (want_labels, want) in zip(got, kept, strict=True):
             assert labels == want_labels and (value == want or (math.isnan(value) and math.isnan(want)))
-        assert [labels for _, labels in p.duplicates] == duplicates
-        assert all(name == "m" for name, _ in p.duplicates)
-    p.parse("m 1\n")
-    assert p.duplicates == ()  # each page names its own
+        assert [labels for _, labels in named] == duplicates
+        assert all(name == "m" for name, _ in named)
+    assert p.read("m 1\n").duplicates == ()  # each page names its own
 
 
-def test_a_repeated_line_is_never_read_from_a_layout() -> None:
-    # the same heads twice: a page whose duplicate agrees, then one whose duplicate does not
+def test_a_repeated_line_agreeing_then_disagreeing() -> None:
     p = FamilyParser(["m"])
     assert p.parse("m 1\nm 1\n") == {"m": [Sample("m", {}, 1.0, None)]}
-    assert p.parse("m 1\nm 1\n") == {"m": [Sample("m", {}, 1.0, None)]}
-    assert p.parse("m 1\nm 2\n") == {}
-    assert p.duplicates == (("m", {}),)
+    assert p.read("m 1\nm 2\n") == ({}, (("m", {}),))
 
 
 def test_a_duplicate_of_the_escaped_spelling_is_named_canonically() -> None:
     p = FamilyParser(["vllm:x"])
-    assert p.parse("vllm_x 1\nvllm_x 2\n") == {}
-    assert p.duplicates == (("vllm:x", {}),)
+    assert p.read("vllm_x 1\nvllm_x 2\n") == ({}, (("vllm:x", {}),))
 
 
-def test_label_blocks_read_before_are_reused_with_the_same_rules() -> None:
+def test_a_series_read_again_follows_the_same_rules() -> None:
     p = FamilyParser(["m"])
     first = p.parse('m{a="1"} 1\n')
-    again = p.parse('m{a="1"} 3 # {trace_id="x"} 0.5\nm{a="1"}3\n')  # a cached block, an exemplar
+    again = p.parse('m{a="1"} 3 # {trace_id="x"} 0.5\nm{a="1"}3\n')  # an exemplar, no blank
     assert first == {"m": [Sample("m", {"a": "1"}, 1.0, None)]}
     assert again == {"m": [Sample("m", {"a": "1"}, 3.0, None)]}
     with pytest.raises(ParseError, match="no blank before the value"):
-        p.parse('m{a="1"}4\n', openmetrics=True)  # the cached path checks the blank too
+        p.parse('m{a="1"}4\n', openmetrics=True)  # OpenMetrics wants the blank
     assert p.parse('m{a="1"} 5 # {t="y"} 1\n')["m"][0].value == 5.0
-    p.forget()
     assert p.parse('m{a="1"} 6\n')["m"][0].value == 6.0
 
 
 def test_underscores_in_a_number_are_refused_even_where_float_takes_them() -> None:
     with pytest.raises(ParseError) as err:
         parse("want 1_0\n", {"want"})
-    assert str(err.value) == "invalid number in line 'want 1_0'"
+    assert str(err.value) == "invalid value '1_0' in line 'want 1_0'"
     with pytest.raises(ParseError) as err:
         parse('want{a="1"} 2 1_000\n', {"want"})
     assert str(err.value) == "invalid timestamp '1_000' in line 'want{a=\"1\"} 2 1_000'"
@@ -226,15 +219,14 @@ def test_blanks_before_labels_and_a_label_value_with_a_brace() -> None:
     assert page["m"] == [Sample("m", {"a": "x{y}"}, 1.0, None), Sample("m", {"b": "z"}, 2.0, 3.0)]
 
 
-# A page laid out as one read before is read from that layout (for speed): the
-# same samples as reading it line by line, hand-computed here for each way a page can change.
+# A page read again with new values, blanks, timestamps, exemplars or native histograms:
+# hand-computed samples for each way a page can change between scrapes.
 PAGE = 'a{x="1"} 8\nb 2\n# HELP c x\na{x="2"} 3\na{x="3"} 5\n'
 
 
-def test_a_page_laid_out_as_before_reads_its_new_values() -> None:
+def test_a_page_read_again_reads_its_new_values() -> None:
     p = FamilyParser(["a", "b"])
     first = p.parse(PAGE)
-    assert len(p._layouts) == 1  # every line plain: its layout is kept
     assert first == {
         "a": [
             Sample("a", {"x": "1"}, 8.0, None),
@@ -249,37 +241,33 @@ def test_a_page_laid_out_as_before_reads_its_new_values() -> None:
     assert again["a"][2] == Sample("a", {"x": "3"}, math.inf, None)
     assert again["b"] == [Sample("b", {}, -45.0, None)]
     assert list(again) == ["a", "b"] and len(again["a"]) == 3
-    assert len(p._layouts) == 1
 
 
-def test_a_layout_is_not_used_where_a_tail_is_more_than_a_value() -> None:
+def test_a_page_read_again_with_a_tail_that_is_more_than_a_value() -> None:
     p = FamilyParser(["a", "b"])
     p.parse(PAGE)
     page = p.parse('a{x="1"} 8\nb 2 3000\n# HELP c x\na{x="2"} 3\na{x="3"} 5\n')
     assert page["b"] == [Sample("b", {}, 2.0, 3.0)]  # a timestamp, in seconds
     with pytest.raises(ParseError) as err:
         p.parse('a{x="1"} 8\nb 1_000\n# HELP c x\na{x="2"} 3\na{x="3"} 5\n')
-    assert str(err.value) == "invalid number in line 'b 1_000'"
+    assert str(err.value) == "invalid value '1_000' in line 'b 1_000'"
     page = p.parse('a{x="1"} 8\nb 2 # {t="x"} 1\n# HELP c x\na{x="2"} 3\na{x="3"} 5\n')
     assert page["b"] == [Sample("b", {}, 2.0, None)]  # an exemplar: ignored
-    assert len(p._layouts) == 1  # none of these pages is laid out plainly
 
 
-def test_a_head_that_swallowed_an_exemplar_never_becomes_a_layout() -> None:
+def test_an_exemplar_with_braces_is_not_read_as_labels() -> None:
     # The common shape's head runs to the last "}" before a blank: here the exemplar's. Read line
     # by line, the value is 1, not the exemplar's 0.5, however often the page comes back.
     p = FamilyParser(["a_total"])
     for _ in range(3):
         page = p.parse('a_total{x="1"} 1 # {t="z"} 0.5\n')
         assert page == {"a_total": [Sample("a_total", {"x": "1"}, 1.0, None)]}
-    assert p._layouts == []
     page = p.parse('a_total {x="1"} 7\n')  # blanks before the labels: the head is the name alone
     assert page == {"a_total": [Sample("a_total", {"x": "1"}, 7.0, None)]}
     assert p.parse('a_total {x="1"} 8\n')["a_total"][0].value == 8.0
-    assert p._layouts == []
 
 
-def test_a_native_histogram_line_keeps_the_page_from_a_layout() -> None:
+def test_a_native_histogram_line_among_classic_buckets_is_skipped() -> None:
     p = FamilyParser(["h"])
     text = 'h_bucket{le="1"} 2\nh{a="b"} {count:2,sum:1,schema:0}\nh_bucket{le="+Inf"} 3\n'
     for _ in range(2):
@@ -289,24 +277,9 @@ def test_a_native_histogram_line_keeps_the_page_from_a_layout() -> None:
                 Sample("h_bucket", {"le": "+Inf"}, 3.0, None),
             ]
         }
-    assert p._layouts == []
 
 
-def test_layouts_are_bounded_and_the_oldest_goes_first() -> None:
-    assert LAYOUTS == 8  # engines of one kind on one node (see the constant)
-    p = FamilyParser(["a"])
-    pages = [f'a{{x="{i}"}} {i}\n' for i in range(LAYOUTS + 1)]
-    for text in pages:
-        p.parse(text)
-    assert [heads for heads, _ in p._layouts] == [(f'a{{x="{i}"}}',) for i in range(1, LAYOUTS + 1)]
-    assert p.parse('a{x="3"} 30\n') == {"a": [Sample("a", {"x": "3"}, 30.0, None)]}
-    assert p.parse('a{x="0"} 40\n') == {"a": [Sample("a", {"x": "0"}, 40.0, None)]}
-    assert p._layouts[-1][0] == ('a{x="0"}',) and len(p._layouts) == LAYOUTS
-    p.forget()
-    assert p._layouts == [] and p._blocks == {}
-
-
-def test_two_engines_alternating_each_read_from_their_layout() -> None:
+def test_two_engines_alternating_each_read_their_own_page() -> None:
     p = FamilyParser(["a", "b"])
     one, two = 'a{m="p"} %s\nb 1\n', 'b 2\na{m="q"} %s\n'
     for v in (1, 2):
@@ -318,10 +291,9 @@ def test_two_engines_alternating_each_read_from_their_layout() -> None:
             "b": [Sample("b", {}, 2.0, None)],
             "a": [Sample("a", {"m": "q"}, v * 10, None)],
         }
-    assert len(p._layouts) == 2
 
 
-def test_a_layout_keeps_the_canonical_spelling() -> None:
+def test_a_page_read_again_keeps_the_canonical_spelling() -> None:
     p = FamilyParser(["vllm:x", "vllm:y"])
     text = 'vllm_x{m="a"} %s\nvllm:y %s\nvllm_y 3\n'
     for v in (1, 2):
@@ -330,23 +302,18 @@ def test_a_layout_keeps_the_canonical_spelling() -> None:
             "vllm:x": [Sample("vllm:x", {"m": "a"}, float(v), None)],
             "vllm:y": [Sample("vllm:y", {}, float(v + 1), None)],  # the escaped spelling dropped
         }
-    assert len(p._layouts) == 1
 
 
 def test_a_parser_asked_for_nothing_reads_nothing_even_an_empty_quoted_name() -> None:
     p = FamilyParser([])
     assert p.parse('{""} 1\n{"", a="b"} 2\nx 3\n') == {}
-    assert p._layouts == []
 
 
-def test_read_layout_reads_the_text_format_by_default_and_hands_back_a_known_layout() -> None:
+def test_read_reads_the_text_format_by_default() -> None:
     # the text format: "# EOF" is a comment, so the line after it is read
     p = FamilyParser(["t_x", "t_y"])
-    page = p.read_layout("t_x 1\n# EOF\nt_y 2\n")
-    assert isinstance(page, dict) and [s.value for s in page["t_y"]] == [2.0]
-    layout, values = p.read_layout("t_x 5\n# EOF\nt_y 7\n")  # the same layout: its values, per line
-    assert values == [5.0, 7.0]
-    assert p.page_of(layout, values) == {
-        "t_x": [Sample("t_x", {}, 5.0, None)],
-        "t_y": [Sample("t_y", {}, 7.0, None)],
-    }
+    assert p.read("t_x 5\n# EOF\nt_y 7\n") == (
+        {"t_x": [Sample("t_x", {}, 5.0, None)], "t_y": [Sample("t_y", {}, 7.0, None)]},
+        (),
+    )
+    assert p.read("t_x 5\n# EOF\nt_y 7\n", openmetrics=True).page == {"t_x": [Sample("t_x", {}, 5.0, None)]}

@@ -1,12 +1,15 @@
-"""The adapter's map of histograms read through a remembered bucket layout (for speed): scrape
-after scrape, the same histograms and refusals as reading every bucket, hand-computed."""
+"""The adapter's map of histograms and of whole recorded pages, scrape after scrape: new values are
+read, and every check still applies (hostile values, decreasing buckets, ranks, folded models),
+hand-computed."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from agent.samples import Histogram
-from agent.sources.engines.base import BUCKET_PLANS, Adapter, Series
+from agent.sources.engines.base import Adapter, Reading, Series
+from agent.sources.engines.tgi import ADAPTER as TGI
 
 
 def _adapter(**kw: object) -> Adapter:
@@ -105,11 +108,77 @@ def test_an_le_that_is_not_a_number_is_refused_every_scrape() -> None:
         )
 
 
-def test_bucket_layouts_are_bounded() -> None:
-    assert BUCKET_PLANS == 256  # histograms per engine x engines of one kind (see the constant)
-    a = _adapter()
-    for i in range(BUCKET_PLANS + 1):
-        a.read(_page(f"m{i}", ("1", "2", "3")))
-    assert len(a.bucket_plans) == 1  # full at 256: emptied, then the last one kept
-    (m,) = a.read(_page("m0", ("1", "2", "3"))).models
-    assert m.model == "m0" and m.ttft_seconds is not None and len(a.bucket_plans) == 2
+FIXTURES = Path(__file__).parent / "fixtures" / "expositions"
+TGI_PAGE = (FIXTURES / "tgi.txt").read_text()
+
+
+def _with(text: str, **values: str) -> str:
+    """``text`` with new values on the lines named (by their key in :data:`HEADS`)."""
+    for head, value in values.items():
+        line = next(ln for ln in text.splitlines() if ln.split(" ")[0] == HEADS[head])
+        text = text.replace(line + "\n", f"{HEADS[head]} {value}\n")
+    return text
+
+
+HEADS = {
+    "prompt": "tgi_request_input_length_sum",
+    "generated": "tgi_request_generated_tokens_sum",
+    "waiting": "tgi_queue_size",
+    "e2e_5": 'tgi_request_duration_bucket{le="5.0"}',
+    "e2e_2": 'tgi_request_duration_bucket{le="2.0"}',
+    "itl_001": 'tgi_request_mean_time_per_token_duration_bucket{le="0.01"}',
+    "decode": 'tgi_batch_forward_duration_sum{method="decode"}',
+    "validation": 'tgi_request_failure{err="validation"}',
+}
+
+
+def _tgi(text: str) -> Reading:
+    """``text`` read by the TGI adapter after two scrapes of the recorded page."""
+    for _ in range(2):
+        TGI.read(TGI_PAGE)
+    return TGI.read(text)
+
+
+def test_new_values_are_read_scrape_after_scrape() -> None:
+    text = _with(TGI_PAGE, prompt="90000", waiting="7", e2e_5="990", decode="2000.5", validation="26")
+    reading = _tgi(text)
+    (m,) = reading.models
+    assert m.model == "default"
+    assert m.prompt_tokens_total == 90000.0 and m.generation_tokens_total == 250321.0
+    assert m.requests_waiting == 7.0 and m.requests_running == 14.0
+    assert m.prefill_seconds_total == 40.5 and m.decode_seconds_total == 2000.5
+    assert m.requests_finished_total == {"overloaded": 5.0, "success": 1000.0, "validation": 26.0}
+    assert m.e2e_seconds == Histogram(
+        ((0.5, 10.0), (1.0, 400.0), (2.0, 950.0), (5.0, 990.0), (math.inf, 1000.0)), 1502.5, 1000.0
+    )
+    assert m.itl_seconds == Histogram(
+        ((0.005, 50.0), (0.01, 900.0), (0.02, 1000.0), (math.inf, 1000.0)), 9.75, 1000.0
+    )
+    assert reading.invalid_series == ()
+
+
+def test_a_decreasing_bucket_after_good_scrapes_makes_that_histogram_absent() -> None:
+    text = _with(TGI_PAGE, e2e_2="1950")
+    (m,) = _tgi(text).models
+    assert m.e2e_seconds is None
+    assert m.itl_seconds is not None and m.itl_seconds.count == 1000.0
+    assert m.prompt_tokens_total == 81234.0
+
+
+def test_hostile_values_after_good_scrapes_make_only_their_signal_absent() -> None:
+    text = _with(TGI_PAGE, prompt="-5", waiting="NaN", generated="1e300", itl_001="+Inf")
+    reading = _tgi(text)
+    (m,) = reading.models
+    assert m.prompt_tokens_total is None and m.generation_tokens_total is None
+    assert m.requests_waiting is None  # a NaN gauge: no reading
+    assert m.itl_seconds is None
+    assert m.requests_running == 14.0 and m.decode_seconds_total == 1800.25
+    assert m.e2e_seconds is not None and m.e2e_seconds.sum == 1502.5
+    assert len(reading.invalid_series) == 3
+
+
+def test_a_sum_over_hundreds_of_series_is_read() -> None:
+    text = "".join(f'tgi_queue_size{{shard="{i}"}} 2\n' for i in range(300))
+    for _ in range(3):
+        (m,) = TGI.read(text).models
+        assert m.requests_waiting == 600.0

@@ -41,16 +41,13 @@ import hashlib
 import logging
 import math
 import re
-from collections.abc import Hashable, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
-from itertools import chain
-from operator import itemgetter
 from typing import Any
 
 from agent.cost.counters import CREATED, STARTED
 from agent.samples import Histogram, ModelSignals
-from agent.sources.engines.parser import FamilyParser, Page, Sample
+from agent.sources.engines.parser import Page, Sample, parser_for
 
 logger = logging.getLogger(__name__)
 
@@ -69,17 +66,8 @@ MAX_REPORTED = 20  # refused series described per scrape (the rest only counted 
 PROCESS_START = "process_start_time_seconds"
 DUPLICATE = "written twice with different values"  # why a series the parser left out is refused
 COUNT_MISMATCH = "_count differs from the +Inf bucket"  # both count every observation
-_LE: dict[str, float] = {}  # le label text → bound (parsed once)
-_PART_KEYS: dict[tuple[str, Hashable], str] = {}  # (histogram, rank labels) → its counter_parts-style name
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-_LABELS = itemgetter(1)  # a Sample's labels (Sample is the NamedTuple name, labels, value, timestamp)
-_VALUE = itemgetter(2)  # a Sample's value
-# Bucket layouts remembered per adapter (why 256: a few histograms per engine and a few engines of
-# one kind per node; each entry holds its label dicts, which the parser keeps anyway)
-BUCKET_PLANS = 256
-# A histogram's buckets as laid out on a page: per model label value (None: the engine has no
-# model label), the bounds in order (scaled) and the position of each bound's sample.
-_BucketPlan = tuple[tuple[str | None, tuple[float, ...], tuple[int, ...]], ...]
+_SeriesId = tuple[tuple[str, str], ...]  # a series' labels but le, sorted: one histogram of several
 
 _SCALAR_FIELDS = frozenset(
     f.name
@@ -125,10 +113,11 @@ class Series:
     metric: str | tuple[str, ...]
     where: Mapping[str, str] = field(default_factory=dict)
     scale: float = 1.0
-    names: tuple[str, ...] = field(init=False, default=(), compare=False)  # the wire names it reads
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "names", (self.metric,) if isinstance(self.metric, str) else self.metric)
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The wire names it reads."""
+        return (self.metric,) if isinstance(self.metric, str) else self.metric
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +140,7 @@ class InfoProduct:
     labels: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Adapter:
     """One engine's metric map onto :class:`ModelSignals` (see the module docstring)."""
 
@@ -172,70 +161,21 @@ class Adapter:
         )
         if bad:
             raise ValueError(f"adapter {self.kind}: unknown ModelSignals fields {sorted(bad)}")
-        families: set[str] = set()
-        for alternatives in self.scalars.values():
-            for s in alternatives:
-                families.update(s.names)
-        for alternatives in self.histograms.values():
-            for s in alternatives:
-                families.update(s.names)
-        families.update(f.metric for f in self.finished)
-        families.update(i.metric for i in self.info.values())
-        # each counter series' _created (prometheus_client engines expose one per series)
-        created = {
-            n: created_name(n)
+
+    @property
+    def families(self) -> frozenset[str]:
+        """The wire families it reads (with its counters' ``_created`` and the process start time)."""
+        names = {n for _, s in _series(self) for n in s.names}
+        names.update(f.metric for f in self.finished)
+        names.update(i.metric for i in self.info.values())
+        names.update(
+            created_name(n)
             for signal, alternatives in self.scalars.items()
             if signal in COUNTER_FIELDS
             for s in alternatives
             for n in s.names
-        }
-        families.update(created.values())
-        families.add(PROCESS_START)
-        readers: dict[str, list[tuple[str, Mapping[str, str]]]] = {}  # wire name → (signal, where)
-        for signal, alternatives in self.scalars.items():
-            for s in alternatives:
-                for n in s.names:
-                    readers.setdefault(n, []).append((signal, s.where))
-        for signal, alternatives in self.histograms.items():
-            for s in alternatives:
-                for suffix in ("_bucket", "_sum", "_count"):
-                    readers.setdefault(s.names[0] + suffix, []).append((signal, s.where))
-        for f in self.finished:
-            readers.setdefault(f.metric, []).append(("requests_finished_total", f.where))
-        for signal, i in self.info.items():
-            readers.setdefault(i.metric, []).append((signal, {}))
-        object.__setattr__(self, "created_names", created)
-        object.__setattr__(self, "readers", {n: tuple(r) for n, r in readers.items()})
-        plan = tuple(
-            (signal, s, signal in _MEAN_FIELDS, signal in COUNTER_FIELDS, len(s.names) == 1 and not s.where)
-            for signal, alternatives in self.scalars.items()
-            for s in alternatives
         )
-        object.__setattr__(self, "scalar_plan", plan)
-        object.__setattr__(self, "families", frozenset(families))
-        object.__setattr__(self, "parser", FamilyParser(families))
-        object.__setattr__(self, "bucket_plans", {})
-        object.__setattr__(self, "map_plans", [])
-        object.__setattr__(self, "layout_plans", [])
-
-    families: frozenset[str] = field(init=False, default=frozenset())  # wire families it reads
-    # a counter's wire name → the name of its _created samples
-    created_names: Mapping[str, str] = field(init=False, repr=False, default_factory=dict)
-    # a wire sample name → the signals (and their label filters) it feeds
-    readers: Mapping[str, tuple[tuple[str, Mapping[str, str]], ...]] = field(
-        init=False, repr=False, default_factory=dict
-    )
-    # (signal, series, averaged?, counter?, one name and no filter?) in preference order: the map's work list
-    scalar_plan: tuple[tuple[str, Series, bool, bool, bool], ...] = field(init=False, repr=False, default=())
-    parser: FamilyParser = field(init=False, repr=False, compare=False, default=None)  # type: ignore[assignment]
-    # (series id, ids of the bucket samples' label dicts) → (those label dicts, their layout or None)
-    bucket_plans: dict[
-        tuple[int, tuple[int, ...]], tuple[tuple[Mapping[str, str], ...], _BucketPlan | None]
-    ] = field(init=False, repr=False, compare=False, default_factory=dict)
-    # Page structures seen (see _map): [names, labels, default model, max_models, plan or None, tries]
-    map_plans: list[list[Any]] = field(init=False, repr=False, compare=False, default_factory=list)
-    # The parser's page layouts seen (see _read): [layout, default model, max_models, plan or None, tries]
-    layout_plans: list[list[Any]] = field(init=False, repr=False, compare=False, default_factory=list)
+        return frozenset({*names, PROCESS_START})
 
     def read(
         self,
@@ -246,28 +186,45 @@ class Adapter:
     ) -> Reading:
         """Parse a page (OpenMetrics text when ``openmetrics``) and map it with its checks;
         raises ParseError on a malformed wanted line."""
-        return _read(self, text, default_model, openmetrics, max_models)
+        page, duplicates = parser_for(self.families).read(text, openmetrics)
+        return _Mapping(self, page, default_model, max_models, duplicates).run()
 
     def parse(
         self, text: str, default_model: str | None = None, openmetrics: bool = False
     ) -> tuple[ModelSignals, ...]:
         """The models of :meth:`read` (raises ParseError on a malformed wanted line)."""
-        return _read(self, text, default_model, openmetrics, DEFAULT_MAX_MODELS).models
-
-    def forget(self) -> None:
-        """Drop what earlier pages taught the parser and the map (label blocks, page and bucket
-        layouts): the next page is read as a first scrape (benchmarks)."""
-        self.parser.forget()
-        self.bucket_plans.clear()
-        self.map_plans.clear()
-        self.layout_plans.clear()
+        return self.read(text, default_model, openmetrics).models
 
     def map(
         self, page: Page, default_model: str | None = None, max_models: int = DEFAULT_MAX_MODELS
     ) -> Reading:
         """One :class:`ModelSignals` per model seen on the page, sorted by model name, with the
         series refused and the series folded (see the module docstring)."""
-        return _map(self, page, default_model, max_models)
+        return _Mapping(self, page, default_model, max_models).run()
+
+
+def _series(adapter: Adapter) -> list[tuple[str, Series]]:
+    """Every (signal, series) of the scalar and histogram maps."""
+    return [
+        (signal, s)
+        for table in (adapter.scalars, adapter.histograms)
+        for signal, alternatives in table.items()
+        for s in alternatives
+    ]
+
+
+def _readers(adapter: Adapter, name: str) -> list[tuple[str, Mapping[str, str]]]:
+    """The signals a wire sample name feeds, with their label filters."""
+    out = [(signal, s.where) for signal, alts in adapter.scalars.items() for s in alts if name in s.names]
+    out += [
+        (signal, s.where)
+        for signal, alts in adapter.histograms.items()
+        for s in alts
+        if name in (s.names[0] + "_bucket", s.names[0] + "_sum", s.names[0] + "_count")
+    ]
+    out += [("requests_finished_total", f.where) for f in adapter.finished if f.metric == name]
+    out += [(signal, {}) for signal, i in adapter.info.items() if i.metric == name]
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,19 +240,6 @@ def clean_label(value: str) -> str:
     """A label value as the agent passes it on: control characters removed, at most
     :data:`MAX_LABEL_CHARS` characters (a longer one is cut and ends in ``~`` and 8 hex digits of
     its SHA-256, so distinct long values stay distinct)."""
-    if len(value) <= MAX_LABEL_CHARS:
-        return _clean_short(value)
-    return _clean(value)
-
-
-# Model names and reasons repeat every scrape; only short values are remembered, so a hostile page
-# churns at most 4,096 x 128 characters.
-@lru_cache(maxsize=4096)
-def _clean_short(value: str) -> str:
-    return value if _CONTROL.search(value) is None else _clean(value)
-
-
-def _clean(value: str) -> str:
     cleaned = _CONTROL.sub("", value)
     if len(cleaned) > MAX_LABEL_CHARS:
         digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:8]
@@ -353,9 +297,10 @@ class _Mapping:
         self.bad: set[tuple[str, str]] = set()  # (model, signal) refused this scrape
         self.dropped = 0
         self.model_of: dict[str, str] = {}  # label value on the wire → model name passed on
-        self._plan_models(max_models)
+        self._fold_models(max_models)
 
-    def _plan_models(self, max_models: int) -> None:
+    def _fold_models(self, max_models: int) -> None:
+        """Name every model label value on the page; those beyond ``max_models`` become OTHER_MODEL."""
         label = self.a.model_label
         if label is None:
             return
@@ -370,9 +315,7 @@ class _Mapping:
             self.model_of[w] = m if m in kept else OTHER_MODEL
         folded = {w for w, m in self.model_of.items() if m == OTHER_MODEL}
         if folded:
-            self.dropped = sum(
-                1 for samples in self.page.values() for s in samples if s.labels.get(label) in folded
-            )
+            self.dropped = sum(1 for samples in page for s in samples if s.labels.get(label) in folded)
 
     def _model(self, labels: Mapping[str, str]) -> str | None:
         if self.a.model_label is None:
@@ -380,70 +323,106 @@ class _Mapping:
         wire = labels.get(self.a.model_label)
         return None if wire is None else self.model_of[wire]
 
+    def _selected(self, name: str, where: Mapping[str, str]) -> Iterator[tuple[str, Sample]]:
+        """The samples of ``name`` carrying ``where``'s labels and a model, with that model."""
+        for sample in self.page.get(name, ()):
+            if where and not where.items() <= sample.labels.items():
+                continue
+            model = self._model(sample.labels)
+            if model is not None:
+                yield model, sample
+
     def _refuse(self, model: str, signal: str, name: str, labels: Mapping[str, str], why: str) -> None:
         self.bad.add((model, signal))
         if len(self.invalid) < MAX_REPORTED:
             self.invalid.append(f"{signal}: {_describe(name, labels, why)}")
 
-    def _scalar(
-        self, signal: str, s: Series, parts: dict[str, dict[str, float]] | None, mean: bool, counter: bool
-    ) -> dict[str, float] | None:
-        """Per model, the series' value summed (or averaged) over every other label; with
-        ``parts``, also each summed series' own value (keyed by name and other labels). None when
-        the series is not on the page."""
-        first = self.page.get(s.names[0])
-        if not first:
+    def _scalar(self, signal: str, s: Series) -> tuple[dict[str, float], dict[str, dict[str, float]]] | None:
+        """Per model, the series' value summed (averaged for a ratio) over every other label, and
+        for a counter each summed series' own value (keyed by name and other labels) where there
+        is something to tell apart. None when the series is not on the page."""
+        if not self.page.get(s.names[0]):
             return None
+        mean, counter = signal in _MEAN_FIELDS, signal in COUNTER_FIELDS
         high = 1.0 if mean else MAX_VALUE
-        ml = self.a.model_label
-        if len(first) == 1 and len(s.names) == 1 and not s.where:  # one series: nothing to sum
-            sample = first[0]
-            model = self.fallback if ml is None else self.model_of.get(sample.labels.get(ml))  # type: ignore[arg-type]
-            if model is not None and 0.0 <= sample.value <= high:
-                # a lone DP rank or version: labels besides the model's (_ranked, inlined)
-                if parts is not None and len(sample.labels) > (ml in sample.labels):
-                    parts[model] = {_series_key(s.names[0], sample.labels, ml): sample.value * s.scale}
-                return {model: sample.value * s.scale}
-        where = s.where
-        wanted = where.items() if where else None  # labels a sample must carry
-        scale = s.scale
-        total: dict[str, float] = {}
-        count: dict[str, int] = {}
         seen: dict[str, list[tuple[str, Mapping[str, str], float]]] = {}
-        model_of, fallback = self.model_of, self.fallback
         for name in s.names:
-            for sample in self.page.get(name, ()):
-                labels = sample.labels
-                if wanted is not None and not wanted <= labels.items():
-                    continue
-                model = fallback if ml is None else model_of.get(labels.get(ml))  # type: ignore[arg-type]
-                if model is None:
-                    continue
-                v = sample.value
+            for model, (_, labels, v, _) in self._selected(name, s.where):
                 if not 0.0 <= v <= high:  # False for NaN too
                     if v != v and not counter:  # a NaN gauge: no reading, not an error
                         continue
                     kind = "counter" if counter else "gauge"
                     self._refuse(model, signal, name, labels, f"{kind} value {v!r} outside [0, {high:g}]")
                     continue
-                if scale != 1.0:
-                    v *= scale
-                total[model] = total.get(model, 0.0) + v
-                if mean:
-                    count[model] = count.get(model, 0) + 1
-                if parts is not None:
-                    seen.setdefault(model, []).append((name, labels, v))
-        if parts is not None:
-            for model, items in seen.items():
-                if len(items) == 1 and not _ranked(items[0][1], ml, where):
-                    continue  # one series with no label but the model's: nothing to tell apart
-                per = parts.setdefault(model, {})
-                for wire, wire_labels, v in items:
-                    key = _series_key(wire, wire_labels, ml)
-                    per[key] = per.get(key, 0.0) + v
+                seen.setdefault(model, []).append((name, labels, v * s.scale))
+        totals = {m: sum(v for _, _, v in items) for m, items in seen.items()}
         if mean:
-            return {m: v / count[m] for m, v in total.items()}
-        return total
+            totals = {m: v / len(seen[m]) for m, v in totals.items()}
+        parts: dict[str, dict[str, float]] = {}
+        ml = self.a.model_label
+        for model, items in seen.items() if counter else ():
+            if len(items) == 1 and not _ranked(items[0][1], ml, s.where):
+                continue  # one series with no label but the model's: nothing to tell apart
+            per = parts.setdefault(model, {})
+            for wire, wire_labels, v in items:
+                key = _series_key(wire, wire_labels, ml)
+                per[key] = per.get(key, 0.0) + v
+        return totals, parts
+
+    def _scalars(
+        self, values: dict[str, dict[str, Any]], counter_parts: dict[str, dict[str, dict[str, float]]]
+    ) -> list[tuple[str, str, Series]]:
+        """Put every scalar signal (the first alternative present wins); return (model, counter,
+        the series it was read from) for each counter read."""
+        won: list[tuple[str, str, Series]] = []
+        for signal, alternatives in self.a.scalars.items():
+            for s in alternatives:
+                got = self._scalar(signal, s)
+                if got is None:
+                    continue
+                per_model, parts = got
+                for model, v in per_model.items():
+                    mine = values.setdefault(model, {})
+                    if signal in mine:
+                        continue  # an earlier alternative wins
+                    mine[signal] = v
+                    if signal in COUNTER_FIELDS:
+                        won.append((model, signal, s))
+                    if parts.get(model):
+                        counter_parts.setdefault(model, {})[signal] = parts[model]
+        return won
+
+    def _histograms(self, values: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str, Histogram]]]:
+        """Put every histogram signal (the first alternative present wins); return the per-series
+        histograms, model → signal → series."""
+        histogram_parts: dict[str, dict[str, dict[str, Histogram]]] = {}
+        for signal, alternatives in self.a.histograms.items():
+            for s in alternatives:
+                hparts: dict[str, dict[str, Histogram]] = {}
+                for model, h in self._histogram(signal, s, hparts).items():
+                    mine = values.setdefault(model, {})
+                    if signal not in mine:
+                        mine[signal] = h
+                        if model in hparts:
+                            histogram_parts.setdefault(model, {})[signal] = hparts[model]
+        return histogram_parts
+
+    def _finished(self, values: dict[str, dict[str, Any]]) -> None:
+        """Put each model's finished requests by reason (reasons cleaned, summed over other labels)."""
+        finished: dict[str, dict[str, float]] = {}
+        for f in self.a.finished:
+            for owner, (_, labels, v, _) in self._selected(f.metric, f.where):
+                reason = (labels.get(f.label) if f.label else None) or f.reason
+                if reason is None:
+                    continue
+                if not 0.0 <= v <= MAX_VALUE:
+                    self._refuse(owner, "requests_finished_total", f.metric, labels, f"counter value {v!r}")
+                    continue
+                per = finished.setdefault(owner, {})
+                reason = clean_label(reason)
+                per[reason] = per.get(reason, 0.0) + v
+        for model, per in finished.items():
+            values.setdefault(model, {}).setdefault("requests_finished_total", dict(sorted(per.items())))
 
     def _refuse_duplicates(self) -> None:
         """Refuse, for its model, every signal a series the parser left out (written twice with
@@ -458,10 +437,9 @@ class _Mapping:
                 if wire is None
                 else self.model_of.get(wire) or clean_label(wire) or self.fallback
             )
-            for signal, where in self.a.readers.get(name, ()):
-                if not where.items() <= labels.items():
-                    continue
-                self._refuse(owner, signal, name, labels, DUPLICATE)
+            for signal, where in _readers(self.a, name):
+                if where.items() <= labels.items():
+                    self._refuse(owner, signal, name, labels, DUPLICATE)
 
     def _created(
         self, won: list[tuple[str, str, Series]], counter_parts: dict[str, dict[str, dict[str, float]]]
@@ -469,21 +447,18 @@ class _Mapping:
         """Put each counter series' ``_created`` (epoch seconds) into ``counter_parts`` under the
         counter's name + CREATED, keyed as its value is; a series whose _created is not one number
         (two samples disagree) has none."""
-        ml, names, page = self.a.model_label, self.a.created_names, self.page
+        ml = self.a.model_label
         for model, signal, s in won:
-            stamps: dict[str, Any] = {}
+            stamps: dict[str, float] = {}
             torn: set[str] = set()
             for n in s.names:
-                for sample in page.get(names[n], ()):
-                    labels = sample.labels
-                    if s.where and not s.where.items() <= labels.items():
-                        continue
-                    if (self.fallback if ml is None else self.model_of.get(labels.get(ml))) != model:  # type: ignore[arg-type]
+                for owner, (_, labels, v, _) in self._selected(created_name(n), s.where):
+                    if owner != model:
                         continue
                     key = _series_key(n, labels, ml)
-                    if key in stamps and stamps[key] != sample.value:
+                    if key in stamps and stamps[key] != v:
                         torn.add(key)
-                    stamps[key] = sample.value
+                    stamps[key] = v
             for key in torn:
                 del stamps[key]
             if stamps:
@@ -518,229 +493,84 @@ class _Mapping:
                 values.setdefault(m, {}).setdefault(signal, mean)
 
     def _several_series(self, name: str, where: Mapping[str, str], fixed: int) -> bool:
-        """True when some model has more than one series of ``name`` with labels besides the
-        model's and ``where``'s (data-parallel ranks): a cheap look at one sample per series."""
-        ml, model_of, fallback = self.a.model_label, self.model_of, self.fallback
+        """True when some model has more than one series of ``name`` with more than ``fixed``
+        labels (besides the model's and ``where``'s: data-parallel ranks)."""
         seen: set[str] = set()
-        for sample in self.page.get(name, ()):
-            labels = sample.labels
-            if len(labels) <= fixed or (where and any(labels.get(k) != v for k, v in where.items())):
+        for model, sample in self._selected(name, where):
+            if len(sample.labels) <= fixed:
                 continue
-            model = fallback if ml is None else model_of.get(labels.get(ml))  # type: ignore[arg-type]
             if model in seen:
                 return True
-            if model is not None:
-                seen.add(model)
+            seen.add(model)
         return False
 
-    def _bucket_plan(self, s: Series, samples: list[Sample]) -> _BucketPlan | None:
-        """The layout of a histogram's bucket samples (one sample per model and bound), or None
-        when the buckets need :meth:`_histogram`'s own loop (several series summed, an ``le``
-        that is not a number)."""
-        labels_of = tuple(map(_LABELS, samples))
-        key = (id(s), tuple(map(id, labels_of)))
-        known = self.a.bucket_plans.get(key)
-        if known is not None and known[0] == labels_of:  # the same labels: the same layout
-            return known[1]
-        wanted = s.where.items() if s.where else None
-        ml, scale = self.a.model_label, s.scale
-        groups: dict[str | None, dict[float, int]] = {}
-        plan: _BucketPlan | None = None
-        for i, labels in enumerate(labels_of):
-            if wanted is not None and not wanted <= labels.items():
-                continue
-            wire = None if ml is None else labels.get(ml)
+    def _buckets(
+        self, signal: str, s: Series, fixed: int | None
+    ) -> tuple[dict[str, dict[float, float]], dict[str, dict[_SeriesId, dict[float, float]]]]:
+        """Per model, a histogram's bucket counts by bound (scaled), summed over every other label;
+        with ``fixed``, also per model each series' own (a series with more than ``fixed`` labels)."""
+        buckets: dict[str, dict[float, float]] = {}
+        ranked: dict[str, dict[_SeriesId, dict[float, float]]] = {}
+        name = s.names[0] + "_bucket"
+        for model, (_, labels, v, _) in self._selected(name, s.where):
             le_text = labels.get("le")
-            if (ml is not None and wire is None) or le_text is None:
+            if le_text is None:
                 continue
-            try:
-                le = float(le_text)
-            except ValueError:
-                break
-            if le != le:
-                break
-            if scale != 1.0 and le != math.inf:
-                le *= scale
-            at = groups.setdefault(wire, {})
-            if le in at:
-                break
-            at[le] = i
-        else:
-            plan = tuple(
-                (wire, tuple(sorted(at)), tuple(at[le] for le in sorted(at))) for wire, at in groups.items()
-            )
-        if len(self.a.bucket_plans) >= BUCKET_PLANS:
-            self.a.bucket_plans.clear()
-        self.a.bucket_plans[key] = (labels_of, plan)
-        return plan
+            le = _bound(le_text)
+            if le is None:
+                self._refuse(model, signal, name, labels, "le is not a number")
+                continue
+            if not 0.0 <= v <= MAX_VALUE:
+                self._refuse(model, signal, name, labels, f"bucket count {v!r}")
+                continue
+            le *= s.scale  # (+Inf stays +Inf)
+            per = buckets.setdefault(model, {})
+            per[le] = per.get(le, 0.0) + v
+            if fixed is not None and len(labels) > fixed:
+                gk = tuple(sorted(x for x in labels.items() if x[0] != "le"))
+                own = ranked.setdefault(model, {}).setdefault(gk, {})
+                own[le] = own.get(le, 0.0) + v  # (models folded into "other" add up)
+        return buckets, ranked
 
-    def _planned_buckets(
-        self, s: Series, samples: list[Sample]
-    ) -> dict[str, tuple[tuple[float, ...], list[float]]] | None:
-        """Per model, the bounds and counts of a histogram's buckets read through their layout,
-        or None when its own loop must read them (no layout; a count NaN, negative, huge or
-        decreasing, which that loop refuses; two model label values folded into one model)."""
-        plan = self._bucket_plan(s, samples)
-        if plan is None:
-            return None
-        ml, model_of, fallback = self.a.model_label, self.model_of, self.fallback
-        out: dict[str, tuple[tuple[float, ...], list[float]]] = {}
-        for wire, bounds, positions in plan:
-            model = fallback if ml is None else model_of[wire]  # type: ignore[index]
-            counts = list(map(_VALUE, map(samples.__getitem__, positions)))
-            total = sum(counts)  # NaN when a count is NaN
-            # (no NaN and in order: the first is the least, the last the greatest)
-            if (
-                model in out
-                or total != total
-                or counts != sorted(counts)
-                or counts[0] < 0.0
-                or counts[-1] > MAX_VALUE
-            ):
-                return None
-            out[model] = (bounds, counts)
-        return out
-
-    def _planned_histograms(
-        self, signal: str, s: Series, planned: dict[str, tuple[tuple[float, ...], list[float]]]
-    ) -> dict[str, Histogram]:
-        """:meth:`_histogram` for buckets read through their layout (one series per model): the
-        sums and counts read as there, then one histogram per model with a +Inf bucket."""
-        base, page = s.names[0], self.page
-        wanted = s.where.items() if s.where else None
-        ml, model_of, fallback = self.a.model_label, self.model_of, self.fallback
+    def _sums_counts(
+        self, signal: str, s: Series, ranked: Mapping[str, object], fixed: int
+    ) -> tuple[dict[str, float], dict[str, float], dict[tuple[str, _SeriesId], list[float | None]]]:
+        """Per model, a histogram's ``_sum`` and ``_count`` summed over every other label, and for
+        the models in ``ranked`` each series' own (a series with more than ``fixed`` labels)."""
         sums: dict[str, float] = {}
         counts: dict[str, float] = {}
-        for suffix, into, low in (("_sum", sums, -MAX_VALUE), ("_count", counts, 0.0)):
-            for _, labels, v, _ in page.get(base + suffix, ()):
-                if wanted is not None and not wanted <= labels.items():
-                    continue
-                model = fallback if ml is None else model_of.get(labels.get(ml))  # type: ignore[arg-type]
-                if model is None:
-                    continue
+        own: dict[tuple[str, _SeriesId], list[float | None]] = {}  # (model, series) → [sum, count]
+        for i, (suffix, into, low) in enumerate((("_sum", sums, -MAX_VALUE), ("_count", counts, 0.0))):
+            name = s.names[0] + suffix
+            for model, (_, labels, v, _) in self._selected(name, s.where):
                 if not low <= v <= MAX_VALUE:
-                    self._refuse(model, signal, base + suffix, labels, f"value {v!r}")
+                    self._refuse(model, signal, name, labels, f"value {v!r}")
                     continue
                 into[model] = into.get(model, 0.0) + v
-        out: dict[str, Histogram] = {}
-        for model, (bounds, cumulative) in planned.items():
-            if math.isinf(bounds[-1]):  # else no +Inf bucket: not a usable histogram
-                if model in counts and counts[model] != cumulative[-1]:
-                    self._refuse(model, signal, base + "_count", {"model": model}, COUNT_MISMATCH)
-                    continue
-                out[model] = Histogram(
-                    tuple(zip(bounds, cumulative)),  # noqa: B905 (one count per bound)
-                    sums.get(model, 0.0) * s.scale,
-                    counts.get(model, cumulative[-1]),
-                )
-        return out
+                if model in ranked and len(labels) > fixed:
+                    sc = own.setdefault((model, tuple(sorted(labels.items()))), [None, None])
+                    sc[i] = (sc[i] or 0.0) + v
+        return sums, counts, own
 
     def _histogram(
-        self, signal: str, s: Series, parts: dict[str, dict[str, Histogram]] | None = None
+        self, signal: str, s: Series, parts: dict[str, dict[str, Histogram]]
     ) -> dict[str, Histogram]:
         """Per model, the histogram summed bucket by bucket over every other label; a histogram
-        with a NaN, negative or non-monotonic bucket, or a bad sum or count, is refused. With
-        ``parts``, a histogram split over series with labels besides the model's (data-parallel
-        ranks) also gives each series' own histogram, keyed as ``counter_parts`` keys counters
+        with a NaN, negative or non-monotonic bucket, or a bad sum or count, is refused. A
+        histogram split over series with labels besides the model's (data-parallel ranks) also
+        puts each series' own histogram into ``parts``, keyed as ``counter_parts`` keys counters
         (only when some model has several such series; a lone one is the sum)."""
         base = s.names[0]
-        where = s.where
-        wanted = where.items() if where else None  # labels a sample must carry
-        bucket_samples = self.page.get(base + "_bucket")
-        if bucket_samples is None and base + "_sum" not in self.page and base + "_count" not in self.page:
-            return {}  # not on the page (an older name's alternative, say)
-        fixed = 1 + (self.a.model_label is not None) + len(where)
-        if parts is not None and not self._several_series(base + "_count", where, fixed - 1):
-            parts = None  # one series per model: the sum is that series, nothing to tell apart
-        if parts is None and bucket_samples:  # one series per model: maybe read through its layout
-            planned = self._planned_buckets(s, bucket_samples)
-            if planned is not None:
-                return self._planned_histograms(signal, s, planned)
-        buckets: dict[str, dict[float, float]] = {}
-        # per model, per ranked series: its buckets (only where series carry labels besides le, the
-        # model's and the selecting ones: the rank labels, named once from the first such series)
-        ranked: dict[str, dict[Hashable, dict[float, float]]] = {}
-        one_of: dict[Hashable, Mapping[str, str]] = {}  # a series' labels, for its name at the end
-        rank_keys: tuple[str, ...] = ()
-        ml, model_of, fallback = self.a.model_label, self.model_of, self.fallback
-        scale, known_le, inf = s.scale, _LE, math.inf
-        for _, labels, v, _ in bucket_samples or ():
-            if wanted is not None and not wanted <= labels.items():
-                continue
-            model = fallback if ml is None else model_of.get(labels.get(ml))  # type: ignore[arg-type]
-            le_text = labels.get("le")
-            if model is None or le_text is None:
-                continue
-            le = known_le.get(le_text)
-            if le is None:
-                try:
-                    le = float(le_text)
-                except ValueError:
-                    le = math.nan
-                if le != le:
-                    self._refuse(model, signal, base + "_bucket", labels, "le is not a number")
-                    continue
-                if len(known_le) < 4096:  # bucket bounds are few; a hostile page cannot grow this
-                    known_le[le_text] = le
-            if not 0.0 <= v <= MAX_VALUE:
-                self._refuse(model, signal, base + "_bucket", labels, f"bucket count {v!r}")
-                continue
-            if scale != 1.0 and le != inf:
-                le *= scale
-            per = buckets.get(model)
-            if per is None:
-                buckets[model] = per = {}
-            per[le] = per.get(le, 0.0) + v
-            if parts is not None and len(labels) > fixed:
-                if not rank_keys:
-                    rank_keys = tuple(k for k in labels if k != "le" and k != ml and k not in where)
-                gk: Hashable
-                if len(labels) != fixed + len(rank_keys):  # a series with other labels
-                    gk = tuple(sorted(x for x in labels.items() if x[0] != "le"))
-                elif len(rank_keys) == 1:
-                    gk = labels.get(rank_keys[0])
-                else:
-                    gk = tuple(labels.get(k) for k in rank_keys)
-                if gk not in one_of:
-                    one_of[gk] = labels
-                of_model = ranked.get(model)
-                if of_model is None:
-                    ranked[model] = of_model = {}
-                own = of_model.get(gk)
-                if own is None:
-                    of_model[gk] = own = {}
-                own[le] = own.get(le, 0.0) + v  # (models folded into "other" add up)
-        sums: dict[str, float] = {}
-        counts: dict[str, float] = {}
-        own_sc: dict[tuple[str, Hashable], list[float | None]] = {}  # (model, series) → [sum, count]
-        for suffix, into, low in (("_sum", sums, -MAX_VALUE), ("_count", counts, 0.0)):
-            for _, labels, v, _ in self.page.get(base + suffix, ()):
-                if wanted is not None and not wanted <= labels.items():
-                    continue
-                model = fallback if ml is None else model_of.get(labels.get(ml))  # type: ignore[arg-type]
-                if model is None:
-                    continue
-                if not low <= v <= MAX_VALUE:
-                    self._refuse(model, signal, base + suffix, labels, f"value {v!r}")
-                    continue
-                into[model] = into.get(model, 0.0) + v
-                if model in ranked and len(labels) > fixed - 1:
-                    sgk: Hashable
-                    if len(labels) != fixed - 1 + len(rank_keys):
-                        sgk = tuple(sorted(labels.items()))
-                    elif len(rank_keys) == 1:
-                        sgk = labels.get(rank_keys[0])
-                    else:
-                        sgk = tuple(labels.get(k) for k in rank_keys)
-                    sc = own_sc.setdefault((model, sgk), [None, None])
-                    i = 0 if suffix == "_sum" else 1
-                    sc[i] = (sc[i] or 0.0) + v
+        fixed = 1 + (self.a.model_label is not None) + len(s.where)  # le, the model's and where's
+        several = self._several_series(base + "_count", s.where, fixed - 1)
+        buckets, ranked = self._buckets(signal, s, fixed if several else None)
+        sums, counts, own_sc = self._sums_counts(signal, s, ranked, fixed - 1)
         out: dict[str, Histogram] = {}
         for model, per in buckets.items():
             bounds = tuple(sorted(per))
             if not math.isinf(bounds[-1]):
                 continue  # no +Inf bucket: not a usable histogram
-            cumulative = list(map(per.__getitem__, bounds))
+            cumulative = [per[le] for le in bounds]
             if cumulative != sorted(cumulative):
                 self._refuse(model, signal, base + "_bucket", {"model": model}, "bucket counts decrease")
                 continue
@@ -752,366 +582,69 @@ class _Mapping:
                 sums.get(model, 0.0) * s.scale,
                 counts.get(model, cumulative[-1]),
             )
-            if parts is not None and model in ranked:
-                own_parts: dict[str, Histogram] = {}
-                for gk, own_buckets in ranked[model].items():
-                    key = _PART_KEYS.get((base, gk))
-                    if key is None:
-                        key = _series_key(base, {k: x for k, x in one_of[gk].items() if k != "le"}, ml)
-                        if len(_PART_KEYS) < 4096:  # ranks are few; a hostile page cannot grow this
-                            _PART_KEYS[(base, gk)] = key
-                    seq = tuple(sorted(own_buckets.items()))
-                    own_sum, own_count = own_sc.get((model, gk), (None, None))
-                    if (
-                        math.isinf(seq[-1][0])
-                        and [c for _, c in seq] == sorted(c for _, c in seq)
-                        and (own_count is None or own_count == seq[-1][1])
-                    ):
-                        n = seq[-1][1] if own_count is None else own_count
-                        own_parts[key] = Histogram(seq, (own_sum or 0.0) * s.scale, n)
-                if len(own_parts) == len(ranked[model]):  # else: no per-series reading this scrape
-                    parts[model] = own_parts
+            if model in ranked:
+                own = {gk: own_sc.get((model, gk), [None, None]) for gk in ranked[model]}
+                got = _own_histograms(base, ranked[model], own, self.a.model_label, s.scale)
+                if got is not None:
+                    parts[model] = got
         return out
 
+    def _drop_refused(self, values: dict[str, dict[str, Any]], *parts: dict[str, dict[str, Any]]) -> None:
+        """A refused series makes its signal absent for its model (with its parts and _created)."""
+        for model, signal in self.bad:
+            if model in values:
+                values[model].pop(signal, None)
+                for per in parts:
+                    per.get(model, {}).pop(signal, None)
+                    per.get(model, {}).pop(signal + CREATED, None)
+
     def run(self) -> Reading:
-        a = self.a
+        """The page's Reading."""
         values: dict[str, dict[str, Any]] = {}
         counter_parts: dict[str, dict[str, dict[str, float]]] = {}  # model → signal → series → value
-        page, ml, model_of, fallback = self.page, a.model_label, self.model_of, self.fallback
         self._refuse_duplicates()
-        won: list[tuple[str, str, Series]] = []  # (model, counter, the series it was read from)
-        for signal, s, mean, counter, lone in a.scalar_plan:
-            first = page.get(s.names[0])
-            if not first:
-                continue
-            if lone and len(first) == 1:  # one series, valid: nothing to sum (_scalar's first case)
-                _, labels, v, _ = first[0]
-                model = fallback if ml is None else model_of.get(labels.get(ml))  # type: ignore[arg-type]
-                if model is not None and 0.0 <= v <= (1.0 if mean else MAX_VALUE):
-                    got = values.get(model)
-                    if got is None:
-                        values[model] = got = {}
-                    elif signal in got:
-                        continue  # an earlier alternative wins
-                    got[signal] = v * s.scale
-                    if counter:
-                        won.append((model, signal, s))
-                        if len(labels) > (ml in labels):  # a lone DP rank or version
-                            counter_parts.setdefault(model, {})[signal] = {
-                                _series_key(s.names[0], labels, ml): v * s.scale
-                            }
-                    continue
-            parts: dict[str, dict[str, float]] | None = {} if counter else None
-            per_model = self._scalar(signal, s, parts, mean, counter)
-            if per_model:
-                for model, v in per_model.items():
-                    got = values.get(model)
-                    if got is None:
-                        values[model] = got = {}
-                    elif signal in got:
-                        continue  # an earlier alternative wins
-                    got[signal] = v
-                    if counter:
-                        won.append((model, signal, s))
-                    if parts and parts.get(model):
-                        counter_parts.setdefault(model, {})[signal] = parts[model]
-        histogram_parts: dict[str, dict[str, dict[str, Histogram]]] = {}  # model → signal → series
-        for signal, alternatives in a.histograms.items():
-            for s in alternatives:
-                hparts: dict[str, dict[str, Histogram]] = {}
-                for model, h in self._histogram(signal, s, hparts).items():
-                    got_h = values.setdefault(model, {})
-                    if signal not in got_h:
-                        got_h[signal] = h
-                        if model in hparts:
-                            histogram_parts.setdefault(model, {})[signal] = hparts[model]
-        finished: dict[str, dict[str, float]] = {}
-        ml, model_of, fallback = a.model_label, self.model_of, self.fallback
-        for f in a.finished:
-            wanted = f.where.items() if f.where else None  # labels a sample must carry
-            for sample in self.page.get(f.metric, ()):
-                labels = sample.labels
-                if wanted is not None and not wanted <= labels.items():
-                    continue
-                owner = fallback if ml is None else model_of.get(labels.get(ml))  # type: ignore[arg-type]
-                reason = (labels.get(f.label) if f.label else None) or f.reason
-                if owner is None or reason is None:
-                    continue
-                if not 0.0 <= sample.value <= MAX_VALUE:
-                    self._refuse(
-                        owner, "requests_finished_total", f.metric, labels, f"counter value {sample.value!r}"
-                    )
-                    continue
-                per = finished.setdefault(owner, {})
-                reason = clean_label(reason)
-                per[reason] = per.get(reason, 0.0) + sample.value
-        for model, per in finished.items():
-            values.setdefault(model, {}).setdefault("requests_finished_total", dict(sorted(per.items())))
-        for signal, info in a.info.items():
+        won = self._scalars(values, counter_parts)
+        histogram_parts = self._histograms(values)
+        self._finished(values)
+        for signal, info in self.a.info.items():
             self._info(signal, info, values)
         self._created(won, counter_parts)
         self._started(values, counter_parts)
-        for model, signal in self.bad:  # a refused series makes its signal absent for the model
-            if model in values:
-                values[model].pop(signal, None)
-                counter_parts.get(model, {}).pop(signal, None)
-                counter_parts.get(model, {}).pop(signal + CREATED, None)
-                histogram_parts.get(model, {}).pop(signal, None)
+        self._drop_refused(values, counter_parts, histogram_parts)
         for model, per_signal in counter_parts.items():
             if per_signal:
                 values[model]["counter_parts"] = per_signal
         for model, per_hist in histogram_parts.items():
             if per_hist:
                 values[model]["histogram_parts"] = per_hist
-        models = tuple([ModelSignals(model=m, **values[m]) for m in sorted(values) if values[m]])
+        models = tuple(ModelSignals(model=m, **values[m]) for m in sorted(values) if values[m])
         return Reading(models, tuple(self.invalid), self.dropped)
 
 
-# --- Two-phase map: a page layout's mapping worked out once, then only its values applied ---------
-# The map's output is a function of the page's structure (names and labels, in order), the default
-# model and max_models, and of its values only through arithmetic (sums, scales, means) and
-# comparisons (range checks, bucket order). A page seen a second time with the same structure is
-# mapped once more with each value replaced by a _Traced stand-in that records every comparison's
-# outcome (the guards) and every value's arithmetic; the recorded map becomes a compiled function.
-# Later pages of that structure run it: when every guard holds, the slow map would take exactly the
-# same branches, so it returns the same Reading from the same operations in the same order; when a
-# guard fails (a value turned hostile, a bucket decreased), the page is mapped the slow way.
-# Why 8: one adapter serves every engine of its kind on the node, as the parser's LAYOUTS.
-MAP_PLANS = 8
-# Why 1,024 samples: compiling costs ~a millisecond per hundred samples, once per layout; larger
-# pages (the dense vLLM page: 3,008 samples) are already far above the speed target without it.
-PLAN_SAMPLES = 1024
-_NAME = itemgetter(0)  # a Sample's name
-
-
-class _Untraceable(Exception):
-    """A value was used in a way the recorder cannot replay (formatted, hashed, converted)."""
-
-
-class _Recorder:
-    """Guards and constants of one traced map."""
-
-    __slots__ = ("consts", "guards")
-
-    def __init__(self) -> None:
-        self.consts: list[object] = []
-        self.guards: list[str] = []
-
-    def const(self, x: object) -> str:
-        """Source for the constant ``x``: a literal where its repr reads back as the same value."""
-        if x is None or type(x) in (bool, int, str) or (type(x) is float and math.isfinite(x)):
-            return f"({x!r})"
-        self.consts.append(x)
-        return f"K[{len(self.consts) - 1}]"
-
-
-class _Traced:
-    """A page value during tracing: its value now and the expression computing it from ``v``."""
-
-    __slots__ = ("code", "rec", "val")
-
-    def __init__(self, code: str, val: Any, rec: _Recorder) -> None:
-        self.code, self.val, self.rec = code, val, rec
-
-    def _code(self, other: object) -> tuple[str, Any]:
-        if isinstance(other, _Traced):
-            return other.code, other.val
-        if type(other) not in (float, int):
-            raise _Untraceable
-        return self.rec.const(other), other
-
-    def _op(self, other: object, sym: str, reflected: bool) -> _Traced:
-        code, val = self._code(other)
-        expr = f"({code} {sym} {self.code})" if reflected else f"({self.code} {sym} {code})"
-        a, b = (val, self.val) if reflected else (self.val, val)
-        res = {"+": lambda: a + b, "-": lambda: a - b, "*": lambda: a * b, "/": lambda: a / b}[sym]()
-        return _Traced(expr, res, self.rec)
-
-    def _cmp(self, other: object, sym: str) -> bool:
-        code, val = self._code(other)
-        res = {
-            "<": lambda: self.val < val,
-            "<=": lambda: self.val <= val,
-            ">": lambda: self.val > val,
-            ">=": lambda: self.val >= val,
-            "==": lambda: self.val == val,
-            "!=": lambda: self.val != val,
-        }[sym]()
-        expr = f"({self.code} {sym} {code})"
-        self.rec.guards.append(expr if res else f"not {expr}")
-        return bool(res)
-
-    def __add__(self, o: object) -> _Traced:
-        return self._op(o, "+", False)
-
-    def __radd__(self, o: object) -> _Traced:
-        return self._op(o, "+", True)
-
-    def __sub__(self, o: object) -> _Traced:
-        return self._op(o, "-", False)
-
-    def __rsub__(self, o: object) -> _Traced:
-        return self._op(o, "-", True)
-
-    def __mul__(self, o: object) -> _Traced:
-        return self._op(o, "*", False)
-
-    def __rmul__(self, o: object) -> _Traced:
-        return self._op(o, "*", True)
-
-    def __truediv__(self, o: object) -> _Traced:
-        return self._op(o, "/", False)
-
-    def __rtruediv__(self, o: object) -> _Traced:
-        return self._op(o, "/", True)
-
-    def __lt__(self, o: object) -> bool:
-        return self._cmp(o, "<")
-
-    def __le__(self, o: object) -> bool:
-        return self._cmp(o, "<=")
-
-    def __gt__(self, o: object) -> bool:
-        return self._cmp(o, ">")
-
-    def __ge__(self, o: object) -> bool:
-        return self._cmp(o, ">=")
-
-    def __eq__(self, o: object) -> bool:
-        return self._cmp(o, "==")
-
-    def __ne__(self, o: object) -> bool:
-        return self._cmp(o, "!=")
-
-    def __bool__(self) -> bool:
-        res = bool(self.val)
-        expr = f"bool({self.code})"
-        self.rec.guards.append(expr if res else f"not {expr}")
-        return res
-
-    def _refused(self, *_: object) -> Any:
-        raise _Untraceable
-
-    __hash__ = __float__ = __int__ = __index__ = __repr__ = __str__ = __format__ = _refused
-    __neg__ = __pos__ = __abs__ = __round__ = __floordiv__ = __mod__ = __pow__ = _refused
-
-
-_BUILDERS: dict[type, str] = {Histogram: "H", ModelSignals: "M", Reading: "R"}
-
-
-def _source(x: object, rec: _Recorder) -> str:
-    """Python source rebuilding ``x`` (a map's output, holding traced values) from ``v``."""
-    t = type(x)
-    if isinstance(x, _Traced):
-        return x.code
-    if x is None or t in (float, int, str, bool):
-        return rec.const(x)
-    if isinstance(x, tuple) and t is tuple:
-        return "(" + "".join(_source(i, rec) + "," for i in x) + ")"
-    if isinstance(x, dict) and t is dict:
-        return "{" + ",".join(f"{_source(k, rec)}:{_source(i, rec)}" for k, i in x.items()) + "}"
-    builder = _BUILDERS.get(t)
-    if builder is None or not dataclasses.is_dataclass(x):
-        raise _Untraceable
-    args = ",".join(f"{f.name}={_source(getattr(x, f.name), rec)}" for f in dataclasses.fields(x))
-    return f"{builder}({args})"
-
-
-def _compile(
-    adapter: Adapter, stand_in: Any, rec: _Recorder, default_model: str | None, max_models: int
-) -> Any:
-    """The map of ``stand_in`` (a page whose values are ``_Traced`` stand-ins for ``v[i]``) as a
-    function of ``v`` returning the Reading, or None when a guard fails; None when the map cannot
-    be traced."""
+def _bound(le_text: str) -> float | None:
+    """A bucket's ``le`` as a number; None when it is not one."""
     try:
-        reading = _Mapping(adapter, stand_in, default_model, max_models).run()
-        body = _source(reading, rec)
-    except _Untraceable:
+        le = float(le_text)
+    except ValueError:
         return None
-    guard = "    if not (" + " and ".join(rec.guards) + "):\n        return None\n" if rec.guards else ""
-    src = f"def plan(v):\n{guard}    return {body}\n"
-    scope: dict[str, Any] = {"K": rec.consts, "H": Histogram, "M": ModelSignals, "R": Reading}
-    try:
-        code = compile(src, f"<{adapter.kind} map plan>", "exec")
-    except (SyntaxError, RecursionError, MemoryError):  # a sum nested past the parser's limits
-        return None
-    exec(code, scope)
-    return scope["plan"]
+    return None if le != le else le
 
 
-def _map(
-    adapter: Adapter,
-    page: Page,
-    default_model: str | None,
-    max_models: int,
-    duplicates: tuple[tuple[str, dict[str, str]], ...] = (),
-) -> Reading:
-    """:class:`_Mapping`'s Reading, through a compiled plan when the page's structure was seen before
-    (never for a page with ``duplicates``: series the parser left out, which no plan knows of)."""
-    if duplicates:
-        return _Mapping(adapter, page, default_model, max_models, duplicates).run()
-    flat = list(chain.from_iterable(page.values()))
-    if len(flat) > PLAN_SAMPLES:
-        return _Mapping(adapter, page, default_model, max_models).run()
-    names = tuple(map(_NAME, flat))
-    labels = tuple(map(_LABELS, flat))
-    plans = adapter.map_plans
-    for entry in plans:
-        if entry[2] == default_model and entry[3] == max_models and entry[1] == labels and entry[0] == names:
-            plan = entry[4]
-            if plan is not None:
-                got = plan(list(map(_VALUE, flat)))
-                if got is not None:
-                    return got
-            reading = _Mapping(adapter, page, default_model, max_models).run()
-            if plan is None and entry[5] < 3:  # seen before: trace it (a few tries: a value may be hostile)
-                entry[5] += 1
-                rec = _Recorder()
-                stand_ins: list[Any] = [_Traced(f"v[{i}]", s.value, rec) for i, s in enumerate(flat)]
-                traced = iter(stand_ins)
-                stand_in = {name: [s._replace(value=next(traced)) for s in ss] for name, ss in page.items()}
-                plan = _compile(adapter, stand_in, rec, default_model, max_models)
-                if plan is not None and plan(list(map(_VALUE, flat))) == reading:
-                    entry[4] = plan
-            return reading
-    if len(plans) >= MAP_PLANS:
-        del plans[0]
-    plans.append([names, labels, default_model, max_models, None, 0])
-    return _Mapping(adapter, page, default_model, max_models).run()
-
-
-def _read(
-    adapter: Adapter, text: str, default_model: str | None, openmetrics: bool, max_models: int
-) -> Reading:
-    """Parse and map a page; a page of a layout the parser knows skips its samples altogether when
-    that layout's map is compiled (the plan takes the page's values as the parser converted them)."""
-    got = adapter.parser.read_layout(text, openmetrics)
-    if isinstance(got, dict):
-        return _map(adapter, got, default_model, max_models, adapter.parser.duplicates)
-    layout, values = got
-    if len(values) > PLAN_SAMPLES:
-        return _Mapping(adapter, adapter.parser.page_of(layout, values), default_model, max_models).run()
-    plans = adapter.layout_plans
-    for entry in plans:
-        if entry[0] is layout and entry[1] == default_model and entry[2] == max_models:
-            plan = entry[3]
-            if plan is not None:
-                reading = plan(values)
-                if reading is not None:
-                    return reading
-            break
-    else:
-        if len(plans) >= MAP_PLANS:
-            del plans[0]
-        entry = [layout, default_model, max_models, None, 0]
-        plans.append(entry)
-    reading = _Mapping(adapter, adapter.parser.page_of(layout, values), default_model, max_models).run()
-    # a layout seen again: trace its map (a few tries: a value may be hostile, the trace then fails)
-    if entry[3] is None and entry[4] < 3:
-        entry[4] += 1
-        rec = _Recorder()
-        stand_in = adapter.parser.page_of(layout, [_Traced(f"v[{i}]", x, rec) for i, x in enumerate(values)])
-        plan = _compile(adapter, stand_in, rec, default_model, max_models)
-        if plan is not None and plan(values) == reading:
-            entry[3] = plan
-    return reading
+def _own_histograms(
+    base: str,
+    series: Mapping[_SeriesId, Mapping[float, float]],
+    sum_count: Mapping[_SeriesId, list[float | None]],
+    model_label: str | None,
+    scale: float,
+) -> dict[str, Histogram] | None:
+    """Each series' own histogram (buckets by bound; its [sum, count]), keyed as ``counter_parts``
+    keys counters; None when one of them is not a usable histogram this scrape."""
+    out: dict[str, Histogram] = {}
+    for gk, own in series.items():
+        seq = tuple(sorted(own.items()))
+        own_sum, own_count = sum_count[gk]
+        counts = [c for _, c in seq]
+        if math.isinf(seq[-1][0]) and counts == sorted(counts) and own_count in (None, seq[-1][1]):
+            n = seq[-1][1] if own_count is None else own_count
+            out[_series_key(base, dict(gk), model_label)] = Histogram(seq, (own_sum or 0.0) * scale, n)
+    return out if len(out) == len(series) else None

@@ -280,14 +280,13 @@ def _labels(name: str, rest: str) -> tuple[dict[str, str], str]:
     if head is None:
         why = "malformed" if "}" in rest else "unterminated"
         raise ParseError(f"{why} labels in line {quote(name + rest)}")
-    block = head.group(1)
-    pairs = _PAIR_RE.findall(block)
-    if "\\" in block or any(k[0] == '"' for k, _ in pairs):  # escapes, quoted names
-        pairs = [(_unescape(k[1:-1]) if k[0] == '"' else k, _unescape(v)) for k, v in pairs]
-    labels = dict(pairs)
-    if len(labels) != len(pairs):
-        key = next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i]))
-        raise ParseError(f"duplicate label name {key!r} in line {quote(name + rest)}")
+    labels: dict[str, str] = {}
+    for key, value in _PAIR_RE.findall(head.group(1)):
+        if key[0] == '"':
+            key = _unescape(key[1:-1])
+        if key in labels:
+            raise ParseError(f"duplicate label name {key!r} in line {quote(name + rest)}")
+        labels[key] = _unescape(value)
     return labels, rest[head.end() :]
 
 
@@ -311,6 +310,7 @@ def _sample(name: str, rest: str, openmetrics: bool) -> Sample | None:
     return Sample(name, labels, *read)
 
 
+# Why 64: one family set per adapter kind, a few more in tests; a parser holds one compiled pattern.
 @lru_cache(maxsize=64)
 def parser_for(families: frozenset[str]) -> FamilyParser:
     """A cached :class:`FamilyParser` for a set of families."""

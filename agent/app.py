@@ -119,7 +119,9 @@ def write_problem(path: Path) -> OSError | None:
     except OSError as err:
         return err
     try:
-        os.write(fd, b"\0" * PROBE_BYTES)
+        left = memoryview(b"\0" * PROBE_BYTES)
+        while left:  # a write cut short (a file-size limit, the last blocks of a disk) is retried
+            left = left[os.write(fd, left) :]
         os.fsync(fd)
     except OSError as err:
         return err

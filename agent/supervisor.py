@@ -12,8 +12,10 @@ Loops (each catches and logs its own failures, so one failing loop never stops t
   are dropped, counted and logged) and each is written, whole, when the store works again;
 - minutes tell the truth: a tick longer than :data:`LONG_TICK_INTERVALS` scrape intervals (the
   process paused, a blocked loop) is spread over the minutes it covers, marked estimated and
-  logged; an engine's windows while it is down are held back and joined with the tick it comes back
-  in (whose tokens were made during the outage), then spread over the outage the same way;
+  logged; its windows are joined with the next tick's first (a pause between a scrape and the
+  tick's close puts the pause's tokens in the next tick). An engine's windows while it is down are
+  held back and joined with the tick it comes back in (whose tokens were made during the outage),
+  then spread over the outage the same way;
 - detect: once a tick has written a window boundary's data, score and evaluate rules up to the tick's
   time and run the alert lifecycle, in a worker thread with its own SQLite connection (so the
   start-up replay of a week of history never blocks /metrics);
@@ -629,30 +631,31 @@ class Agent:
             )
 
     def _minute_spans(self, tick: TickResult, windows: Sequence[CostWindow], long: bool) -> list[ModelSpan]:
-        """The tick's windows as spans for the buffer: a long tick's spread over its minutes; a down
-        engine's held back; those of an engine back from an outage joined with what was held and
-        spread over the outage."""
+        """The tick's windows as spans for the buffer. Held back: a down engine's windows, and a long
+        tick's (its counters may have been read before the pause, so the pause's tokens can come in
+        the next tick). The next window of a held series is joined with what was held and the whole
+        spread over the minutes it covers."""
         from agent.store import join_spans, span_of, spread_span
 
         out: list[ModelSpan] = []
+        touched: set[tuple[str, ...]] = set()
         back: dict[str, float] = {}
         for w in windows:
             sp = span_of(w)
-            if sp.engine in tick.down_since:
-                held = self._held.get(sp.keys)
+            touched.add(sp.keys)
+            held = self._held.pop(sp.keys, None)
+            if long or sp.engine in tick.down_since:
                 self._held[sp.keys] = sp if held is None else join_spans(held, sp)
                 continue
-            held = self._held.pop(sp.keys, None)
-            if held is not None and sp.engine in tick.gap_since:
-                joined = outage_span(held, sp)
-                back[sp.engine] = joined.start
-                out.extend(spread_span(joined))
+            if held is None:
+                out.append(sp)
                 continue
-            if held is not None:
-                out.extend(spread_span(held))
-            out.extend(spread_span(sp) if long else [sp])
+            joined = outage_span(held, sp)
+            if sp.engine in tick.gap_since:
+                back[sp.engine] = joined.start
+            out.extend(spread_span(joined))
         for keys, held in list(self._held.items()):  # an engine gone, or down for too long
-            if keys[1] not in tick.down_since or held.end - held.start > MAX_HELD_OUTAGE_SECONDS:
+            if keys not in touched or held.end - held.start > MAX_HELD_OUTAGE_SECONDS:
                 out.extend(spread_span(self._held.pop(keys)))
         for engine, since in back.items():
             logger.info(

@@ -284,6 +284,10 @@ def _run_bench(args: argparse.Namespace) -> int:
         from agent.bench.bound import run as run_bound
 
         run_bound()
+    elif args.what == "efficiency":
+        from agent.bench.efficiency import run as run_efficiency
+
+        run_efficiency(quick=args.quick)
     return EXIT_OK
 
 
@@ -395,7 +399,17 @@ def build_parser() -> argparse.ArgumentParser:
     b = add("bench", "benchmarks (print figures)")
     b.add_argument(
         "what",
-        choices=["overhead", "parse", "detection", "exposition", "report", "soak", "startup", "bound"],
+        choices=[
+            "overhead",
+            "parse",
+            "detection",
+            "exposition",
+            "report",
+            "soak",
+            "startup",
+            "bound",
+            "efficiency",
+        ],
         help="which benchmark",
     )
     b.add_argument("--seconds", type=float, default=60.0, help="overhead: wall seconds measured")

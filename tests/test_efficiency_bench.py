@@ -1,0 +1,37 @@
+"""The efficiency benchmark's scoring (agent/bench/efficiency.py), on hand-made windows."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.bench.efficiency import TARGET_ERROR, _Point, score
+
+
+def test_a_row_scores_busy_windows_and_counts_impossible_truths_apart() -> None:
+    points = [
+        _Point(0.8, 0.72, 0.76, 0.1),  # error 10 % joined, 5 % full
+        _Point(0.8, None, 0.84, 0.2),  # joined absent; full +5 %
+        _Point(0.5, 0.45, None, 0.3),  # joined −10 %; full absent
+        _Point(1.05, 0.99, 0.99, 0.4),  # truth above 1: not scored
+        _Point(None, 0.98, 0.2, 0.0),  # not busy: not scored, but its figure counts for the highest
+    ]
+    joined = score("m", 5, points, "join")
+    assert (joined.busy, joined.impossible_truth) == (3, 1)
+    assert joined.present == pytest.approx(2 / 3)
+    assert joined.median_error == pytest.approx(0.1)
+    assert joined.median_bias == pytest.approx(-0.1)
+    assert joined.highest == pytest.approx(0.99)
+    assert joined.prefill_floor is None
+    full = score("m", 5, points, "+prefill")
+    assert full.median_error == pytest.approx(0.05)
+    assert full.median_bias == pytest.approx(0.0)
+    assert full.prefill_floor == pytest.approx(0.2)  # median over the three scored windows
+    assert not full.met()  # present in 2 of 3 busy windows
+
+
+def test_a_row_meets_its_targets_only_with_all_three() -> None:
+    good = [_Point(0.8, 0.8 * (1 - TARGET_ERROR / 2), None, 0.0)] * 10
+    assert score("m", 60, good, "join").met()
+    assert not score("m", 60, [*good, _Point(0.8, 1.01, None, 0.0)], "join").met()  # a figure above 1
+    assert not score("m", 60, [_Point(0.8, 0.6, None, 0.0)] * 10, "join").met()  # 25 % off
+    assert not score("m", 60, [], "join").met()  # nothing busy: nothing shown

@@ -125,7 +125,7 @@ class AlertManager:
                     dedup_key=key,
                     severity=rule.severity,
                     state="pending",
-                    labels={**dict(f.labels), **rule.labels, "alertname": rule.id, "severity": rule.severity},
+                    labels={**dict(f.labels), **rule.labels, **rule.alert_labels()},
                     annotations=self._annotator.annotate(rule, f, f.at, deploy, price),
                     active_since=f.at,
                     last_true_at=now,

@@ -19,6 +19,7 @@ Kinds and their labels: ``model`` (node, engine, model, model_version), ``engine
 A rule (YAML, ``rules:`` list; the full schema is in ``rules/agent/README.md``)::
 
     - id: cost_per_token_regression          # [a-z][a-z0-9_]*, unique across files
+      alert: InfercostEngineCostPerTokenRegression   # optional: the alertname (default: the id)
       signal: usd_per_1m_output_tokens       # one of SIGNALS (the catalogue's names, no prefix)
       over: 5m                               # the current value is the signal over this window
       op: ">"                                # > >= < <=
@@ -239,6 +240,10 @@ class Rule(_Frozen):
     """One threshold rule (see the module docstring and rules/agent/README.md)."""
 
     id: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    # The alert's name (the `alertname` label), shared with the fleet rules where both raise the
+    # same condition (rules/agent/README.md#alert-names); unset: the id. The id stays the rule's
+    # key (store, outbox, dedup keys, benchmarks) and goes out as the `rule_id` label.
+    alert: str | None = Field(None, pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$")
     signal: str
     over: float = 300.0  # seconds
     op: Op
@@ -331,6 +336,13 @@ class Rule(_Frozen):
                 raise ValueError(
                     f"group_by {bad} are not labels of {kind} series; use some of {KIND_LABELS[kind]}"
                 )
+
+    def alert_labels(self) -> dict[str, str]:
+        """The labels naming the alert: ``alertname`` (``alert``, else the id) and ``severity``,
+        and ``rule_id`` when the name is not the id."""
+        if self.alert is None:
+            return {"alertname": self.id, "severity": self.severity}
+        return {"alertname": self.alert, "severity": self.severity, "rule_id": self.id}
 
     def group_labels(self) -> tuple[str, ...]:
         """The labels that identify one series of this rule."""

@@ -7,7 +7,8 @@ Then both paths for real: the agent's rules, lifecycle and Alertmanager sink pos
 alerts, a real Prometheus evaluating the fleet rules over an exposition (with the target labels a
 ServiceMonitor adds) posts the fleet's, into the real Alertmanager 0.25 with the shipped
 configuration (only its timing shortened, receivers on a local server): one engine outage is one
-Slack message and no page; in one NVML outage the lost GPU is inhibited (``status.inhibitedBy``).
+Slack message and no page, and its end one resolved message; in one NVML outage the lost GPU is
+inhibited on both paths (``status.inhibitedBy``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import re
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -233,12 +235,16 @@ JOB = "serviceMonitor/monitoring/infercost/0"
 
 
 class UpCollector:
-    """The agent's three `up` families, with the values of :data:`UP`."""
+    """The agent's three `up` families, with the values of :data:`UP` (``up`` a copy a test can
+    change between scrapes)."""
+
+    def __init__(self) -> None:
+        self.up = {name: [(dict(labels), v) for labels, v in series] for name, series in UP.items()}
 
     def collect(self) -> Iterator[Metric]:
         """Build the families at scrape time."""
         specs = {m.full_name: m for m in CATALOG}
-        for name, series in UP.items():
+        for name, series in self.up.items():
             spec = specs[name]
             fam = GaugeMetricFamily(name, spec.help, labels=spec.labels)
             for labels, value in series:
@@ -309,8 +315,8 @@ def both_paths(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
     once every alert of both paths had reached Alertmanager and a few group intervals passed."""
     tmp = tmp_path_factory.mktemp("vocabulary")
     receiver = Receiver()
-    registry = CollectorRegistry()
-    registry.register(UpCollector())
+    registry, collector = CollectorRegistry(), UpCollector()
+    registry.register(collector)
     server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
     am = prom = None
     try:
@@ -336,7 +342,15 @@ def both_paths(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
 
         wait_for(fleet_arrived, 45, "the fleet's alerts reached Alertmanager")  # ~5 s discovery throttle
         time.sleep(3.5)  # three group intervals: an update or a lost-GPU message would be out by now
-        yield {"alerts": am_alerts(am), "slack": receiver.bodies("/slack"), "receiver": receiver}
+        yield {
+            "alerts": am_alerts(am),  # what Alertmanager and Slack held then (later tests change it)
+            "slack": receiver.bodies("/slack"),
+            "receiver": receiver,
+            "am": am,
+            "collector": collector,
+            "events": events,
+            "tmp": tmp,
+        }
     finally:
         for p in (prom, am):
             if p:
@@ -403,3 +417,35 @@ def test_one_nvml_outage_inhibits_the_lost_gpu_on_both_paths(both_paths: dict[st
     agent_nvml, fleet_nvml = nvml
     assert fleet_nvml["status"]["inhibitedBy"] == [agent_nvml["fingerprint"]]
     assert both_paths["receiver"].bodies("/pagerduty") == []
+
+
+@pytest.mark.slow
+def test_the_outage_ends_in_one_resolved_notification(both_paths: dict[str, Any]) -> None:
+    """The engine comes back: Prometheus resolves the fleet's copy at its next evaluation (muted, it
+    sends nothing), then the agent resolves its alert (its window and keep_firing_for make it the
+    later of the two): one resolved message, after the one firing message."""
+    am, receiver = both_paths["am"], both_paths["receiver"]
+    both_paths["collector"].up["infercost_engine_up"][0] = (UP["infercost_engine_up"][0][0], 1.0)
+
+    def fleet_resolved() -> bool:
+        return not [
+            a
+            for a in am_alerts(am)
+            if a["labels"]["alertname"] == "InfercostEngineDown" and "rule_id" not in a["labels"]
+        ]
+
+    wait_for(fleet_resolved, 20, "Prometheus resolved the fleet's InfercostEngineDown")
+    [firing] = [e for e in both_paths["events"] if e.alert.rule_id == "engine_down"]
+    now = time.time()
+    resolved = AlertEvent("resolved", replace(firing.alert, state="resolved", resolved_at=now), now)
+    asyncio.run(post_agent_alerts(am.url, [resolved], both_paths["tmp"] / "outbox-resolve.sqlite"))
+
+    def engine_messages() -> list[Any]:
+        return messages(receiver.bodies("/slack"), "InfercostEngineDown")
+
+    done = wait_for(lambda: [b for b in engine_messages() if "RESOLVED" in str(b)], 20, "resolved")
+    time.sleep(2.5)  # two more group intervals: nothing else for this fault
+    got = [b["attachments"][0]["fallback"] for b in engine_messages()]
+    assert got == ["[FIRING:1] InfercostEngineDown", "[RESOLVED] InfercostEngineDown"], got
+    assert done[0]["attachments"][0]["color"] == "good"
+    assert receiver.bodies("/pagerduty") == [] and receiver.errors == []

@@ -270,12 +270,13 @@ def _azure(seeds: Sequence[int], segment_every_minutes: int) -> tuple[dict[int, 
         cost = node_engine_config(sim).cost_spec()
         readings = _azure_readings(sim)
         per_minute = int(MINUTE // SCRAPE_S)
+        node: list[_Point] = []  # this node's windows at the longest interval
         for first in range(0, sim.minutes, segment_every_minutes):
             segment = readings[first * per_minute : (first + SEGMENT_S // int(MINUTE)) * per_minute]
             for interval in INTERVALS:
-                points[interval].extend(
-                    _windows(segment, interval, cost, p.gpu.name, p.model.flops_per_token)
-                )
+                got = _windows(segment, interval, cost, p.gpu.name, p.model.flops_per_token)
+                points[interval].extend(got)
+                node.extend(got if interval == INTERVALS[-1] else [])
         busy = tr.running / p.replicas >= 1.0
         uncached = tr.prompt_tokens * (1.0 - p.prefix_cache_hit_ratio)
         rate = float(uncached[busy].sum() / tr.prefill_seconds[busy].sum()) if busy.any() else 0.0
@@ -283,7 +284,12 @@ def _azure(seeds: Sequence[int], segment_every_minutes: int) -> tuple[dict[int, 
         notes.append(
             f"azure node seed {seed}: {p.gpu.name}, prefill at {rate:,.0f} prompt tokens/s per replica "
             f"(the GPU's peak FLOPS allow {p.gpu.peak_flops / p.model.flops_per_token:,.0f}), "
-            f"median prefill share of busy minutes {share:.0%}"
+            f"median prefill share of busy minutes {share:.0%}; "
+            + ", ".join(
+                f"{r.figure} at {r.interval_s} s: median error {_pct(r.median_error)}, "
+                f"bias {_pct(r.median_bias)}, present {r.present:.0%}"
+                for r in (score("azure", INTERVALS[-1], node, figure) for figure in FIGURES)
+            )
         )
     return points, notes
 

@@ -121,7 +121,10 @@ def write_problem(path: Path) -> OSError | None:
     try:
         left = memoryview(b"\0" * PROBE_BYTES)
         while left:  # a write cut short (a file-size limit, the last blocks of a disk) is retried
-            left = left[os.write(fd, left) :]
+            n = os.write(fd, left)
+            if n <= 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            left = left[n:]
         os.fsync(fd)
     except OSError as err:
         return err

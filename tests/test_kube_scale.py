@@ -347,3 +347,49 @@ async def test_five_thousand_pods_by_watch_while_metrics_is_read_then_leavers_ma
         stop.set()
         await asyncio.wait_for(task, 30)
         await api.stop()
+
+
+class _NoWatch:
+    """A watcher that never runs: the test hands pods to discovery itself."""
+
+    on_pod: object = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Nothing to follow."""
+
+
+def test_the_cap_takes_pods_in_order_the_oldest_waiting_pod_fills_a_place_and_each_overflow_is_named_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    k = KubernetesConfig(enabled=True, pod_resources_socket=None, max_engines=2)
+    src = KubeEngines(Config(node="gpu-node-1", kubernetes=k), watcher=_NoWatch())  # type: ignore[arg-type]
+    ann = {"infercost.io/scrape": "true"}
+    pods = {
+        n: pod(n, ip=f"10.244.1.{i + 10}", annotations=ann)
+        for i, n in enumerate(("a-0", "b-0", "c-0", "d-0"))
+    }
+
+    def change(name: str, gone: bool = False) -> None:
+        src._pod_changed(("llm", name), None if gone else pods[name])
+
+    def cap_lines() -> int:
+        return sum("kubernetes.max_engines" in r.getMessage() for r in caplog.records)
+
+    for n in pods:
+        change(n)
+    assert ({e.name for e in src.engines()}, src.over_cap, cap_lines()) == ({"a-0", "b-0"}, 2, 1)
+    change("a-0")  # a status update of a pod taken in changes nothing
+    change("a-0", gone=True)  # a place frees: the oldest waiting pod takes it
+    assert ({e.name for e in src.engines()}, src.over_cap, cap_lines()) == ({"b-0", "c-0"}, 1, 1)
+    change("d-0", gone=True)  # the last waiting pod leaves: nothing waits, the next overflow is named again
+    assert src.over_cap == 0
+    change("a-0")
+    assert ({e.name for e in src.engines()}, src.over_cap, cap_lines()) == ({"b-0", "c-0"}, 1, 2)
+    messages = [r.getMessage() for r in caplog.records if r.name.startswith("agent.sources.kube")]
+    assert [m for m in messages if "max_engines" not in m] == [
+        "engine pod llm/a-0 added (a-0)",
+        "engine pod llm/b-0 added (b-0)",
+        "engine pod llm/a-0 removed",
+        "engine pod llm/c-0 added (c-0)",
+    ]

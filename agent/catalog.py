@@ -93,6 +93,16 @@ CATALOG: tuple[MetricSpec, ...] = (
         NODE_LABELS,
     ),
     _m(
+        "kube_engines_over_cap",
+        "gauge",
+        "{pod}",
+        "Engine pods on this node beyond kubernetes.max_engines: found by Kubernetes discovery but not "
+        "scraped until an engine leaves (0 while all are scraped; absent without discovery).",
+        "node",
+        "kube_engines_over_cap",
+        NODE_LABELS,
+    ),
+    _m(
         "store_files_recovered_total",
         "counter",
         "1",

@@ -133,6 +133,7 @@ class Snapshot:
     outbox_pending: Mapping[str, int] = field(default_factory=dict)  # sink → undelivered messages
     store_up: bool | None = None  # None: no history store configured; False: writes failing
     store_files_recovered_total: int = 0  # damaged SQLite files moved aside and recreated
+    kube_engines_over_cap: int | None = None  # engine pods beyond kubernetes.max_engines; None: no discovery
     store_dropped_seconds_total: float = 0.0  # seconds of history (whole minutes) dropped: store failing
     # (engine, model, version) → epoch seconds when it replaced another version
     deploys: Mapping[ModelKey, float] = field(default_factory=dict)

@@ -693,6 +693,7 @@ class Agent:
         return replace(
             snap,
             store_files_recovered_total=self.hooks.recovered_files,
+            kube_engines_over_cap=src.over_cap if src is not None else None,
             store_dropped_seconds_total=self._buffer.dropped_minutes * MINUTE,
             gpu_pods=gpu_pods,
         )

@@ -27,6 +27,7 @@ from llamacpp_server import MODEL_ALIAS, WORDS, LlamaServer, make_tiny_llama
 
 from agent.clock import SystemClock
 from agent.config import EngineConfig
+from agent.cost.invariants import violations
 from agent.cost.quantiles import counter_delta
 from agent.samples import EngineScrape
 from agent.sources.engines.scraper import EngineScraper
@@ -230,6 +231,8 @@ async def test_the_daemon_prices_a_cpu_engine_per_hour_across_a_restart(
             assert t.engine_usd == pytest.approx(price * (t.end - t.start) / 3600, rel=1e-9)
             assert sum(w.cost_usd for w in t.windows) == pytest.approx(t.engine_usd, rel=1e-12)
         assert t.unexplained_usd() == pytest.approx(0.0, abs=1e-15)
+        # every law of agent.cost.invariants
+        assert violations(t, agent.joiner.engines, agent.joiner.prices) == []
     per_million = cost / usage_completion * 1e6
     snap: Snapshot = agent.snapshot()
     (m,) = snap.models
@@ -437,6 +440,8 @@ async def test_prompt_output_split_cache_savings_and_conservation_match_the_serv
         stop.set()
         await asyncio.wait_for(task, 30)
 
+    for t in ticks:  # every law of agent.cost.invariants, on every tick the daemon made
+        assert violations(t, agent.joiner.engines, agent.joiner.prices) == []
     totals = {"prompt": 0.0, "saved": 0.0}
     for ph, tick in phases:
         # the GPU side: two H100s at $3.60/h for 10 s each; the engine holds GPU 0, no engine GPU 1

@@ -53,6 +53,7 @@ from rich.progress import (
 )
 
 from agent.clock import ManualClock
+from agent.cost.invariants import counters_read_at, violations
 from agent.cost.window import WindowJoiner
 from agent.detect.forest import ForestDetector
 from agent.detect.pipeline import Pipeline
@@ -357,6 +358,9 @@ class NodeRun:
     cpu_seconds: Mapping[str, float] = field(default_factory=dict)  # CPU seconds per phase (PHASES)
     max_efficiency: float = float("nan")  # the highest decode efficiency of any window (physically ≤ 1)
     efficiency_windows: int = 0  # windows with a decode efficiency
+    invariant_ticks: int = 0  # ticks checked against the physical laws (agent.cost.invariants)
+    invariant_violations: int = 0  # laws broken, summed over those ticks
+    invariant_examples: tuple[str, ...] = ()  # the first few broken laws, as the checker words them
 
 
 def bench_rules() -> RuleSet:
@@ -395,6 +399,7 @@ class TrainingWindows:
 
 
 IN_MEMORY = Path(":memory:")  # SQLite's in-memory database, for the store and the outbox
+INVARIANT_EXAMPLES = 3  # broken laws a node-run keeps word for word (the count keeps the rest)
 
 # The phases of a node-run whose CPU time the benchmark reports (where the time goes).
 PHASES = ("simulate", "render", "join", "store", "forest_score", "forest_fit", "rules")
@@ -477,6 +482,9 @@ async def _run_through_agent(
 
     readings = ticks(sim)
     top_efficiency, with_efficiency = float("nan"), 0
+    read_at: dict[tuple[str, str], float] = {}  # (engine, model) → when its counter last counted
+    checked = broken = 0
+    examples: list[str] = []
     while True:
         with ph("render"):
             tick = next(readings, None)
@@ -484,8 +492,13 @@ async def _run_through_agent(
             break
         with ph("join"):
             joiner.add_round(tick.nvml)
-            made = joiner.close_tick(tick.t, {ENGINE: tick.scrape}, {ENGINE: tick.version}).windows
+            result = joiner.close_tick(tick.t, {ENGINE: tick.scrape}, {ENGINE: tick.version})
+            made = result.windows
             pending.extend(made)
+        bad = violations(result, joiner.engines, joiner.prices, read_at)
+        read_at = counters_read_at(read_at, result, {ENGINE: tick.scrape})
+        checked, broken = checked + 1, broken + len(bad)
+        examples.extend(bad[: max(0, INVARIANT_EXAMPLES - len(examples))])
         for w in made:
             if w.roofline_ratio is not None:
                 with_efficiency += 1
@@ -503,7 +516,7 @@ async def _run_through_agent(
     return NodeRun(
         sim.generator, -1, sim.node, sim.start, sim.minutes, sim.tick_seconds, sim.incidents,
         sim.excess_usd_per_minute, intervals, notes, time.perf_counter() - t0, dict(ph.seconds),
-        top_efficiency, with_efficiency,
+        top_efficiency, with_efficiency, checked, broken, tuple(examples),
     )  # fmt: skip
 
 
@@ -770,6 +783,11 @@ def run(
         print_fn(
             f"  {gen}: decode efficiency (physically ≤ 1) present in {present} windows, "
             f"highest {max(tops, default=float('nan')):.3f}"
+        )
+        first = next((x for r in mine for x in r.invariant_examples), None)
+        print_fn(
+            f"  {gen}: invariants: {sum(r.invariant_violations for r in mine)} violations over "
+            f"{sum(r.invariant_ticks for r in mine)} ticks" + (f"; first: {first}" if first else "")
         )
     causes: dict[str, int] = {}
     missed: dict[str, int] = {}

@@ -17,7 +17,8 @@ RSS flat after warm-up (slope < 1 MB per simulated day), the store within its ca
 the outbox delivered at least once with no duplicate, every ``_total`` counter (and every
 bucket, count and sum of the re-based latency histograms) monotonic within a process lifetime,
 conservation (Σ busy model cost + Σ GPU idle = Σ GPU cost within 0.1 %; a model's idle cost is
-GPU idle charged to it, see ``agent.cost.attribution``), and
+GPU idle charged to it, see ``agent.cost.attribution``), each model's dollars split within its
+cost (prompt $ + idle $ ≤ cost $, usage-basis $ ≤ cost $), and
 ``/metrics`` never unavailable for more than 1 s except while the daemon is deliberately dead.
 It prints a table of the faults injected, the invariants and the figures; exit status 1 when an
 invariant fails.
@@ -54,6 +55,7 @@ from rich.table import Table
 
 from agent.bench.procs import free_port, status_mb
 from agent.clock import AcceleratedClock
+from agent.cost.invariants import REL_TOL
 from agent.records import iso
 
 PROBE_SECONDS = 0.25  # real seconds between /metrics probes (4 per second: a 1 s gap is 4 misses)
@@ -242,6 +244,25 @@ def _parse(text: str) -> Series:
 
 def _total(m: Series, name: str) -> float:
     return sum(v for (n, _), v in m.items() if n == name)
+
+
+def _split_breaks(m: Series) -> list[str]:
+    """Per model version, from its dollar counters: prompt $ + idle $ ≤ cost $ and usage-basis $ ≤
+    cost $ (a window's cost is prompt + output + idle, each ≥ 0, and its usage basis is part of it),
+    within the rounding of the sums (:data:`agent.cost.invariants.REL_TOL`)."""
+    out: list[str] = []
+    for (name, labels), cost in m.items():
+        if name != "infercost_cost_usd_total":
+            continue
+        prompt = m.get(("infercost_prompt_cost_usd_total", labels), 0.0)
+        idle = m.get(("infercost_idle_cost_usd_total", labels), 0.0)
+        usage = m.get(("infercost_usage_cost_usd_total", labels))
+        tol = REL_TOL * (abs(cost) + abs(prompt) + abs(idle) + abs(usage or 0.0))
+        if prompt + idle > cost + tol:
+            out.append(f"{dict(labels)}: prompt ${prompt} + idle ${idle} > cost ${cost}")
+        if usage is not None and usage > cost + tol:
+            out.append(f"{dict(labels)}: usage-basis ${usage} > cost ${cost}")
+    return out
 
 
 def _slope_per_day(points: list[tuple[float, float]]) -> float | None:
@@ -611,6 +632,10 @@ class Soak:
                 idle = _total(m, "infercost_gpu_idle_cost_usd_total")
                 conservation.append(abs(busy + idle - gpu) / gpu)
         worst = max(conservation, default=float("nan"))
+        split = [x for life in self.lifetimes for x in _split_breaks(life.last)]
+        split_models = sum(
+            1 for life in self.lifetimes for n, _ in life.last if n == "infercost_cost_usd_total"
+        )
 
         checks: list[tuple[str, bool, str]] = [
             (
@@ -653,6 +678,12 @@ class Soak:
                 "conservation Σ busy model + Σ GPU idle = Σ GPU",
                 bool(conservation) and worst <= CONSERVATION_TOLERANCE,
                 f"worst {worst * 100:.4f} % over {len(conservation)} lifetimes (bound 0.1 %)",
+            ),
+            (
+                "per model: prompt $ + idle $ ≤ cost $, usage $ ≤ cost $",
+                split_models > 0 and not split,
+                f"{len(split)} violations over {split_models} model versions × lifetimes"
+                + (f": {split[0]}" if split else ""),
             ),
             (
                 "/metrics never unavailable > 1 s",

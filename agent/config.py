@@ -106,6 +106,9 @@ class EngineConfig(_Frozen):
     # the series per node that /metrics and the store carry, while a multi-LoRA server stays whole)
     max_models: int = Field(64, ge=1)
     weights_bytes: float | None = Field(None, gt=0)  # model weights read per decode step, for roofline
+    # FLOPs of one token through the weights (2 × active parameters; for a MoE the active ones):
+    # lets the decode efficiency take the least time the window's prefill could have cost out of the step
+    flops_per_token: float | None = Field(None, gt=0)
     kv_bytes_per_token: float | None = Field(None, gt=0)  # 2 × layers × kv_heads × head_dim × bytes
     kv_capacity_tokens: float | None = Field(
         None, gt=0
@@ -135,6 +138,7 @@ class EngineConfig(_Frozen):
             model_version=self.model_version,
             model_versions=dict(self.model_versions),
             weights_bytes=self.weights_bytes,
+            flops_per_token=self.flops_per_token,
             kv_bytes_per_token=self.kv_bytes_per_token,
             kv_capacity_tokens=self.kv_capacity_tokens,
             priority_class=self.priority_class,

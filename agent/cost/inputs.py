@@ -25,6 +25,7 @@ class EngineSpec:
     model_version: str | None = None  # version of every model this engine serves
     model_versions: Mapping[str, str] = field(default_factory=dict)  # per served model name
     weights_bytes: float | None = None  # bytes read per decode step (roofline)
+    flops_per_token: float | None = None  # FLOPs of one token through the weights (2 × active parameters)
     kv_bytes_per_token: float | None = None  # bytes of KV cache per resident token
     kv_capacity_tokens: float | None = None  # tokens the KV cache holds
     priority_class: str | None = None  # the traffic class of every model it serves (realtime, batch ...)

@@ -79,6 +79,12 @@ def bandwidth_of(gpu_name: str) -> float | None:
     return None if spec is None else spec.hbm_bandwidth_bytes_per_s
 
 
+def peak_flops_of(gpu_name: str) -> float | None:
+    """Dense tensor-core peak (FLOP/s) of a GPU by its NVML name (:mod:`agent.hardware`), or None."""
+    spec = gpu_spec(gpu_name)
+    return None if spec is None else spec.peak_flops
+
+
 def decode_ceiling_tokens_per_second(
     bandwidth_bytes_per_second: float,
     weights_bytes: float,

@@ -40,7 +40,7 @@ from agent.cost.efficiency import DecodeObservation, ModelFigures, decode_effici
 from agent.cost.floor import CostFloor, cost_floor
 from agent.cost.inputs import EngineSpec, PriceTable
 from agent.cost.latency import HistogramMemory, histogram_increase
-from agent.cost.model import bandwidth_of, usd_per_million
+from agent.cost.model import bandwidth_of, peak_flops_of, usd_per_million
 from agent.cost.pricing import GpuCharge, GpuReading, price_gpus
 from agent.cost.quantiles import quantile
 from agent.cost.split import prefix_cache_saved, prompt_cost
@@ -531,8 +531,16 @@ def _efficiency(
         window_seconds=usage.duration,
         itl_seconds=usage.itl_delta.sum if usage.itl_delta is not None else None,
         itl_count=usage.itl_delta.count if usage.itl_delta is not None else None,
+        prefill_tokens=(
+            None
+            if usage.cached_prompt_tokens is None
+            else max(0.0, usage.prompt_tokens - usage.cached_prompt_tokens)
+        ),
+        peak_flops_per_s=sum(peak_flops_of(n) or 0.0 for n in gpu_names),
     )
-    figures = ModelFigures(spec.weights_bytes, spec.kv_bytes_per_token, spec.kv_capacity_tokens)
+    figures = ModelFigures(
+        spec.weights_bytes, spec.kv_bytes_per_token, spec.kv_capacity_tokens, spec.flops_per_token
+    )
     return decode_efficiency(obs, figures)
 
 

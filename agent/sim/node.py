@@ -123,6 +123,7 @@ def engine_config(
         name=spec.name, kind="vllm", url=url, gpus=spec.gpus, model_version=spec.version,
         version_file=version_file, version_label=VERSION_LABEL, weights_bytes=dep.model.weight_bytes,
         kv_bytes_per_token=dep.model.kv_bytes_per_token, kv_capacity_tokens=dep.kv_capacity_tokens,
+        flops_per_token=dep.model.flops_per_token,
     )  # fmt: skip
 
 

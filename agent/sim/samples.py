@@ -51,6 +51,7 @@ def engine_config(sim: SimulatedNode) -> EngineConfig:
         name=ENGINE, kind="vllm", url="http://sim.invalid/metrics", gpus=tuple(range(p.replicas)),
         weights_bytes=p.model.weight_bytes, kv_bytes_per_token=p.model.kv_bytes_per_token,
         kv_capacity_tokens=dep.kv_capacity_tokens, model_version="v1",
+        flops_per_token=p.model.flops_per_token,
     )  # fmt: skip
 
 

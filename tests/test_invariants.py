@@ -98,6 +98,22 @@ CASES: list[tuple[str, Callable[[TickResult], TickResult], str]] = [
         lambda t: _window(t, "a", bound_usd={"idle": 0.001}),
         "bound dollars",
     ),
+    (
+        "throttled beyond the GPU-seconds held",
+        lambda t: _usage(t, "a", throttled_gpu_seconds=20.0),
+        "throttled",
+    ),
+    ("more GPU-seconds than the GPUs had", lambda t: _usage(t, "a", gpu_seconds=30.0), "GPU-seconds"),
+    (
+        "a price per token that is not cost ÷ tokens",
+        lambda t: _window(t, "a", usd_per_1m_total=1.0),
+        "≠ cost",
+    ),
+    (
+        "a floor at the largest batch above the running batch's",
+        lambda t: _window(t, "a", floor_usd_per_1m_output_max_batch=1e9),
+        "largest batch",
+    ),
     # ranges
     ("a utilisation above 1", lambda t: _usage(t, "a", gpu_util_ratio=1.5), "gpu_util_ratio"),
     ("a KV-cache usage below 0", lambda t: _usage(t, "a", kv_cache_usage_ratio=-0.1), "kv_cache_usage_ratio"),

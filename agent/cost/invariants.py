@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 from collections.abc import Iterator, Mapping, Sequence
 
 from agent.cost.attribution import engine_gpus
@@ -42,13 +41,11 @@ from agent.samples import CostWindow, EngineScrape, Histogram
 # each product by ε more: 1e-9 is 4.5 million ε, more than the rounding of any tick (GPUs × engines ×
 # models terms), while a real leak is a whole term (a share counted twice or not at all).
 REL_TOL = 1e-9
-EPS = sys.float_info.epsilon
 
 
 def _tol(*magnitudes: float) -> float:
     """How far two computations of the same dollars (or tokens) may differ by rounding alone."""
-    scale = sum(abs(m) for m in magnitudes if math.isfinite(m))
-    return REL_TOL * scale + 8 * sys.float_info.min  # the floor: a sum of subnormal dollars
+    return REL_TOL * sum(abs(m) for m in magnitudes if math.isfinite(m))
 
 
 def _tokens(w: CostWindow) -> float:
@@ -116,8 +113,7 @@ def _gpu_laws(g: GpuTick) -> list[str]:
 
 
 def _split_laws(where: str, w: CostWindow, own_usd: float | None) -> list[str]:
-    """prompt $ + output $ + idle $ = cost, each ≥ 0: idle is all of a window without tokens and
-    none of one with tokens; usage-basis and bound dollars within the window's (GPU) dollars."""
+    """prompt $ + output $ + idle $ = cost, each ≥ 0; usage-basis and bound dollars within the cost."""
     u = w.usage
     cost = w.cost_usd
     tokens = u.prompt_tokens + u.generation_tokens
@@ -147,8 +143,7 @@ def _split_laws(where: str, w: CostWindow, own_usd: float | None) -> list[str]:
 
 
 def _absent_laws(where: str, w: CostWindow) -> list[str]:
-    """No ratio without its denominator: no $/token, efficiency or prompt split without tokens, no
-    $ ratio of an unpriced cost."""
+    """No ratio without its denominator: none per token without tokens, no $ ratio unpriced."""
     u = w.usage
     tokens = u.prompt_tokens + u.generation_tokens
     out: list[str] = []
@@ -173,8 +168,7 @@ def _absent_laws(where: str, w: CostWindow) -> list[str]:
 
 
 def _ratio_laws(where: str, w: CostWindow) -> list[str]:
-    """$/1M = cost ÷ tokens × 1e6; per total ≤ per output; floor at the largest batch ≤ at the
-    running one (a fuller cache spreads the weights' read over more sequences)."""
+    """$/1M = cost ÷ tokens × 1e6; per total ≤ per output; floor at the largest batch ≤ at the running."""
     u = w.usage
     out: list[str] = []
     for name, per, tokens in (
@@ -199,8 +193,7 @@ def _hardware_laws(
     tick: TickResult,
     read_at: Mapping[tuple[str, str], float],
 ) -> list[str]:
-    """Generation tokens ≤ the engine's ceiling × the seconds its counter counted over; $/1M output
-    ≥ the floor where the counter counted over the window alone (the floor prices that window)."""
+    """Generation tokens ≤ ceiling × seconds counted; $/1M output ≥ floor where counted over the window."""
     u = w.usage
     if spec is None:
         return [f"{where}: no engine spec named {u.engine}: the hardware laws cannot be checked"]
@@ -222,8 +215,7 @@ def _hardware_laws(
 
 
 def _conservation_laws(tick: TickResult, prices: PriceTable) -> list[str]:
-    """Σ model + Σ unallocated = Σ GPU + own; Σ GPU dollars of models with tokens + Σ GPU idle = Σ GPU;
-    own = Σ over engines with a window of hourly price × the tick."""
+    """Σ model + Σ unallocated = Σ GPU + own = Σ busy GPU + Σ GPU idle + own; own = prices × the tick."""
     out: list[str] = []
     gpu = sum(g.cost_usd for g in tick.gpus)
     models = sum(w.cost_usd for w in tick.windows)
@@ -257,8 +249,7 @@ def _conservation_laws(tick: TickResult, prices: PriceTable) -> list[str]:
 
 
 def _own_share(w: CostWindow, tick: TickResult, prices: PriceTable) -> float | None:
-    """The engine's own hourly dollars in this window: all of them in its windows with tokens (a
-    model's share is its share of the engine's tokens), spread equally when the engine made none."""
+    """The engine's own hourly dollars in this window: by its share of the engine's tokens (equal without)."""
     price = prices.engine_usd_per_hour(w.usage.engine)
     if price is None:
         return None

@@ -7,8 +7,8 @@
   equal the successes and failures the server answered, per model, with versions summed; the
   pending-request gauge is ``requests_waiting`` (above 0 while requests queue behind a slow one);
 - what a plain Triton does not have stays **absent**, not 0: tokens (``nv_llm_*`` come only from
-  the TensorRT-LLM / vLLM backends), KV cache, running batch, TTFT (the first-response histogram
-  is not in the 2.51 this wheel bundles);
+  the TensorRT-LLM / vLLM backends), KV cache, running batch; TTFT is mapped from the
+  first-response histogram where the release writes it (the 2.51 this wheel bundles does not);
 - the real daemon scrapes it: ``engine_up{kind="triton"}`` 1, ``requests_waiting`` exported, no
   token series for its models.
 
@@ -51,8 +51,8 @@ NOT_IN_PLAIN_TRITON = (
     "generation_tokens_total",
     "kv_cache_usage_ratio",
     "requests_running",
-    "ttft_seconds",
 )
+FIRST_RESPONSE = "nv_inference_first_response_histogram_ms"  # decoupled models, Triton after 2.51
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +167,15 @@ async def test_the_scraper_maps_a_real_triton(triton: TritonServer) -> None:
         assert m.requests_waiting == 0  # nothing queued now
         for name in NOT_IN_PLAIN_TRITON:
             assert getattr(m, name) is None, f"{m.model}: {name} must be absent, not {getattr(m, name)}"
+    # histogram_latencies=true is on: a release that has the histogram writes it for the decoupled
+    # model only, one observation per stream, in milliseconds (read as seconds); 2.51 has none
+    assert models["tiny"].ttft_seconds is None
+    ttft = models["stream"].ttft_seconds
+    if FIRST_RESPONSE + "_count" in _samples(triton.metrics()):
+        assert ttft is not None and ttft.count == STREAMS
+        assert 0 < ttft.sum < 60
+    else:
+        assert ttft is None
 
 
 async def test_requests_queued_behind_a_slow_one_are_waiting(triton: TritonServer) -> None:

@@ -168,6 +168,7 @@ class TritonServer:
             f"--metrics-port={self.metrics_port}",
             "--allow-gpu-metrics=false",  # no GPU here: DCGM would only log that it failed
             "--metrics-config=summary_latencies=true",  # summaries too: more of the format parsed
+            "--metrics-config=histogram_latencies=true",  # the first-response histogram (newer releases)
         ]
         log = self.log.open("ab")
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)

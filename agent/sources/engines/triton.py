@@ -1,12 +1,20 @@
-"""NVIDIA Triton with the TensorRT-LLM backend: ``nv_inference_*`` and ``nv_trt_llm_*`` series.
+"""NVIDIA Triton Inference Server: ``nv_inference_*`` series, and ``nv_trt_llm_*`` / ``nv_llm_*`` with
+the TensorRT-LLM (or vLLM) backend.
 
-Source-verified names: ``reference/ENGINE_METRICS.md`` §4.2–4.3. The model is the ``model`` label;
+Source-verified names: ``reference/ENGINE_METRICS.md`` §4.2–4.3; the plain-Triton part is checked
+against a real ``tritonserver`` in ``tests/test_triton_real.py``. The model is the ``model`` label;
 the ``version`` label (Triton's model-repository version) is summed over, because the deployed
-version comes from deployment metadata like every other engine's. Tokens come from the
-``nv_llm_{input,output}_token_len`` histogram ``_sum``s; KV usage from the ``fraction`` block
-metric; TTFT from the opt-in ``nv_inference_first_response_histogram_ms`` (milliseconds, scaled to
-seconds, bounds included). Triton's cumulative ``*_duration_us`` counters have no matching signal.
-An ensemble shows each of its steps as its own model.
+version comes from deployment metadata like every other engine's. Any Triton gives finished
+requests (``nv_inference_request_success``, and ``nv_inference_request_failure`` summed over its
+``reason`` label where the release has one, so the reasons read the same across releases) and
+waiting requests (``nv_inference_pending_request_count``, after the TensorRT-LLM batcher's own
+count). Only the LLM backends give tokens (the ``nv_llm_{input,output}_token_len`` histogram
+``_sum``s), the running batch and KV usage (the ``fraction`` block metric). TTFT is the opt-in
+``nv_inference_first_response_histogram_ms`` (``--metrics-config histogram_latencies=true``;
+decoupled models only, in releases after 2.51; milliseconds, scaled to seconds, bounds included).
+Triton's cumulative request, queue and compute ``*_duration_us`` counters, and the opt-in
+``*_summary_us`` summaries, have no matching signal. An ensemble shows each of its steps as its
+own model.
 """
 
 from __future__ import annotations

@@ -350,13 +350,15 @@ async def test_slow_headers_are_cut_off_and_oversized_requests_refused() -> None
         await server.stop()
 
 
-def test_label_values_are_escaped_one_line_per_series() -> None:
+def test_the_renderer_writes_what_prometheus_client_writes() -> None:
     from dataclasses import replace
 
-    from agent.sinks.prometheus import render_catalogue
+    from agent.sinks.prometheus import render_catalogue, render_with_client
 
     snap = _snapshot()
     hostile = replace(snap.models[0], model='we"ird\\name\nline2', model_version="v\\7")
+    for s in (snap, replace(snap, models=(hostile,))):
+        assert render_catalogue(s) == render_with_client(s)
     text = render_catalogue(replace(snap, models=(hostile,))).decode()
     assert 'model="we\\"ird\\\\name\\nline2"' in text  # escaped: one line per series
     assert 'model_version="v\\\\7"' in text

@@ -634,6 +634,19 @@ def test_decode_efficiency_of_a_batch_time_engine_and_of_an_unknown_gpu() -> Non
         (rnd(T0, gpu(0, T0, name=mystery)), rnd(T0 + 10, gpu(0, T0 + 10, name=mystery))),
     )
     assert res2.windows[0].roofline_ratio is None  # unknown bandwidth: absent, not guessed
+    assert res2.windows[0].floor_usd_per_1m_output is None  # no ceiling, so no floor under it
+    # one GPU known and one not: the known one's bandwidth alone is no ceiling of the engine
+    spec2 = EngineSpec("t", gpus=(0, 1), weights_bytes=140e9)
+    res3 = two_ticks(
+        WindowJoiner("n1", (spec2,), BOOK),
+        {"t": scrape("t", T0, before)},
+        {"t": scrape("t", T0 + 10, after)},
+        (
+            rnd(T0, gpu(0, T0), gpu(1, T0, name=mystery)),
+            rnd(T0 + 10, gpu(0, T0 + 10), gpu(1, T0 + 10, name=mystery)),
+        ),
+    )
+    assert res3.windows[0].roofline_ratio is None and res3.windows[0].floor_usd_per_1m_output is None
 
 
 def test_a_histogram_missing_from_a_page_gives_no_latency_for_that_tick() -> None:

@@ -158,11 +158,6 @@ def test_a_refused_reading_does_not_move_the_counters_clock() -> None:
     assert counters_read_at({}, tick, down) == {}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the floor (and decode efficiency) sum the bandwidth of the GPUs the hardware table knows: "
-    "an unknown GPU counts as 0 bytes/s instead of making the figure absent (agent/cost/window.py)",
-)
 def test_an_engine_on_a_gpu_the_table_does_not_know_has_no_floor_under_its_price() -> None:
     # one sequence on two GPUs of 3.35 TB/s, the second unknown to the table: 140 GB a step at
     # 6.7 TB/s is 20.9 ms, 47.9 tok/s; at 90 % of that, 430 tokens in 10 s ($46.51 per 1M); a floor

@@ -527,7 +527,7 @@ def _efficiency(
         kv_cache_usage_ratio=usage.kv_cache_usage_ratio,
         kv_capacity_tokens=cur.kv_capacity_tokens,
         replicas=ranks,
-        bandwidth_bytes_per_s=sum(bandwidth_of(n) or 0.0 for n in gpu_names),
+        bandwidth_bytes_per_s=_all_known(bandwidth_of(n) for n in gpu_names) or 0.0,
         window_seconds=usage.duration,
         itl_seconds=usage.itl_delta.sum if usage.itl_delta is not None else None,
         itl_count=usage.itl_delta.count if usage.itl_delta is not None else None,
@@ -536,12 +536,23 @@ def _efficiency(
             if usage.cached_prompt_tokens is None
             else max(0.0, usage.prompt_tokens - usage.cached_prompt_tokens)
         ),
-        peak_flops_per_s=sum(peak_flops_of(n) or 0.0 for n in gpu_names),
+        peak_flops_per_s=_all_known(peak_flops_of(n) for n in gpu_names) or 0.0,
     )
     figures = ModelFigures(
         spec.weights_bytes, spec.kv_bytes_per_token, spec.kv_capacity_tokens, spec.flops_per_token
     )
     return decode_efficiency(obs, figures)
+
+
+def _all_known(values: Iterable[float | None]) -> float | None:
+    """The sum of per-GPU figures, or None when any GPU's is unknown (a partial sum would be a
+    ceiling below the hardware's, and a floor or efficiency read against it would be wrong)."""
+    total = 0.0
+    for v in values:
+        if v is None:
+            return None
+        total += v
+    return total
 
 
 def _floor(
@@ -551,13 +562,16 @@ def _floor(
     the ceiling of its engine's GPUs at the running batch; None without the model's weights."""
     if cur is None or not spec.weights_bytes:  # (a tick always has a duration > 0)
         return None
+    bandwidth = _all_known(bandwidth_of(n) for n in gpu_names)
+    if bandwidth is None:  # a GPU the table does not know: its ceiling is unknown, not 0 bytes/s
+        return None
     ranks = len(cur.counter_parts.get("generation_tokens_total", {})) or 1
     capacity = cur.kv_capacity_tokens or spec.kv_capacity_tokens
     kv = usage.kv_cache_usage_ratio
     return cost_floor(
         cost / usage.duration,
         spec.weights_bytes,
-        sum(bandwidth_of(n) or 0.0 for n in gpu_names),
+        bandwidth,
         replicas=ranks,
         running=usage.requests_running,
         resident_kv_tokens=kv * capacity if kv is not None and capacity else 0.0,

@@ -88,6 +88,8 @@ def test_quoted_names_with_escapes_are_read_in_page_order() -> None:
         ("\na 1\n# EOFx\nb 2\n# EOF\nc 3\n", "\na 1\n# EOFx\nb 2\n"),  # "# EOFx" is not the end
         ("\na 1\n# EOF x\nb 2\n", "\na 1\n# EOF x\nb 2\n"),
         ("\na 1\nb 2\n", "\na 1\nb 2\n"),
+        ("\n# EOF\nb 2\n", "\n"),  # the first line
+        ("\na 1\n# EOFx\nb 2\n# EOF\nc 3\n# EOF\nd 4\n", "\na 1\n# EOFx\nb 2\n"),  # the first end
     ],
 )
 def test_cut_at_eof(text: str, cut: str) -> None:

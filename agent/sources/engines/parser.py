@@ -94,7 +94,7 @@ def quote(line: str) -> str:
 
 
 def _unescape(value: str) -> str:
-    return _ESCAPE_RE.sub(lambda m: _ESCAPES[m.group(0)], value) if "\\" in value else value
+    return _ESCAPE_RE.sub(lambda m: _ESCAPES[m.group(0)], value)
 
 
 def _escape(name: str) -> str:
@@ -124,7 +124,7 @@ def _trie_pattern(names: list[str]) -> str:
     if not groups:
         return re.escape(prefix)
     alts = [_trie_pattern(g) for g in groups.values()]
-    body = alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+    body = "(?:" + "|".join(alts) + ")"
     if optional:
         body = f"(?:{body}|)"  # (X|) is (X)? without sre's repeat machinery: faster
     return re.escape(prefix) + body

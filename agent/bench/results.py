@@ -25,7 +25,7 @@ from typing import TextIO
 
 RELATIVE_PATH = Path("benchmarks/RESULTS.md")
 # the order sections take in a new file; a benchmark not listed goes after them
-ORDER = ("detection", "overhead", "startup", "parse", "exposition", "report", "soak", "bound")
+ORDER = ("detection", "efficiency", "overhead", "startup", "parse", "exposition", "report", "soak", "bound")
 HEADER = """# Benchmark results
 
 Written by the benchmarks, not by hand: `infercost bench <name> --write-results` replaces its own

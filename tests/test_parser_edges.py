@@ -319,3 +319,17 @@ def test_read_reads_the_text_format_by_default() -> None:
         (),
     )
     assert p.read("t_x 5\n# EOF\nt_y 7\n", openmetrics=True).page == {"t_x": [Sample("t_x", {}, 5.0, None)]}
+
+
+def test_a_quoted_name_s_bad_value_is_quoted_as_written_unquoted() -> None:
+    with pytest.raises(ParseError) as err:
+        parse('{"want"} x\n', {"want"})
+    assert str(err.value) == "invalid value 'x' in line 'want x'"
+
+
+def test_only_blanks_and_tabs_may_stand_before_the_labels() -> None:
+    # a carriage return is no blank: the braces read as a native histogram's, and the line is skipped
+    assert parse('m\r{a="1"} 1\n', {"m"}) == {}
+    with pytest.raises(ParseError):  # nor is any other character
+        parse('m X{a="1"} 1\n', {"m"})
+    assert parse('m \t{a="1"} 1\n', {"m"}) == {"m": [Sample("m", {"a": "1"}, 1.0, None)]}

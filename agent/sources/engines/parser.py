@@ -234,9 +234,8 @@ class FamilyParser:
             per[key] = len(made)
             made.append(sample)
         out: Page = {name: [made[i] for i in per.values()] for name, per in series.items()}
-        duplicates = self._drop(out, series, made, clashes) if clashes else ()
-        if self._canonical and not self._canonical.keys().isdisjoint(out):
-            self._canonicalise(out)
+        duplicates = self._drop(out, series, made, clashes)
+        self._canonicalise(out)
         return Parsed(out, duplicates)
 
     def _drop(

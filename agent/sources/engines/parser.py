@@ -94,7 +94,7 @@ def quote(line: str) -> str:
 
 
 def _unescape(value: str) -> str:
-    return _ESCAPE_RE.sub(lambda m: _ESCAPES[m.group(0)], value)
+    return _ESCAPE_RE.sub(lambda m: _ESCAPES[m.group(0)], value) if "\\" in value else value
 
 
 def _escape(name: str) -> str:

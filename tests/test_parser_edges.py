@@ -330,6 +330,7 @@ def test_a_quoted_name_s_bad_value_is_quoted_as_written_unquoted() -> None:
 def test_only_blanks_and_tabs_may_stand_before_the_labels() -> None:
     # a carriage return is no blank: the braces read as a native histogram's, and the line is skipped
     assert parse('m\r{a="1"} 1\n', {"m"}) == {}
-    with pytest.raises(ParseError):  # nor is any other character
+    with pytest.raises(ParseError) as err:  # nor is any other character
         parse('m X{a="1"} 1\n', {"m"})
+    assert str(err.value) == "invalid value 'X{a=\"1\"}' in line 'm X{a=\"1\"} 1'"
     assert parse('m \t{a="1"} 1\n', {"m"}) == {"m": [Sample("m", {"a": "1"}, 1.0, None)]}

@@ -292,12 +292,13 @@ def _labels(name: str, rest: str) -> tuple[dict[str, str], str]:
 def _sample(name: str, rest: str, openmetrics: bool) -> Sample | None:
     """The sample of a wanted line (its name and the text after it); None for a native histogram."""
     labels: dict[str, str] = {}
+    stripped = rest.lstrip(" \t")
     if rest[:1] == "{":
         labels, tail = _labels(name, rest)
         if openmetrics and tail[:1] not in (" ", "\t"):  # the text format lets it pass
             raise ParseError(f"no blank before the value in line {quote(name + rest)}")
-    elif rest.lstrip(" \t")[:1] == "{":  # blanks before the labels
-        rest = rest.lstrip(" \t")
+    elif stripped[:1] == "{":  # blanks before the labels
+        rest = stripped
         labels, tail = _labels(name, rest)
     else:
         tail = rest

@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from agent.bench import results
 from agent.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_restored() -> Iterator[None]:
+    """``main`` configures the root logger (as the command does); later tests get it back as it was."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def _run(key: str, output: str) -> results.Run:

@@ -19,7 +19,7 @@ from agent.clock import ManualClock
 from agent.detect.evaluator import RuleEvaluator
 from agent.detect.rules import load_default_rules
 from agent.records import MINUTE, SIGNALS, MinuteRecord
-from agent.store import SCHEMA_VERSION, Store
+from agent.store import MIGRATIONS, SCHEMA_VERSION, Store
 
 T0 = 1_780_000_000.0 // 86400 * 86400 + 14 * 3600  # 14:00 UTC
 SERIES = [("n1", "eng", "m", "v1")]
@@ -64,7 +64,7 @@ def test_a_schema_6_file_migrates_and_keeps_its_scores(tmp_path: Path) -> None:
         (int(T0), T0 + 60),
     )
     st = Store(p, 35, ManualClock(T0 + 3600))
-    assert st.schema_version() == SCHEMA_VERSION == 7
+    assert st.schema_version() == SCHEMA_VERSION == len(MIGRATIONS)
     (r,) = st.records(T0, T0 + 60, ("model",))
     # the old score is kept; its anomalous seconds read 0 (unknown before schema 7)
     assert r.sums["anomaly.s"] == 150.0 and r.sums["anomalous_seconds"] == 0.0

@@ -928,6 +928,31 @@ def test_decode_efficiency_reads_the_step_from_the_inter_token_latency_of_the_wi
     assert res.windows[0].roofline_ratio == pytest.approx((140e9 / 3.35e12) / 0.05)
 
 
+def test_the_prefill_floor_takes_the_least_time_the_windows_prompts_could_cost_out_of_the_step() -> None:
+    from agent.hardware import gpu_spec
+
+    peak = gpu_spec(H100)
+    assert peak is not None
+    itl0, itl1 = h((0.1, 0), (INF, 0), total=0.0), h((0.1, 400), (INF, 400), total=20.0)
+    before = sig("m", 0, 0.0, decode_seconds_total=0.0, itl_seconds=itl0, cached_prompt_tokens_total=0.0)
+    # 20,000 prompt tokens, 10,000 of them prefix-cache hits: 10,000 prefilled in the 10 s window
+    after = sig(
+        "m", 428.4, 20_000.0, decode_seconds_total=40.0, itl_seconds=itl1, cached_prompt_tokens_total=10_000.0
+    )
+    figs = {}
+    for flops in (None, 2 * 70e9):
+        spec = EngineSpec("a", gpus=(0,), weights_bytes=140e9, flops_per_token=flops)
+        res = two_ticks(
+            WindowJoiner("n1", (spec,), BOOK),
+            {"a": scrape("a", T0, before)},
+            {"a": scrape("a", T0 + 10, after)},
+        )
+        figs[flops] = res.windows[0].roofline_ratio
+    share = 10_000 * 2 * 70e9 / (peak.peak_flops * 10.0)  # the floor of the prefill share of the window
+    assert figs[None] == pytest.approx((140e9 / 3.35e12) / 0.05)  # without FLOPs: the step as run
+    assert figs[2 * 70e9] == pytest.approx((140e9 / 3.35e12) / (0.05 * (1 - share)))
+
+
 def test_priority_classes_by_engine_or_by_model_are_exported_to_join_on() -> None:
     from agent.catalog import CATALOG
     from agent.config import EngineConfig

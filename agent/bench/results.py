@@ -99,7 +99,16 @@ def commit(cwd: Path) -> str:
             ["git", "rev-parse", "--short", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10
         )
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            # the results file itself does not make the measured tree dirty
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ":(top)",
+                ":(top,exclude)benchmarks/RESULTS.md",
+            ],
             cwd=cwd,
             capture_output=True,
             text=True,

@@ -16,6 +16,8 @@ COPY requirements.lock ./
 RUN python -m venv /opt/infercost \
     && /opt/infercost/bin/pip install --require-hashes --no-deps -r requirements.lock
 COPY pyproject.toml README.md ./
+# the runtime alone: the simulator (infercost_sim, with the demo and its trace) and the benchmarks
+# (infercost_bench) stay out of the image; `infercost demo` there says what to install instead
 COPY agent ./agent
 RUN /opt/infercost/bin/pip install --no-deps --no-build-isolation . \
     && /opt/infercost/bin/pip uninstall -y setuptools wheel

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import importlib.util
 import logging
 import signal
 import socket
@@ -166,12 +167,27 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------- demo
+def _absent(package: str, command: str) -> bool:
+    """True (after one line saying what to install) when ``package`` is not installed: the node image
+    ships the runtime alone, and the simulator and benchmarks come with the full distribution."""
+    if importlib.util.find_spec(package) is not None:
+        return False
+    print(
+        f"infercost {command}: this install is the agent's runtime only (as in the node image); "
+        "the simulator and benchmarks come with the full distribution: pip install infercost",
+        file=sys.stderr,
+    )
+    return True
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the simulated node with the real pipeline and a live terminal view."""
+    if _absent("infercost_sim", "demo"):
+        return EXIT_USER_ERROR
     from rich.console import Console
     from rich.logging import RichHandler
 
-    from agent.demo import run_demo
+    from infercost_sim.demo import run_demo
 
     check_port("127.0.0.1", args.port)
     console = Console()
@@ -195,9 +211,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     """Benchmarks: print figures, compared against a baseline measured in the same run; with
     ``--write-results`` the run also replaces its own section of ``benchmarks/RESULTS.md``."""
+    if _absent("infercost_bench", "bench") or _absent("infercost_sim", "bench"):
+        return EXIT_USER_ERROR
     if not args.write_results:
         return _run_bench(args)
-    from agent.bench import results
+    from infercost_bench import results
 
     options = _bench_options(getattr(args, "argv", []), args.what)
     started = dt.datetime.now(dt.UTC)
@@ -248,44 +266,44 @@ def _bench_options(argv: Sequence[str], what: str) -> list[str]:
 def _run_bench(args: argparse.Namespace) -> int:
     """Run the benchmark ``args.what`` names."""
     if args.what == "overhead":
-        from agent.bench.overhead import run as run_overhead
+        from infercost_bench.overhead import run as run_overhead
 
         run_overhead(seconds=args.seconds)
     elif args.what == "parse":
-        from agent.bench.parse import run as run_parse
+        from infercost_bench.parse import run as run_parse
 
         run_parse()
     elif args.what == "detection":
-        from agent.bench.detection import DEFAULT_WEEKS, HELD_OUT_SEED, QUICK_SEED, QUICK_WEEKS
-        from agent.bench.detection import run as run_detection
+        from infercost_bench.detection import DEFAULT_WEEKS, HELD_OUT_SEED, QUICK_SEED, QUICK_WEEKS
+        from infercost_bench.detection import run as run_detection
 
         seeds = 1 if args.quick else args.seeds
         weeks = args.weeks if args.weeks is not None else QUICK_WEEKS if args.quick else DEFAULT_WEEKS
         first = args.seed if args.seed is not None else QUICK_SEED if args.quick else HELD_OUT_SEED
         run_detection(seeds=seeds, first_seed=first, weeks=weeks, workers=args.workers)
     elif args.what == "soak":
-        from agent.bench.soak import run as run_soak
+        from infercost_bench.soak import run as run_soak
 
         seed = {} if args.seed is None else {"seed": args.seed}  # else the soak's own default
         return run_soak(hours=args.hours, speed=args.speed, **seed)
     elif args.what == "startup":
-        from agent.bench.startup import run as run_startup
+        from infercost_bench.startup import run as run_startup
 
         run_startup(days=args.days, store=args.store)
     elif args.what == "exposition":
-        from agent.bench.exposition import run as run_exposition
+        from infercost_bench.exposition import run as run_exposition
 
         run_exposition()
     elif args.what == "report":
-        from agent.bench.report import run as run_report_bench
+        from infercost_bench.report import run as run_report_bench
 
         run_report_bench(series=args.series, days=args.days, store=args.store)
     elif args.what == "bound":
-        from agent.bench.bound import run as run_bound
+        from infercost_bench.bound import run as run_bound
 
         run_bound()
     elif args.what == "efficiency":
-        from agent.bench.efficiency import run as run_efficiency
+        from infercost_bench.efficiency import run as run_efficiency
 
         run_efficiency(quick=args.quick)
     return EXIT_OK

@@ -725,7 +725,7 @@ class Store:
             + " "
             # "+minute": a sequential scan in primary-key order beats the minute index here (the
             # index visits rows in time order, each a separate b-tree lookup): measured 1.4 s vs
-            # 3.4 s on a 35-day store of 24 series (agent/bench/report.py)
+            # 3.4 s on a 35-day store of 24 series (infercost_bench/report.py)
             "FROM model_minutes WHERE +minute >= ? AND +minute < ? "
             "GROUP BY node, engine, model, model_version, bucket"
         )

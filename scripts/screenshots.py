@@ -19,9 +19,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from agent.demo import run_demo
 from agent.report.cli import report_from_store
 from agent.report.render import render_html
+from infercost_sim.demo import run_demo
 
 IMAGES = Path(__file__).resolve().parents[1] / "docs" / "images"
 CHROMIUM_FLAGS = (

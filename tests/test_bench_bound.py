@@ -8,7 +8,7 @@ import pytest
 
 def test_bench_bound_splits_the_real_h200_capture() -> None:
     """`infercost bench bound` on the committed capture: the figures the README quotes."""
-    from agent.bench.bound import run
+    from infercost_bench.bound import run
 
     out = run()
     assert out["idle"] == {"compute": 0.0, "memory": 0.0, "communication": 0.0, "idle": 1.0}

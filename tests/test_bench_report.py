@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.bench.report import run
+from infercost_bench.report import run
 
 
 @pytest.mark.slow

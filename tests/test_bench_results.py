@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.bench import results
 from agent.cli import main
+from infercost_bench import results
 
 
 @pytest.fixture(autouse=True)

@@ -251,8 +251,8 @@ def test_report_end_refuses_garbage_with_exit_2() -> None:
 def test_bench_seed_help_names_the_held_out_seed_the_benchmark_uses() -> None:
     """The help text is written at parser build (the benchmark module is too heavy to import there),
     so it must follow HELD_OUT_SEED by hand: this catches a default moved in one place only."""
-    from agent.bench.detection import HELD_OUT_SEED, QUICK_SEED
     from agent.cli import build_parser
+    from infercost_bench.detection import HELD_OUT_SEED, QUICK_SEED
 
     bench = next(
         a
@@ -279,3 +279,29 @@ def test_common_options_hold_before_or_after_the_subcommand(argv: list[str], fmt
 
     args = build_parser().parse_args(argv)
     assert (args.log_format, args.log_level) == (fmt, level)
+
+
+@pytest.mark.parametrize("argv", [["demo"], ["bench", "parse"]])
+def test_a_runtime_only_install_says_what_to_install_for_demo_and_bench(
+    argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the node image installs agent/ alone; Python's own way to mark a package absent is None in
+    # sys.modules (find_spec answers None, import raises)
+    from agent.cli import main
+
+    monkeypatch.setitem(sys.modules, "infercost_sim", None)
+    monkeypatch.setitem(sys.modules, "infercost_bench", None)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "runtime only" in err and "pip install infercost" in err
+    assert err.count("\n") == 1  # one line
+
+
+def test_the_runtime_imports_neither_the_simulator_nor_the_benchmarks() -> None:
+    # what the image runs (`infercost run`) loads no module of the optional packages
+    code = (
+        "import sys, agent.cli, agent.app, agent.supervisor, agent.report.cli; "
+        "print([m for m in sys.modules if m.split('.')[0] in ('infercost_sim', 'infercost_bench')])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.app import build_agent
 from agent.clock import AcceleratedClock
 from agent.config import Config, ExportersConfig, IntervalsConfig, NvmlConfig, PrometheusExporterConfig
-from agent.sim.node import SimNode
 from agent.sources.prices import parse_price_book
+from infercost_sim.node import SimNode
 
 PRICE = 2.0  # $ per GPU-hour in this test's book
 SPEED = 60.0  # simulated seconds per real second

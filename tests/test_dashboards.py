@@ -440,8 +440,8 @@ async def test_every_query_returns_data_from_a_real_agent(tmp_path: Path) -> Non
     from agent.app import build_agent
     from agent.clock import AcceleratedClock
     from agent.config import Config, ExportersConfig, IntervalsConfig, NvmlConfig, PrometheusExporterConfig
-    from agent.sim.node import SimNode
     from agent.sources.prices import parse_price_book
+    from infercost_sim.node import SimNode
 
     clock = AcceleratedClock(60.0)
     sim = SimNode(clock, tmp_path / "podinfo", target_page_bytes=None)

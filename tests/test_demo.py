@@ -62,8 +62,8 @@ def test_demo_shows_costs_per_model_version_and_the_regression_alert_naming_the_
 
 
 def test_the_floor_line_by_hand() -> None:
-    from agent.demo import floor_line, max_batch
     from agent.snapshot import ModelState
+    from infercost_sim.demo import floor_line, max_batch
 
     # 16 sequences fill a quarter of the KV cache: it holds 16 / 0.25 = 64 at this context
     assert max_batch(16.0, 0.25) == 64.0

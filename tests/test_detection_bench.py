@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.bench.detection import (
+from infercost_bench.detection import (
     DETECTORS,
     PHASES,
     SCORED_RULES,

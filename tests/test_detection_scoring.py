@@ -7,14 +7,14 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from agent.bench.detection import (
+from infercost_bench.detection import (
     excess_before,
     false_alarm_cause,
     match_events,
     merge_intervals,
     score_detector,
 )
-from agent.sim.workload import MINUTE, WEEK, Incident
+from infercost_sim.workload import MINUTE, WEEK, Incident
 
 T0 = 1_704_067_200.0  # a Monday 00:00 UTC
 
@@ -122,7 +122,7 @@ def test_detection_before_visible_onset_counts_as_zero_delay() -> None:
 
 
 def test_false_alarm_breakdown_names_the_rule_that_raised_each_false_alarm() -> None:
-    from agent.bench.detection import NodeRun, false_alarm_breakdown
+    from infercost_bench.detection import NodeRun, false_alarm_breakdown
 
     incs = (_inc("step", 100, 200), _inc("long_prompts", 300, 400))
     m = MINUTE

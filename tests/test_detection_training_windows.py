@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.bench.detection import TrainingWindows
 from agent.clock import ManualClock
 from agent.records import window_from_record
 from agent.samples import CostWindow, UsageWindow
 from agent.store import Store
+from infercost_bench.detection import TrainingWindows
 
 T0 = 1704067200.0  # Monday 2024-01-01 00:00 UTC
 

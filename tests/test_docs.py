@@ -114,7 +114,18 @@ def test_the_figure_rule_tells_a_measurement_from_a_limit(line: str, measured: b
 
 def test_no_issue_numbers_in_the_tree() -> None:
     """Issue numbers of a tracker that is not in the repository mean nothing to a reader of the code."""
-    roots = [ROOT / d for d in ("agent", "tests", "scripts", "rules", "deploy", "dashboards", "docs")]
+    dirs = (
+        "agent",
+        "infercost_sim",
+        "infercost_bench",
+        "tests",
+        "scripts",
+        "rules",
+        "deploy",
+        "dashboards",
+        "docs",
+    )
+    roots = [ROOT / d for d in dirs]
     files = [ROOT / "pyproject.toml", README, ROOT / "CHANGELOG.md"]
     for root in roots:
         files += [p for p in root.rglob("*") if p.suffix in {".py", ".md", ".yaml", ".yml", ".toml", ".json"}]

@@ -1,10 +1,10 @@
-"""The efficiency benchmark's scoring (agent/bench/efficiency.py), on hand-made windows."""
+"""The efficiency benchmark's scoring (infercost_bench/efficiency.py), on hand-made windows."""
 
 from __future__ import annotations
 
 import pytest
 
-from agent.bench.efficiency import TARGET_ERROR, _Point, score
+from infercost_bench.efficiency import TARGET_ERROR, _Point, score
 
 
 def test_a_row_scores_busy_windows_and_counts_impossible_truths_apart() -> None:

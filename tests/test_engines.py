@@ -18,9 +18,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.samples import Histogram, ModelSignals
-from agent.sim.pagegen import make_vllm_page
 from agent.sources.engines import ADAPTERS, detect_kind
 from agent.sources.engines.base import clean_label
+from infercost_sim.pagegen import make_vllm_page
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PAGES = sorted((FIXTURES / "expositions").glob("*.txt"))
@@ -204,7 +204,7 @@ def test_pure_layers_import_no_io_libraries() -> None:
 
 
 def test_parse_benchmark_reports_its_figures() -> None:
-    from agent.bench.parse import DENSE_MODELS, PageFigures, run
+    from infercost_bench.parse import DENSE_MODELS, PageFigures, run
 
     lines: list[str] = []
     results = run(print_fn=lines.append, runs=1)
@@ -220,7 +220,7 @@ def test_parse_benchmark_reports_its_figures() -> None:
 
 
 def test_parse_benchmark_figures_follow_the_formulas() -> None:
-    from agent.bench.parse import figures
+    from infercost_bench.parse import figures
 
     r = figures("p", 50_000, 0.0004, 0.004)  # 0.4 ms for 50 kB
     assert r.ms_per_100kb == pytest.approx(0.8) and r.speed_met

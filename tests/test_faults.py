@@ -581,7 +581,7 @@ def test_steady_clock_ignores_wall_steps_for_intervals() -> None:
 async def test_metrics_answer_while_detection_replays_history(tmp_path: Path) -> None:
     """Start-up replay runs off the event loop: /metrics answers while it is still going (with the
     replay on the loop, no request could complete before it ended)."""
-    from agent.bench.report import fill_store
+    from infercost_bench.report import fill_store
 
     state = tmp_path / "state"
     state.mkdir()

@@ -8,9 +8,9 @@ import time
 import tracemalloc
 from collections.abc import Sequence
 
-from agent.bench.overhead import NvmlMeter
 from agent.detect.baselines import WEEK, TrailingBaseline
 from agent.detect.pipeline import release_freed_memory
+from infercost_bench.overhead import NvmlMeter
 
 WEEK_MINUTES = 7 * 24 * 60
 

@@ -10,14 +10,14 @@ import pytest
 
 from agent.detect.forest import FEATURE_NAMES, STATE_FILE, ForestDetector, features
 from agent.samples import CostWindow
-from agent.sim.samples import ENGINE, priced_windows
-from agent.sim.workload import DAY, HOUR, simulate_node
+from infercost_sim.samples import ENGINE, priced_windows
+from infercost_sim.workload import DAY, HOUR, simulate_node
 
 pytestmark = pytest.mark.slow  # a simulated week through the window join, fitted several times
 
 # The simulated week the tests train on. Why 3 and not 11 (the earlier choice): seed 11 only passed
 # while the core traffic model drew from a random stream that depended on import order (fixed in
-# agent/sim/workload.py). On its real draw the forest scores Sunday-trough minutes 1.23–1.36 — a false
+# infercost_sim/workload.py). On its real draw the forest scores Sunday-trough minutes 1.23–1.36 — a false
 # alarm of the kind `infercost bench detection` counts against the forest; seeds 3, 5, 13 and 17 pass.
 WEEK_SEED = 3
 

@@ -232,7 +232,7 @@ def _mebibytes(q: str) -> float:
 def test_resources_cover_the_measured_footprint() -> None:
     r = _agent(render({})[0])["resources"]
     # bench overhead (RESULTS.md): daemon 60.5 MB peak RSS + forest worker 140 MB (up to ~200 MB
-    # while fitting) + Kubernetes client and gRPC (~17 MB, python -m agent.bench.kube): the request
+    # while fitting) + Kubernetes client and gRPC (~17 MB, python -m infercost_bench.kube): the request
     # holds the steady sum, the limit a refit
     assert _mebibytes(r["requests"]["memory"]) * 1.048576 >= 60.5 + 140 + 17.4
     assert _mebibytes(r["limits"]["memory"]) * 1.048576 >= 60.5 + 200 + 17.4

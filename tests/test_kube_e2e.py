@@ -31,12 +31,12 @@ from agent.detect.evaluator import Finding
 from agent.detect.pipeline import build_pipeline
 from agent.detect.rules import load_rules
 from agent.samples import CostWindow, UsageWindow
-from agent.sim.engine import LLAMA_70B, MISTRAL_7B
-from agent.sim.node import EngineSpec, SimNode
 from agent.sources.nvml.backend import NvmlBackend
 from agent.sources.nvml.fake import FakeNvml
 from agent.sources.prices import parse_price_book
 from agent.store import Store
+from infercost_sim.engine import LLAMA_70B, MISTRAL_7B
+from infercost_sim.node import EngineSpec, SimNode
 from tests.kubeapi import FakeKubeApi, pod, write_kubeconfig
 from tests.test_daemon import _scrape
 from tests.test_podresources import Kubelet

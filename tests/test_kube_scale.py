@@ -33,13 +33,13 @@ from agent.config import (
     NvmlConfig,
     PrometheusExporterConfig,
 )
-from agent.sim.engine import MISTRAL_7B
-from agent.sim.node import EngineSpec, SimNode
 from agent.sources.kube.source import KubeEngines
 from agent.sources.nvml.backend import NvmlBackend
 from agent.sources.nvml.fake import FakeNvml
 from agent.sources.prices import parse_price_book
 from agent.supervisor import Agent
+from infercost_sim.engine import MISTRAL_7B
+from infercost_sim.node import EngineSpec, SimNode
 from tests.kubeapi import TOKEN, FakeKubeApi, pod, write_kubeconfig
 from tests.test_daemon import _parse
 

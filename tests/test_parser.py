@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.sim.pagegen import make_vllm_page
 from agent.sources.engines import ADAPTERS
 from agent.sources.engines.parser import FamilyParser, ParseError, expand_families, parse
+from infercost_sim.pagegen import make_vllm_page
 
 FIXTURES = Path(__file__).parent / "fixtures" / "expositions"
 REFERENCE = Path("/work/shared/reference/expositions")  # the project's shared captures, when present

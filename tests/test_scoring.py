@@ -78,7 +78,7 @@ async def test_the_daemon_scores_with_numpy_after_a_short_lived_fitting_process(
 
 
 def test_the_daemon_never_imports_scikit_learn() -> None:
-    modules = "agent.cli, agent.supervisor, agent.detect.scoring, agent.demo"
+    modules = "agent.cli, agent.supervisor, agent.detect.scoring, infercost_sim.demo"
     code = f"import sys, {modules}; print('sklearn' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"

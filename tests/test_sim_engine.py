@@ -10,7 +10,7 @@ import pytest
 
 from agent.hardware import A100_SXM_80GB as A100_80GB
 from agent.hardware import H100_SXM, H200
-from agent.sim.engine import (
+from infercost_sim.engine import (
     LLAMA_70B,
     LLAMA_70B_FP8,
     MISTRAL_7B,

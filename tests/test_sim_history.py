@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.sim.history import simulated_history
 from agent.sources.prices import parse_price_book
+from infercost_sim.history import simulated_history
 
 BOOK = parse_price_book({"gpus": [{"match": "H100", "usd_per_hour": 3.6}]}, "book")
 

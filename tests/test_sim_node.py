@@ -11,12 +11,12 @@ import pytest
 
 from agent.clock import ManualClock
 from agent.samples import EngineScrape
-from agent.sim.engine import H100_SXM
-from agent.sim.node import SimNode
-from agent.sim.scenario import REGRESSION, SCENARIOS
 from agent.sources.discovery import VersionReader
 from agent.sources.engines.scraper import EngineScraper
 from agent.sources.nvml.fake import FakeNvml
+from infercost_sim.engine import H100_SXM
+from infercost_sim.node import SimNode
+from infercost_sim.scenario import REGRESSION, SCENARIOS
 
 T0 = 1_700_049_600.0  # 2023-11-15 12:00 UTC, a Wednesday afternoon
 
@@ -173,7 +173,7 @@ async def test_scenario_schedules_a_future_rollout(node: tuple[SimNode, ManualCl
 
 
 async def test_gpus_must_not_be_shared(tmp_path: Path) -> None:
-    from agent.sim.node import DEFAULT_ENGINES, EngineSpec
+    from infercost_sim.node import DEFAULT_ENGINES, EngineSpec
 
     clash = (*DEFAULT_ENGINES, EngineSpec("extra", DEFAULT_ENGINES[2].model, (6,), "v1"))
     with pytest.raises(ValueError, match="GPU 6"):

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from agent.clock import AcceleratedClock, ManualClock
-from agent.sim.engine import (
+from infercost_sim.engine import (
     H100_SXM,
     ITL_BUCKETS,
     LLAMA_70B,
@@ -23,7 +23,7 @@ from agent.sim.engine import (
     SimEngine,
     Traffic,
 )
-from agent.sim.server import SimEngineServer
+from infercost_sim.server import SimEngineServer
 
 T0 = 1_700_049_600.0  # 2023-11-15 12:00 UTC, a Wednesday afternoon
 MODEL = LLAMA_70B.name

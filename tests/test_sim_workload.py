@@ -8,9 +8,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from agent.sim.azure import load_trace, minute_burstiness
-from agent.sim.samples import price_book_of, priced_windows
-from agent.sim.workload import (
+from infercost_sim.azure import load_trace, minute_burstiness
+from infercost_sim.samples import price_book_of, priced_windows
+from infercost_sim.workload import (
     DEFAULT_START,
     Drivers,
     NodePhysics,

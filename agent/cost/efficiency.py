@@ -116,7 +116,7 @@ COARSE_WINDOW_SECONDS = 120.0
 # The price: on bursty traffic read at coarse steps, a share of the windows get no figure, and the
 # efficiency rule alone sees less of such a node (the cost rules and the forest still judge those
 # windows on their cost).
-# The factor was chosen on the detection benchmark's tuning seeds (see agent/bench/detection.py).
+# The factor was chosen on the detection benchmark's tuning seeds (see infercost_bench/detection.py).
 COARSE_BATCH_AGREEMENT = 2.0
 
 

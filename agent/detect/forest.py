@@ -97,7 +97,7 @@ BAD_DIRECTION: tuple[float, ...] = (1.0, -1.0, -1.0, -1.0, 1.0, 1.0, 1.0, 1.0, -
 # so the minutes of an unusual mix (a day of long prompts) that a wider range would still admit
 # score high on cost per output token for want of a fit, not for a regression, and a rule's 1-hour
 # mean over only those judged minutes fires. The 1 % was chosen on the detection benchmark's tuning
-# seeds (see agent/bench/detection.py); the false alarms left at the edge show in its false alarms
+# seeds (see infercost_bench/detection.py); the false alarms left at the edge show in its false alarms
 # by cause (benchmarks/RESULTS.md).
 MIX_QUANTILE = 0.01
 MIX_MARGIN_LOG10 = 0.0
@@ -116,7 +116,7 @@ MIX_SETTLE_SECONDS = 86400.0
 # a mix just inside an edge (a long-prompt day on a node read at 5-minute steps) score high on cost
 # per output token for want of a fit, not for a regression. Why 3 hours: a few of the day's load
 # levels of that mix, the least a fit of its cost should rest on. The ±0.05 width was chosen on the
-# detection benchmark's tuning seeds (see agent/bench/detection.py).
+# detection benchmark's tuning seeds (see infercost_bench/detection.py).
 MIX_SUPPORT_LOG10 = 0.05
 MIX_SUPPORT_SECONDS = 3 * 3600.0
 MIX_BIN_LOG10 = 0.01  # the support histogram's bin width (log10 of the ratio)
@@ -253,7 +253,7 @@ DEAD_BAND = 0.01
 # on the cost group. Why half a scale and not 1: a gate at 1, past the training quantile, would let
 # the forest speak only where the magnitudes already do, and a forest that never speaks first is no
 # second opinion. The value was chosen on the detection benchmark's seen seeds (see
-# agent/bench/detection.py).
+# infercost_bench/detection.py).
 GROUP_GATE = 0.5
 
 

@@ -1,7 +1,7 @@
 """Scripted stories for the simulated node: timed rollouts of engine builds.
 
 A scenario is data: events at offsets from the start of the demo. ``schedule`` hands them to a
-:class:`~agent.sim.node.SimNode`, which applies each when its clock passes the event's time
+:class:`~infercost_sim.node.SimNode`, which applies each when its clock passes the event's time
 (on an accelerated clock too).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.sim.node import SimNode
+from infercost_sim.node import SimNode
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,7 +55,7 @@ class Run:
 def default_path() -> Path:
     """``benchmarks/RESULTS.md`` of the source checkout the agent runs from, else of the current
     directory (an installed wheel has no checkout)."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[1]
     if (root / "pyproject.toml").is_file() and (root / "agent").is_dir():
         return root / RELATIVE_PATH
     return RELATIVE_PATH

@@ -34,7 +34,7 @@ import yaml
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from agent.bench.procs import children, cpu_seconds, free_port, status_mb
+from infercost_bench.procs import children, cpu_seconds, free_port, status_mb
 
 PROBE_SECONDS = 0.05  # seconds between /metrics probes
 TARGET_MS = 200.0
@@ -81,7 +81,7 @@ def run(
     print_fn: Callable[[str], Any] = print,
 ) -> dict[str, float]:
     """Run the benchmark; print and return the figures."""
-    from agent.bench.report import fill_store
+    from infercost_bench.report import fill_store
 
     console = Console(stderr=True)
     with tempfile.TemporaryDirectory(prefix="infercost-startup-") as tmp:

@@ -14,7 +14,7 @@ from pathlib import Path
 from agent.cost.bound import BOUNDS, GpmActivity, bound_shares
 from agent.hardware import gpu_spec
 
-CAPTURE = Path(__file__).resolve().parents[2] / "scripts" / "h200-2026-11-30" / "nvml_raw_summary.json"
+CAPTURE = Path(__file__).resolve().parents[1] / "scripts" / "h200-2026-11-30" / "nvml_raw_summary.json"
 PERCENT = 0.01  # GPM percentages → ratios
 MIB = 1024 * 1024  # bytes; GPM throughput is MiB/s
 

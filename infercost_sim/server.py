@@ -39,7 +39,7 @@ from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from agent.clock import Clock
-from agent.sim.engine import EngineState, SimEngine
+from infercost_sim.engine import EngineState, SimEngine
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Simulated engine state → the samples the real sources produce (offline, no HTTP, no sleeping).
 
-:func:`ticks` turns a :class:`~agent.sim.workload.SimulatedNode` into, per agent tick, what the
+:func:`ticks` turns a :class:`~infercost_sim.workload.SimulatedNode` into, per agent tick, what the
 vLLM adapter reads from a page (:class:`~agent.samples.ModelSignals`: cumulative counters split
 over the engine's data-parallel ranks as vLLM's ``engine`` label splits them, cumulative TTFT and
 inter-token histograms with vLLM's buckets, the KV cache's size as ``cache_config_info`` gives it)
@@ -22,10 +22,10 @@ import numpy as np
 from agent.config import EngineConfig
 from agent.cost.window import WindowJoiner
 from agent.samples import CostWindow, EngineScrape, GpuLoad, GpuSample, Histogram, ModelSignals, NvmlRound
-from agent.sim.engine import ITL_BUCKETS, TTFT_BUCKETS, lognormal_bin_probabilities
-from agent.sim.workload import MINUTE, SimulatedNode
 from agent.sources.nvml.fake import PROFILES, DeviceProfile, model_power_watts
 from agent.sources.prices import PriceBook, parse_price_book
+from infercost_sim.engine import ITL_BUCKETS, TTFT_BUCKETS, lognormal_bin_probabilities
+from infercost_sim.workload import MINUTE, SimulatedNode
 
 ENGINE = "vllm-0"  # the simulated engine's name on every node
 TTFT_SIGMA = 0.7  # log-normal shape of TTFT within a minute: prompt lengths vary a lot

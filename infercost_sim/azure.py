@@ -1,6 +1,6 @@
 """A second, deliberately different traffic model for the detection benchmark, driven by real data.
 
-What differs from the core (:mod:`agent.sim.workload`), on purpose, so that defaults tuned on one
+What differs from the core (:mod:`infercost_sim.workload`), on purpose, so that defaults tuned on one
 cannot pass by fitting its quirks:
 
 - **arrivals**: the minute-to-minute burstiness of the real Azure LLM inference trace (2023, one
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.sim.workload import (
+from infercost_sim.workload import (
     DAY,
     DEFAULT_START,
     FLEET_MIN_NODES,
@@ -49,9 +49,7 @@ from agent.sim.workload import (
     fleet_share,
 )
 
-TRACE_DIR = (
-    Path(__file__).resolve().parents[1] / "data" / "azure-llm-2023"
-)  # CC-BY 4.0, Patel et al., ISCA 2024
+TRACE_DIR = Path(__file__).resolve().parent / "data" / "azure-llm-2023"  # CC-BY 4.0, Patel et al., ISCA 2024
 BLOCK_MINUTES = 10  # minutes of the real hour's burstiness resampled as one block
 REFERENCE_CONTEXT_TOKENS = 1500.0  # tokens: the one context length the saturating law is sized at
 

@@ -8,7 +8,7 @@ its peak RSS (VmHWM). In the same run it times one of those pages with the agent
 with prometheus_client's, and prints the ratio.
 
 The NVML sampler's share of the daemon's CPU is timed inside the daemon: the daemon runs under
-``python -m agent.bench.overhead --daemon FILE <infercost args>``, which wraps each step of the
+``python -m infercost_bench.overhead --daemon FILE <infercost args>``, which wraps each step of the
 NVML path — the round's reads (:meth:`NvmlBackend.read_round`, in its worker thread), adding it to
 the cost window (:meth:`WindowJoiner.add_round`), the exported gauges (:meth:`Ledger.observe_nvml`)
 and writing the buffered rounds to history (:meth:`Store.write_nvml_rounds`) — in
@@ -41,7 +41,7 @@ from typing import Any
 
 import yaml
 
-from agent.bench.procs import children, cpu_seconds, free_port, status_mb
+from infercost_bench.procs import children, cpu_seconds, free_port, status_mb
 
 WARMUP_SECONDS = 8.0  # imports, first NVML open, first scrapes: not the steady state we measure
 TARGET_CPU_S_PER_MIN = 0.6  # 1 % of one core
@@ -168,7 +168,7 @@ def _read_meter(pid: int, counters: Path, seq: int) -> dict[str, Any]:
 async def _serve_sim(out: Path) -> None:
     """Run the simulated node until SIGTERM; write the engines' config to ``out``."""
     from agent.clock import SystemClock
-    from agent.sim.node import SimNode
+    from infercost_sim.node import SimNode
 
     sim = SimNode(SystemClock(), out.parent / "podinfo", target_page_bytes=100_000)
     await sim.start()
@@ -194,13 +194,13 @@ def run(seconds: float = 60.0, print_fn: Callable[[str], Any] = print) -> dict[s
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from agent.bench.parse import compare
+    from infercost_bench.parse import compare
 
     with tempfile.TemporaryDirectory(prefix="infercost-bench-") as tmp:
         d = Path(tmp)
         engines_file = d / "engines.json"
         sim = subprocess.Popen(
-            [sys.executable, "-m", "agent.bench.overhead", "--serve-sim", str(engines_file)]
+            [sys.executable, "-m", "infercost_bench.overhead", "--serve-sim", str(engines_file)]
         )
         daemon: subprocess.Popen[bytes] | None = None
         try:
@@ -221,7 +221,7 @@ def run(seconds: float = 60.0, print_fn: Callable[[str], Any] = print) -> dict[s
                 [
                     sys.executable,
                     "-m",
-                    "agent.bench.overhead",
+                    "infercost_bench.overhead",
                     "--daemon",
                     str(d / "nvml-cpu.json"),
                     "--log-level",

@@ -27,10 +27,10 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.bench.overhead import TARGET_CPU_S_PER_MIN
 from agent.config import IntervalsConfig
-from agent.sim.pagegen import make_vllm_page
 from agent.sources.engines.registry import ADAPTERS, detect_kind
+from infercost_bench.overhead import TARGET_CPU_S_PER_MIN
+from infercost_sim.pagegen import make_vllm_page
 
 BENCH_MODELS = [
     "meta-llama/Llama-3.1-70B-Instruct",
@@ -47,7 +47,7 @@ TARGET_DAEMON_SHARE = 0.02
 NODE_ENGINES = 4  # engines on the node modelled: the overhead benchmark's simulated 8-GPU node
 DAEMON_CPU_CORES = TARGET_CPU_S_PER_MIN / 60.0  # cores: the daemon's CPU in the overhead benchmark's model
 SCRAPE_SECONDS = IntervalsConfig().scrape_seconds  # seconds: the default scrape interval
-FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "expositions"
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "expositions"
 # Recorded pages quote a shell prompt or "..." here and there; prometheus_client would refuse them.
 _KEEP = re.compile(r"^(?:[ \t]*$|#|[a-zA-Z_:][a-zA-Z0-9_:]*(?:\{.*\})?[ \t]+\S)")
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from agent.clock import Clock
 from agent.config import EngineConfig
 from agent.samples import GpuLoad
-from agent.sim.engine import (
+from infercost_sim.engine import (
     H100_SXM,
     LLAMA_70B,
     LLAMA_70B_FP8,
@@ -45,7 +45,7 @@ from agent.sim.engine import (
     SimEngine,
     Traffic,
 )
-from agent.sim.server import SimEngineServer
+from infercost_sim.server import SimEngineServer
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ class SimNode:
         gpu_count: int = 8,
         seed: int = 0,
         target_page_bytes: int | None = 100_000,  # bytes per /metrics page; None = minimal pages
-        openmetrics: bool = True,  # engines negotiate OpenMetrics like vLLM (see agent.sim.server)
+        openmetrics: bool = True,  # engines negotiate OpenMetrics like vLLM (see infercost_sim.server)
         tick_seconds: float | None = 5.0,  # clock seconds between background advances; None: lazy only
     ) -> None:
         self.clock = clock

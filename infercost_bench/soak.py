@@ -53,10 +53,10 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from agent.bench.procs import free_port, status_mb
 from agent.clock import AcceleratedClock
 from agent.cost.invariants import REL_TOL
 from agent.records import iso
+from infercost_bench.procs import free_port, status_mb
 
 PROBE_SECONDS = 0.25  # real seconds between /metrics probes (4 per second: a 1 s gap is 4 misses)
 MAX_GAP_SECONDS = 1.0  # real seconds /metrics may be unavailable (the issue's bound)
@@ -338,7 +338,7 @@ class Soak:
 
     def _spawn(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent.bench.soak", "--daemon", str(self.tmp)],
+            [sys.executable, "-m", "infercost_bench.soak", "--daemon", str(self.tmp)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
@@ -389,7 +389,7 @@ class Soak:
     # -- the run ----------------------------------------------------------------------------------
     async def run(self) -> bool:
         """Run the soak; print the table; True when every invariant holds."""
-        from agent.sim.node import SimNode
+        from infercost_sim.node import SimNode
 
         self._t0_real = time.time()
         self.clock = AcceleratedClock(self.speed, start=self.t0)

@@ -42,11 +42,11 @@ from agent.config import (
     SecretRef,
     SlackConfig,
 )
-from agent.sim.node import SimNode
-from agent.sim.scenario import Rollout, Scenario
 from agent.snapshot import ModelState, Snapshot
 from agent.sources.prices import PriceBook, load_price_book
 from agent.supervisor import Agent
+from infercost_sim.node import SimNode
+from infercost_sim.scenario import Rollout, Scenario
 
 logger = logging.getLogger(__name__)
 
@@ -344,7 +344,7 @@ async def build_demo_agent(
     """The real daemon (:func:`agent.app.build_agent`) over the simulated node, its store filled with
     :data:`HISTORY_SECONDS` of simulated history and the pipeline running the cost rules."""
     from agent.detect.rules import RuleSet, load_default_rules
-    from agent.sim.history import backfill
+    from infercost_sim.history import backfill
 
     rules = load_default_rules()
     rules = RuleSet(tuple(r for r in rules if r.id in DEMO_RULES), rules.sources)

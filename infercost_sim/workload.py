@@ -2,14 +2,14 @@
 
 Two traffic models produce the same thing, a :class:`NodeTrace` (per-minute engine state: tokens,
 requests in flight, KV cache, preemptions, decode and prefill seconds, latency medians, GPU load),
-which :mod:`agent.sim.samples` renders into the samples the real adapters and NVML sampler produce,
+which :mod:`infercost_sim.samples` renders into the samples the real adapters and NVML sampler produce,
 for the real window join, store and detection pipeline:
 
-- ``core``: the simulation core's physics (:class:`agent.sim.engine.Deployment`: step time of a
+- ``core``: the simulation core's physics (:class:`infercost_sim.engine.Deployment`: step time of a
   bandwidth-bound decode with the KV cache read every step, compute-bound prefill, continuous
   batching by Little's law, the KV cache capping the batch and preempting beyond it) on an
   8-replica data-parallel engine behind a fleet router, with a daily cosine and weekend dip;
-- ``azure`` (:mod:`agent.sim.azure`): a deliberately different generator: arrivals resampled from
+- ``azure`` (:mod:`infercost_sim.azure`): a deliberately different generator: arrivals resampled from
   the real burstiness of the Azure LLM trace, its real request sizes, office-hours and lunch-dip
   shapes, and its own saturating throughput law.
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from agent.hardware import GPUS, H100_SXM, GpuSpec
-from agent.sim.engine import LLAMA_8B, Deployment, ModelShape
+from infercost_sim.engine import LLAMA_8B, Deployment, ModelShape
 
 MINUTE = 60.0  # seconds
 HOUR = 3600.0  # seconds
@@ -603,7 +603,7 @@ def simulate_node(
     (after ``warmup_days``: the detectors' baselines need history; ``rotation``: which of the
     incident groups goes first, see :func:`schedule`). Deterministic per seed."""
     if generator not in GENERATORS:
-        from agent.sim import azure  # registers itself
+        from infercost_sim import azure  # registers itself
 
         del azure
     traffic, law = GENERATORS[generator]

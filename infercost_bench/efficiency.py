@@ -8,17 +8,17 @@ step (the step its physics gives the batch, prefill excluded), token-weighted ov
 at least one sequence per replica on average over it; presence is the share of busy windows with a
 figure, error the median of ``|figure − truth| ÷ truth`` over the busy windows that have one.
 
-- **core**: the simulation core (:class:`agent.sim.engine.SimEngine`, the demo node's four engines),
+- **core**: the simulation core (:class:`infercost_sim.engine.SimEngine`, the demo node's four engines),
   stepped one second at a time in ten-minute segments every three hours of a day (between segments it
   advances in coarse ticks); every 5 s its page is written by the simulated server's own collector
   and read by the vLLM adapter, as the daemon reads it; its gauges are the engine's state at that
   instant (running requests and KV cache at the end of its last one-second tick). Truth per second:
   ``Deployment.step_seconds`` at the tick's mean batch, the roofline from ``step_bytes``.
-- **azure**: the Azure-trace model (:mod:`agent.sim.azure`; ten-minute segments every hour of one
+- **azure**: the Azure-trace model (:mod:`infercost_sim.azure`; ten-minute segments every hour of one
   day of three nodes). Its state is per minute (a steady state each minute), so a scrape inside a
   minute reads that minute's gauges as they are at that instant, and counters and the inter-token
   histogram grown by the share of the minute gone by: the signals are built as
-  :func:`agent.sim.samples.ticks` builds them (with the prefix-cache hits the model counts), not
+  :func:`infercost_sim.samples.ticks` builds them (with the prefix-cache hits the model counts), not
   through page text. Truth per minute: its ITL median less the prefill share its counters record
   (``prefill seconds ÷ (60 × replicas)``), against the roofline at the minute's batch and context.
   Its law ignores the real context length, so at long contexts its truth can exceed 1: such windows
@@ -52,14 +52,14 @@ from agent.cost.model import bandwidth_of
 from agent.cost.window import WindowJoiner
 from agent.hardware import H100_SXM, gpu_spec
 from agent.samples import CostWindow, EngineScrape, GpuSample, Histogram, ModelSignals, NvmlRound
-from agent.sim.engine import ITL_BUCKETS, SimEngine
-from agent.sim.node import DEFAULT_ENGINES, build_engine, engine_config
-from agent.sim.samples import ITL_SIGMA, _cumulative_hist
-from agent.sim.samples import engine_config as node_engine_config
-from agent.sim.server import VllmCollector
-from agent.sim.workload import DAY, DEFAULT_START, MINUTE, WEEK, SimulatedNode, simulate_node
 from agent.sources.engines.registry import ADAPTERS
 from agent.sources.prices import parse_price_book
+from infercost_sim.engine import ITL_BUCKETS, SimEngine
+from infercost_sim.node import DEFAULT_ENGINES, build_engine, engine_config
+from infercost_sim.samples import ITL_SIGMA, _cumulative_hist
+from infercost_sim.samples import engine_config as node_engine_config
+from infercost_sim.server import VllmCollector
+from infercost_sim.workload import DAY, DEFAULT_START, MINUTE, WEEK, SimulatedNode, simulate_node
 
 INTERVALS = (5, 15, 60)  # seconds between scrapes
 SCRAPE_S = INTERVALS[0]  # the finest scrape: the others read every 3rd and 12th page

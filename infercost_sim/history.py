@@ -1,7 +1,7 @@
 """A week (or any span) of simulated history for the demo node, priced by the real window join.
 
 The demo's rules compare cost per token with a 7-day baseline, so the demo needs a week of
-history when it starts. This replays the same engine physics as :class:`~agent.sim.node.SimNode`
+history when it starts. This replays the same engine physics as :class:`~infercost_sim.node.SimNode`
 offline, minute by minute, turns each engine's state into the signals a vLLM scrape would give
 and each GPU's load into an NVML reading, and prices them with :class:`WindowJoiner` — the same
 code path as the live daemon, without HTTP.
@@ -13,14 +13,14 @@ from collections.abc import Iterator, Sequence
 
 from agent.cost.window import WindowJoiner
 from agent.samples import CostWindow, EngineScrape, GpuLoad, GpuSample, Histogram, ModelSignals, NvmlRound
-from agent.sim.engine import H100_SXM, KV_BLOCK_TOKENS, EngineState
-from agent.sim.node import DEFAULT_ENGINES, EngineSpec, build_engine, engine_config
 from agent.sources.nvml.fake import PROFILES, model_power_watts
 from agent.sources.prices import PriceBook
+from infercost_sim.engine import H100_SXM, KV_BLOCK_TOKENS, EngineState
+from infercost_sim.node import DEFAULT_ENGINES, EngineSpec, build_engine, engine_config
 
 MINUTE = 60.0
 # The engines' finest step offline: a tenth of the steps of the live 1 s one. Why the figures barely
-# move: the running set relaxes towards its target by an exact exponential step (agent.sim.engine),
+# move: the running set relaxes towards its target by an exact exponential step (infercost_sim.engine),
 # so a coarser step stays stable, and a minute's window still spans six of them.
 HISTORY_TICK_SECONDS = 10.0
 

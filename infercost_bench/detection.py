@@ -1,9 +1,9 @@
 """``infercost bench detection``: detectors graded on their worst case, through the real agent path.
 
-For each traffic model (:mod:`agent.sim.workload`'s core and :mod:`agent.sim.azure`'s independent
+For each traffic model (:mod:`infercost_sim.workload`'s core and :mod:`infercost_sim.azure`'s independent
 one), each seed and each of three nodes (physics randomised per node; node 2 read at 5-minute ticks),
 weeks of simulated engine state are rendered into the samples the vLLM adapter and the NVML sampler
-produce (:mod:`agent.sim.samples`) and run, offline and in process (no HTTP, no sleeping), through
+produce (:mod:`infercost_sim.samples`) and run, offline and in process (no HTTP, no sleeping), through
 the daemon's own :class:`~agent.cost.window.WindowJoiner`, :class:`~agent.store.Store`, isolation
 forest (refitted daily and once a new version has settled, scores written to the store) and
 detection :class:`~agent.detect.pipeline.Pipeline` (rules, alert lifecycle, deploy attribution).
@@ -60,8 +60,11 @@ from agent.detect.pipeline import Pipeline
 from agent.detect.rules import RuleSet, load_default_rules, parse_rules
 from agent.records import window_from_record
 from agent.samples import CostWindow
-from agent.sim.samples import ENGINE, engine_config, price_book_of, ticks
-from agent.sim.workload import (
+from agent.sinks.notify import Notifier
+from agent.sinks.outbox import Outbox
+from agent.store import Store
+from infercost_sim.samples import ENGINE, engine_config, price_book_of, ticks
+from infercost_sim.workload import (
     DAY,
     HOUR,
     MINUTE,
@@ -71,9 +74,6 @@ from agent.sim.workload import (
     SimulatedNode,
     simulate_node,
 )
-from agent.sinks.notify import Notifier
-from agent.sinks.outbox import Outbox
-from agent.store import Store
 
 logger = logging.getLogger(__name__)
 

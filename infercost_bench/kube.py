@@ -1,6 +1,6 @@
 """What Kubernetes discovery costs the agent: memory of its client libraries and CPU per pod event.
 
-``python -m agent.bench.kube`` prints
+``python -m infercost_bench.kube`` prints
 - the resident memory that importing the Kubernetes client (lightkube) and gRPC (pod-resources)
   adds to a process that already holds the agent's other libraries (fresh subprocesses, peak RSS);
 - the time to turn one pod into an engine target (annotations, SSRF checks, versions), over a

@@ -12,7 +12,7 @@ then builds the report for the last week in a fresh child process per method and
 Each figure is the child's wall time and peak RSS (``ru_maxrss``, which includes the interpreter and
 the imports). The goal: ≤ 5 s and ≤ 100 MB. It prints figures; nothing asserts on them.
 
-``python -m agent.bench.report [--series N] [--days D] [--store FILE]`` or ``infercost bench report``.
+``python -m infercost_bench.report [--series N] [--days D] [--store FILE]`` or ``infercost bench report``.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def measure(method: str, path: Path, end: float) -> dict[str, float]:
     cmd = [
         sys.executable,
         "-m",
-        "agent.bench.report",
+        "infercost_bench.report",
         "--child",
         method,
         "--store",

@@ -18,7 +18,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from agent import __version__
@@ -208,6 +208,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------- bench
+# the benchmarks `infercost bench` runs (each in infercost_bench/, dispatched by _run_bench)
+BENCHMARKS = (
+    "overhead",
+    "parse",
+    "detection",
+    "exposition",
+    "report",
+    "soak",
+    "startup",
+    "bound",
+    "efficiency",
+)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Benchmarks: print figures, compared against a baseline measured in the same run; with
     ``--write-results`` the run also replaces its own section of ``benchmarks/RESULTS.md``."""
@@ -365,6 +379,9 @@ def _common() -> argparse.ArgumentParser:
     return c
 
 
+_Add = Callable[[str, str], argparse.ArgumentParser]  # adds one subcommand: name, help
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser."""
     # two copies of the common options: set_defaults on the top parser rewrites its actions' defaults,
@@ -384,6 +401,13 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name: str, help_: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help_, description=help_, parents=[common], formatter_class=fmt)
 
+    for add_command in (_add_demo, _add_run_and_check, _add_bench, _add_report):
+        add_command(add)
+    return p
+
+
+def _add_demo(add: _Add) -> None:
+    """``infercost demo``."""
     d = add("demo", "simulated 8×H100 node, real pipeline, live view")
     d.add_argument("--seconds", type=float, default=45.0, help="real seconds to run (0 = until Ctrl-C)")
     d.add_argument("--speed", type=float, default=120.0, help="simulated seconds per real second")
@@ -402,6 +426,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.set_defaults(func=cmd_demo)
 
+
+def _add_run_and_check(add: _Add) -> None:
+    """``infercost run`` and ``infercost check``."""
     r = add("run", "run the agent until SIGTERM")
     r.add_argument(
         "--config", type=Path, default=None, help="node.yaml (default: built-in defaults + INFERCOST_* env)"
@@ -414,20 +441,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.set_defaults(func=cmd_check)
 
+
+def _add_bench(add: _Add) -> None:
+    """``infercost bench``."""
     b = add("bench", "benchmarks (print figures)")
     b.add_argument(
         "what",
-        choices=[
-            "overhead",
-            "parse",
-            "detection",
-            "exposition",
-            "report",
-            "soak",
-            "startup",
-            "bound",
-            "efficiency",
-        ],
+        choices=BENCHMARKS,
         help="which benchmark",
     )
     b.add_argument("--seconds", type=float, default=60.0, help="overhead: wall seconds measured")
@@ -465,6 +485,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.set_defaults(func=cmd_bench)
 
+
+def _add_report(add: _Add) -> None:
+    """``infercost report``."""
     rep = add("report", "weekly cost report")
     src = rep.add_mutually_exclusive_group(required=True)
     src.add_argument("--state-dir", type=Path, help="read the local store in this state directory")
@@ -501,7 +524,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="also post the summary to the Slack webhook URL in this variable",
     )
     rep.set_defaults(func=cmd_report)
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,277 @@
+"""Why the cost per token changed (pure): the factors of a window and their LMDI-I split.
+
+For a window, dollars per output token is a chain of factors, each read from its own sums:
+
+    $/token = price        Σ cost $ ÷ Σ allocated GPU-s                         [$ / GPU-s]
+            × idle         Σ allocation $ ÷ Σ usage $ (NVML busy time)            [1, ≥ 1]
+            × mix          Σ split $ ÷ (Σ split $ − Σ prefill $) (phase times)    [1, ≥ 1]
+            × step eff.    1 ÷ decode efficiency (measured step ÷ roofline step)  [1, ≥ 1]
+            × model        GPU-s of one roofline step (weights + resident KV
+                           ÷ bandwidth, × GPUs), from the cost floor: floor $/token
+                           ÷ price × batch                                         [GPU-s / step]
+            ÷ batch        sequences running per step (the gauge, or over coarse
+                           windows the counter-derived batch)                      [tokens / step]
+
+Dimensions: $/GPU-s × GPU-s/step ÷ tokens/step = $/token. The product is checked against the
+measured Σ cost ÷ Σ output tokens; their ratio less 1 is the **closure gap**, a measurement (the
+factors come from different series: price book and GPU time, NVML busy time, the engine's phase
+times, its step timing, the configured model and the hardware's bandwidth, the running gauge), not
+forced to zero. Every factor is a ratio of sums over the window's minutes, never a mean of
+per-minute ratios (decode efficiency is kept by the store as a time-weighted mean, so step
+efficiency is the inverse of that mean).
+
+Between two windows the change of the measured $/1M splits additively by the log-mean Divisia
+index (LMDI-I; Ang, Energy Policy 2004 and 2015): factor i's share is ``L(V₁, V₀) · ln(fᵢ₁ / fᵢ₀)``
+with ``L(a, b) = (a − b) / (ln a − ln b)``. The closure gap's change is a term of its own
+(``closure``), so the shares sum to the measured change exactly; nothing is spread over the factors.
+
+**Absent, not guessed.** A factor that cannot be read in either window (SGLang and Triton report no
+phase or decode times: no mix, no step efficiency; a GPU without NVML utilisation: no idle; a model
+without configured weights: no cost floor) is merged with its partner — price with idle, mix with step
+efficiency, model with batch — and the merged factor is what the measured $/token leaves after the
+readable factors: it then also carries the closure gap, which is not measured (``closure_gap`` None)
+and the result says which factors were merged and why.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from agent.cost.model import PER_MILLION
+
+# The chain, in order; each factor's value v enters the product as v (batch as 1 / batch).
+FACTORS = ("price", "idle", "mix", "step_efficiency", "model", "batch")
+LABELS: Mapping[str, str] = {
+    "price": "price",
+    "idle": "idle",
+    "mix": "mix",
+    "step_efficiency": "step efficiency",
+    "model": "model and context",
+    "batch": "batch",
+    "closure": "closure gap",
+}
+UNITS: Mapping[str, str] = {
+    "price": "$/GPU-h",
+    "idle": "allocated/busy",
+    "mix": "busy/decode",
+    "step_efficiency": "step/roofline",
+    "model": "GPU-ms/step",
+    "batch": "sequences/step",
+}
+# Factors that share series or physics: one unreadable, both are merged into one.
+PAIRS: tuple[tuple[str, str], ...] = (("price", "idle"), ("mix", "step_efficiency"), ("model", "batch"))
+# Why each factor can be absent (for the "merged" notes).
+ABSENT_WHY: Mapping[str, str] = {
+    "price": "no GPU-seconds",
+    "idle": "no NVML busy time (usage basis)",
+    "mix": "no prefill/decode phase times",
+    "step_efficiency": "no decode step timing (no decode efficiency)",
+    "model": "no cost floor (model weights or GPU bandwidth unknown)",
+    "batch": "no running-sequences gauge",
+}
+# Which factors each engine kind cannot read at all (its series do not exist): SGLang and Triton
+# have no decode time, so mix and step efficiency merge; the rest can read every factor.
+ENGINE_MERGES: Mapping[str, tuple[str, ...]] = {
+    "sglang": ("mix", "step_efficiency"),
+    "triton": ("mix", "step_efficiency"),
+}
+# Shares whose sum misses the measured change by at most this much of the two levels are floating
+# point rounding (a few ulps of V), not a gap: the remainder goes to the unexplained term.
+ROUNDING = 1e-12
+
+
+@dataclass(frozen=True, slots=True)
+class Factors:
+    """One window's factors (None: unreadable) and its measured $/token."""
+
+    values: Mapping[str, float | None]  # factor → value in the product (batch as 1 / batch)
+    usd_per_token: float | None  # measured Σ cost ÷ Σ output tokens (dollars per token)
+
+    def product(self, names: Sequence[str] = FACTORS) -> float | None:
+        """The product of ``names`` (None if any is unreadable)."""
+        p = 1.0
+        for n in names:
+            v = self.values.get(n)
+            if v is None:
+                return None
+            p *= v
+        return p
+
+    @property
+    def closure_gap(self) -> float | None:
+        """Product of all factors ÷ measured $/token − 1 (None if either is unknown)."""
+        p = self.product()
+        if p is None or not self.usd_per_token:
+            return None
+        return p / self.usd_per_token - 1.0
+
+    def display(self, name: str) -> float | None:
+        """A factor in its display unit (:data:`UNITS`): $/GPU-h, GPU-ms per step, sequences."""
+        v = self.values.get(name)
+        if v is None:
+            return None
+        if name == "price":
+            return v * 3600.0
+        if name == "model":
+            return v * 1e3
+        if name == "batch":
+            return 1.0 / v
+        return v
+
+
+def _ratio(num: float, den: float) -> float | None:
+    """num ÷ den where both are positive and finite, else None (absent)."""
+    if not (den > 0 and num > 0) or not math.isfinite(num) or not math.isfinite(den):
+        return None
+    return num / den
+
+
+def factors_of(sums: Mapping[str, float], engine_kind: str | None = None) -> Factors:
+    """The factors of one window from its model sums (the store's names: ``cost_usd``,
+    ``gpu_seconds``, ``usage_usd``/``usage_alloc_usd``, ``prompt_usd``/``split_usd``,
+    ``roofline.s``/``.w``, ``running.s``/``.w``, ``floor_usd``/``floor_tokens``,
+    ``generation_tokens``), summed over its minutes. ``engine_kind`` drops the factors that kind
+    cannot read (:data:`ENGINE_MERGES`) even where a sum happens to be present."""
+    g = sums.get
+    price = _ratio(g("cost_usd", 0.0), g("gpu_seconds", 0.0))
+    idle = _ratio(g("usage_alloc_usd", 0.0), g("usage_usd", 0.0))
+    split = g("split_usd", 0.0)
+    mix = _ratio(split, split - g("prompt_usd", 0.0)) if split > 0 else None
+    step = _ratio(g("roofline.w", 0.0), g("roofline.s", 0.0))
+    running = _ratio(g("running.s", 0.0), g("running.w", 0.0))
+    floor = _ratio(g("floor_usd", 0.0), g("floor_tokens", 0.0))  # $/token at the roofline, running batch
+    model = floor / price * running if floor and price and running else None
+    values: dict[str, float | None] = {
+        "price": price,
+        "idle": idle if idle is None or idle >= 1.0 else None,  # busy > allocated: impossible, absent
+        "mix": mix,
+        "step_efficiency": step if step is None or step >= 1.0 else None,  # efficiency above 1: absent
+        "model": model,
+        "batch": 1.0 / running if running else None,
+    }
+    for name in ENGINE_MERGES.get(engine_kind or "", ()):
+        values[name] = None
+    return Factors(values, _ratio(g("cost_usd", 0.0), g("generation_tokens", 0.0)))
+
+
+@dataclass(frozen=True, slots=True)
+class Term:
+    """One term of the split: a factor (or merged factors) and its dollars of the change."""
+
+    name: str  # a factor name, names joined by "+" when merged, or "closure"
+    usd_per_1m: float  # dollars per 1M output tokens of the change this term carries
+    share: float  # usd_per_1m ÷ the total change (signed; the shares sum to 1)
+    before: float | None  # the term's value in the first window (product of its factors)
+    after: float | None
+
+    @property
+    def label(self) -> str:
+        """For people: "mix and step efficiency" etc."""
+        return " and ".join(LABELS.get(n, n) for n in self.name.split("+"))
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """The change of $/1M between two windows, split into terms that sum to it."""
+
+    before_usd_per_1m: float  # measured, the first window
+    after_usd_per_1m: float  # measured, the second
+    terms: tuple[Term, ...]  # largest |usd_per_1m| first
+    closure_gap_before: float | None  # product ÷ measured − 1; None where a factor was merged
+    closure_gap_after: float | None
+    merged: tuple[str, ...] = ()  # one note per factor merged: "mix: no prefill/decode phase times"
+
+    @property
+    def total_usd_per_1m(self) -> float:
+        """The measured change in dollars per 1M output tokens."""
+        return self.after_usd_per_1m - self.before_usd_per_1m
+
+
+def log_mean(a: float, b: float) -> float:
+    """The logarithmic mean L(a, b) = (a − b) / (ln a − ln b), L(a, a) = a; a, b > 0."""
+    x = a / b - 1.0
+    if abs(x) < 1e-6:  # the series (1 + x/2 − x²/12) is exact to double precision here
+        return b * (1.0 + x / 2.0 - x * x / 12.0)
+    return (a - b) / math.log1p(x)
+
+
+class ExplainError(ValueError):
+    """No split: a window has no measured $/token (no tokens or no dollars)."""
+
+
+def _groups(before: Factors, after: Factors) -> tuple[list[tuple[str, ...]], tuple[str, ...]]:
+    """The terms' factor groups and the merge notes: a pair with a member unreadable in either
+    window is merged, and all merged pairs form one residual group (listed last)."""
+    unreadable = [n for n in FACTORS if before.values.get(n) is None or after.values.get(n) is None]
+    residual: list[str] = []
+    for pair in PAIRS:
+        if any(n in unreadable for n in pair):
+            residual.extend(pair)
+    groups = [(n,) for n in FACTORS if n not in residual]
+    if residual:
+        groups.append(tuple(residual))
+    notes = tuple(f"{LABELS[n]}: {ABSENT_WHY[n]}" for n in unreadable)
+    return groups, notes
+
+
+def split(before: Factors, after: Factors) -> Split:
+    """The LMDI-I split of the measured change from ``before`` to ``after`` (see the module
+    docstring); raises ExplainError when either window has no measured $/token."""
+    v0, v1 = before.usd_per_token, after.usd_per_token
+    if not v0 or not v1:
+        raise ExplainError(
+            "no cost per token in the "
+            + ("first" if not v0 else "second")
+            + " window (no tokens or no dollars)"
+        )
+    groups, notes = _groups(before, after)
+    merged = bool(notes)
+    weight = log_mean(v1, v0) * PER_MILLION
+    rows: list[tuple[str, float, float | None, float | None]] = []
+    explained0 = explained1 = 1.0
+    for names in groups if not merged else groups[:-1]:
+        f0, f1 = before.product(names), after.product(names)
+        assert f0 is not None and f1 is not None  # readable in both, by construction of the groups
+        explained0, explained1 = explained0 * f0, explained1 * f1
+        rows.append(("+".join(names), weight * math.log(f1 / f0), f0, f1))
+    # the rest of the measured change: the merged factors' (when any), else the closure gap's
+    rest0, rest1 = v0 / explained0, v1 / explained1
+    rest_name = "+".join(groups[-1]) if merged else "closure"
+    rows.append(
+        (rest_name, weight * math.log(rest1 / rest0), rest0 if merged else None, rest1 if merged else None)
+    )
+    total = v1 * PER_MILLION - v0 * PER_MILLION  # as Split.total_usd_per_1m computes it
+    off = total - math.fsum(r[1] for r in rows)
+    if abs(off) <= ROUNDING * (v0 + v1) * PER_MILLION:
+        name, usd, a, b = rows[-1]
+        rows[-1] = (name, usd + off, a, b)
+    terms = tuple(
+        sorted(
+            (Term(n, usd, usd / total if total else 0.0, a, b) for n, usd, a, b in rows),
+            key=lambda t: -abs(t.usd_per_1m),
+        )
+    )
+    return Split(
+        v0 * PER_MILLION,
+        v1 * PER_MILLION,
+        terms,
+        None if merged else before.closure_gap,
+        None if merged else after.closure_gap,
+        notes,
+    )
+
+
+def one_line(s: Split, top: int = 3) -> str:
+    """The split in one line, largest terms first: ``+$0.88/1M: step efficiency +$0.79, batch +$0.11,
+    idle −$0.02`` (the closure gap is named only when it is among the largest)."""
+    head = f"{_usd(s.total_usd_per_1m)}/1M"
+    parts = [f"{t.label} {_usd(t.usd_per_1m)}" for t in s.terms[:top]]
+    return head + ": " + ", ".join(parts)
+
+
+def _usd(v: float) -> str:
+    sign = "+" if v >= 0 else "−"
+    a = abs(v)
+    return f"{sign}${a:.2f}" if a >= 0.01 or a == 0 else f"{sign}${a:.2g}"

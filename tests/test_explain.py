@@ -1,0 +1,218 @@
+"""The factor chain of $/token and its LMDI-I split (agent.cost.explain), on synthetic windows built
+from physical inputs: change one input at a time and only its factor moves; the shares always sum
+to the measured change."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.cost.explain import (
+    FACTORS,
+    ExplainError,
+    factors_of,
+    log_mean,
+    one_line,
+    split,
+)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """A window's physics: what the sums are made from."""
+
+    usd_per_gpu_hour: float = 2.5  # $/GPU-h
+    gpus: float = 2.0  # GPUs the engine holds
+    busy: float = 0.8  # 0–1: share of the allocated time a kernel ran
+    prompt_tokens_per_request: float = 500.0  # tokens; sets the prefill share of busy time
+    step_seconds: float = 0.030  # seconds of one decode step as run
+    roofline_step_seconds: float = 0.015  # seconds of the fastest possible step
+    batch: float = 24.0  # sequences per step (all replicas)
+    seconds: float = 3600.0  # window length
+
+
+PREFILL_SECONDS_PER_TOKEN = 2e-4  # per request's prompt token, against 1 s of decode per request
+
+
+def sums_of(x: Inputs) -> dict[str, float]:
+    """The store's model sums of a window with these inputs (hand-derived, one path)."""
+    gpu_s = x.gpus * x.seconds
+    cost = x.usd_per_gpu_hour * gpu_s / 3600.0
+    prefill = x.prompt_tokens_per_request * PREFILL_SECONDS_PER_TOKEN
+    prefill_share = prefill / (prefill + 1.0)
+    decode_wall = x.busy * x.seconds * (1.0 - prefill_share)
+    gen = decode_wall / x.step_seconds * x.batch
+    floor_per_token = cost / x.seconds * x.roofline_step_seconds / x.batch
+    return {
+        "seconds": x.seconds,
+        "generation_tokens": gen,
+        "prompt_tokens": gen * 2,
+        "cost_usd": cost,
+        "gpu_seconds": gpu_s,
+        "usage_usd": cost * x.busy,
+        "usage_alloc_usd": cost,
+        "prompt_usd": cost * prefill_share,
+        "split_usd": cost,
+        "roofline.s": x.roofline_step_seconds / x.step_seconds * x.seconds,
+        "roofline.w": x.seconds,
+        "running.s": x.batch * x.seconds,
+        "running.w": x.seconds,
+        "floor_usd": floor_per_token * gen,
+        "floor_tokens": gen,
+    }
+
+
+BASE = Inputs()
+
+
+def test_closure_is_exact_when_every_series_agrees() -> None:
+    f = factors_of(sums_of(BASE))
+    assert f.closure_gap is not None and abs(f.closure_gap) < 1e-12
+    # the dimensions, by hand: price $/GPU-s, model GPU-s per step, batch 1/sequences
+    assert f.values["price"] == pytest.approx(2.5 / 3600)
+    assert f.values["model"] == pytest.approx(BASE.gpus * BASE.roofline_step_seconds)
+    assert f.values["batch"] == pytest.approx(1 / 24)
+    assert f.values["step_efficiency"] == pytest.approx(2.0)
+    assert f.values["idle"] == pytest.approx(1 / 0.8)
+    assert f.display("price") == pytest.approx(2.5)
+
+
+@pytest.mark.parametrize(
+    ("change", "factor"),
+    [
+        ({"usd_per_gpu_hour": 3.1}, "price"),
+        ({"busy": 0.55}, "idle"),
+        ({"prompt_tokens_per_request": 4000.0}, "mix"),
+        ({"step_seconds": 0.045}, "step_efficiency"),
+        ({"batch": 12.0}, "batch"),
+        ({"roofline_step_seconds": 0.02, "step_seconds": 0.04}, "model"),  # a longer context, same efficiency
+    ],
+)
+def test_one_input_moves_only_its_factor(change: dict[str, float], factor: str) -> None:
+    s = split(factors_of(sums_of(BASE)), factors_of(sums_of(replace(BASE, **change))))
+    assert abs(s.total_usd_per_1m) > 0.01
+    by = {t.name: t for t in s.terms}
+    assert s.terms[0].name == factor
+    assert by[factor].usd_per_1m == pytest.approx(s.total_usd_per_1m, rel=1e-9)
+    for t in s.terms[1:]:
+        assert abs(t.usd_per_1m) <= 1e-9 * abs(s.total_usd_per_1m), t
+    assert s.closure_gap_before is not None and abs(s.closure_gap_before) < 1e-12
+
+
+def test_longer_steps_raise_the_cost_by_the_step_factor_in_dollars() -> None:
+    before, after = sums_of(BASE), sums_of(replace(BASE, step_seconds=0.045))
+    s = split(factors_of(before), factors_of(after))
+    measured = (
+        after["cost_usd"] / after["generation_tokens"] - before["cost_usd"] / before["generation_tokens"]
+    ) * 1e6
+    assert s.total_usd_per_1m == pytest.approx(measured, rel=1e-12)
+    assert s.total_usd_per_1m > 0 and s.terms[0].share == pytest.approx(1.0)
+    assert one_line(s).startswith(f"+${measured:.2f}/1M: step efficiency +${measured:.2f}")
+
+
+positive = st.floats(min_value=1e-3, max_value=1e3, allow_nan=False, allow_infinity=False)
+ratio = st.floats(min_value=0.05, max_value=1.0)
+
+
+@st.composite
+def inputs(draw: st.DrawFn) -> Inputs:
+    step_min = draw(st.floats(min_value=1e-3, max_value=0.1))
+    return Inputs(
+        usd_per_gpu_hour=draw(positive),
+        gpus=draw(st.sampled_from([1.0, 2.0, 4.0, 8.0])),
+        busy=draw(ratio),
+        prompt_tokens_per_request=draw(st.floats(min_value=0.0, max_value=1e5)),
+        step_seconds=step_min / draw(ratio),
+        roofline_step_seconds=step_min,
+        batch=draw(st.floats(min_value=1.0, max_value=512.0)),
+        seconds=draw(st.floats(min_value=60.0, max_value=1e6)),
+    )
+
+
+def _noisy(s: dict[str, float], noise: float) -> dict[str, float]:
+    """The series out of line with one another (a closure gap): the gauges read ``noise`` off."""
+    return {**s, "running.s": s["running.s"] * noise, "roofline.s": s["roofline.s"] * min(1.0, noise)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(inputs(), inputs(), st.floats(min_value=0.5, max_value=2.0), st.floats(min_value=0.5, max_value=2.0))
+def test_shares_sum_to_the_measured_change(a: Inputs, b: Inputs, na: float, nb: float) -> None:
+    sa, sb = _noisy(sums_of(a), na), _noisy(sums_of(b), nb)
+    s = split(factors_of(sa), factors_of(sb))
+    total = s.total_usd_per_1m
+    measured = (sb["cost_usd"] / sb["generation_tokens"] - sa["cost_usd"] / sa["generation_tokens"]) * 1e6
+    assert total == pytest.approx(measured, rel=1e-9, abs=1e-9 * s.before_usd_per_1m)
+    # within 1e-9 of the change, or where large terms cancel of the largest term (a float sum is
+    # exact to the rounding of its largest part, no better)
+    scale = max(abs(total), max(abs(t.usd_per_1m) for t in s.terms))
+    assert abs(math.fsum(t.usd_per_1m for t in s.terms) - total) <= 1e-9 * scale
+    if total:
+        assert abs(math.fsum(t.share for t in s.terms) - 1.0) <= 1e-9 * scale / abs(total)
+    assert {t.name for t in s.terms} == {*FACTORS, "closure"}
+    # each factor's share has the sign of its own change
+    fa, fb = factors_of(sa), factors_of(sb)
+    for t in s.terms:
+        if t.name in FACTORS:
+            va, vb = fa.values[t.name], fb.values[t.name]
+            assert va is not None and vb is not None
+            assert (t.usd_per_1m > 0) == (vb > va) or t.usd_per_1m == 0 or vb == va
+    # the closure gaps are measured: product ÷ measured − 1
+    assert s.closure_gap_before == pytest.approx(fa.product() / fa.usd_per_token - 1, rel=1e-9, abs=1e-12)
+
+
+def test_sglang_merges_mix_and_step_efficiency_and_says_so() -> None:
+    b, a = sums_of(BASE), sums_of(replace(BASE, step_seconds=0.06))
+    s = split(factors_of(b, "sglang"), factors_of(a, "sglang"))
+    names = [t.name for t in s.terms]
+    assert names[0] == "mix+step_efficiency"
+    assert s.terms[0].label == "mix and step efficiency"
+    assert "closure" not in names and s.closure_gap_before is None and s.closure_gap_after is None
+    assert any(n.startswith("step efficiency: no decode step timing") for n in s.merged)
+    assert math.fsum(t.usd_per_1m for t in s.terms) == pytest.approx(s.total_usd_per_1m, rel=1e-12)
+
+
+def test_a_factor_absent_in_one_window_merges_its_pair() -> None:
+    b = sums_of(BASE)
+    a = {k: v for k, v in sums_of(replace(BASE, busy=0.5)).items() if not k.startswith("usage")}
+    s = split(factors_of(b), factors_of(a))
+    names = [t.name for t in s.terms]
+    assert "price+idle" in names and "price" not in names and "idle" not in names
+    assert s.terms[0].name == "price+idle"  # the idle time moved, merged with the price
+    assert s.merged == ("idle: no NVML busy time (usage basis)",)
+
+
+def test_zero_and_absent_sums_are_absent_not_zero() -> None:
+    f = factors_of({"cost_usd": 1.0, "gpu_seconds": 3600.0, "generation_tokens": 1e5, "usage_usd": 0.0})
+    assert f.values["idle"] is None and f.values["batch"] is None and f.values["model"] is None
+    assert f.usd_per_token == pytest.approx(1e-5)
+    with pytest.raises(ExplainError, match="second window"):
+        split(f, factors_of({"cost_usd": 1.0, "gpu_seconds": 3600.0, "generation_tokens": 0.0}))
+
+
+def test_impossible_ratios_are_absent() -> None:
+    s = sums_of(BASE)
+    f = factors_of({**s, "usage_usd": s["cost_usd"] * 1.2, "roofline.s": s["roofline.w"] * 1.5})
+    assert f.values["idle"] is None and f.values["step_efficiency"] is None
+
+
+def test_windows_aggregate_as_ratios_of_sums() -> None:
+    a, b = sums_of(BASE), sums_of(replace(BASE, usd_per_gpu_hour=10.0, gpus=8.0, seconds=60.0))
+    both = {k: a[k] + b[k] for k in a}
+    f = factors_of(both)
+    assert f.values["price"] == pytest.approx(
+        (a["cost_usd"] + b["cost_usd"]) / (a["gpu_seconds"] + b["gpu_seconds"])
+    )
+    mean_of_ratios = (a["cost_usd"] / a["gpu_seconds"] + b["cost_usd"] / b["gpu_seconds"]) / 2
+    assert f.values["price"] != pytest.approx(mean_of_ratios)
+
+
+@given(positive, positive)
+def test_log_mean(a: float, b: float) -> None:
+    m = log_mean(a, b)
+    assert m == pytest.approx(log_mean(b, a), rel=1e-10)
+    assert math.sqrt(a * b) * (1 - 1e-12) <= m <= (a + b) / 2 * (1 + 1e-12)
+    assert log_mean(a, a) == a

@@ -161,7 +161,9 @@ def test_shares_sum_to_the_measured_change(a: Inputs, b: Inputs, na: float, nb: 
             assert va is not None and vb is not None
             assert (t.usd_per_1m > 0) == (vb > va) or t.usd_per_1m == 0 or vb == va
     # the closure gaps are measured: product ÷ measured − 1
-    assert s.closure_gap_before == pytest.approx(fa.product() / fa.usd_per_token - 1, rel=1e-9, abs=1e-12)
+    pa = fa.product()
+    assert pa is not None and fa.usd_per_token is not None
+    assert s.closure_gap_before == pytest.approx(pa / fa.usd_per_token - 1, rel=1e-9, abs=1e-12)
 
 
 def test_sglang_merges_mix_and_step_efficiency_and_says_so() -> None:

@@ -209,7 +209,7 @@ def _groups(before: Factors, after: Factors) -> tuple[list[tuple[str, ...]], tup
     for pair in PAIRS:
         if any(n in unreadable for n in pair):
             residual.extend(pair)
-    groups = [(n,) for n in FACTORS if n not in residual]
+    groups: list[tuple[str, ...]] = [(n,) for n in FACTORS if n not in residual]
     if residual:
         groups.append(tuple(residual))
     notes = tuple(f"{LABELS[n]}: {ABSENT_WHY[n]}" for n in unreadable)

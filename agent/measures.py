@@ -40,7 +40,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Literal
+from typing import Literal, cast
 
 Kind = Literal["gauge", "counter", "histogram", "signal", "stored"]
 Aggregation = Literal["sum", "mean", "ratio", ""]
@@ -256,8 +256,8 @@ def _measure(row: dict[str, str]) -> Measure:
     if since is not None and (formula is None or len(formula.num) != 1 or agg == "ratio"):
         raise MeasureError("a row that adds a store column (since) names one sum or one gauge")
     _check_name(row["name"])
-    agg_value: Aggregation = agg  # type: ignore[assignment]  # checked above
-    kind_value: Kind = kind  # type: ignore[assignment]
+    agg_value = cast(Aggregation, agg)  # checked above
+    kind_value = cast(Kind, kind)
     return Measure(
         name=row["name"],
         kind=kind_value,

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import hashlib
 import math
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from agent.cost.bound import BOUNDS
+from agent.measures import MEASURES, Measure
 from agent.samples import CostWindow, UsageWindow
 
 HOUR_OF_WEEK_SECONDS = 3600.0  # width of one hour-of-week bucket
@@ -45,14 +47,18 @@ KIND_LABELS: Mapping[str, tuple[str, ...]] = {
 
 # Gauges are kept as a pair "<name>.s" (value × seconds) and "<name>.w" (seconds with a value),
 # so a window's mean is time-weighted and a minute without the value does not drag it to zero.
+# The model sums a priced window gives (agent/data/measures.csv: the model rows that add a store
+# column and name the window attribute it comes from); split_sums and bound_sums add the rest.
+_WINDOW_ROWS: tuple[tuple[Measure, Callable[[CostWindow], Any]], ...] = tuple(
+    (m, operator.attrgetter(m.window))
+    for m in MEASURES
+    if m.source == "model" and m.since is not None and m.window
+)
+# gauge pair → the UsageWindow attribute it is the mean of (window_from_record's inverse)
 MODEL_GAUGES: Mapping[str, str] = {
-    "gpu_util": "gpu_util_ratio",
-    "mem_bw": "mem_bw_ratio",
-    "power": "power_watts",
-    "running": "requests_running",
-    "kv": "kv_cache_usage_ratio",
-    "ttft_p99": "ttft_p99_seconds",
-    "itl_p99": "itl_p99_seconds",
+    m.store: m.window.removeprefix("usage.")
+    for m, _ in _WINDOW_ROWS
+    if m.aggregation == "mean" and m.window.startswith("usage.")
 }
 
 
@@ -81,23 +87,13 @@ def _gauge(sums: dict[str, float], name: str, value: float | None, seconds: floa
 
 def model_sums(cw: CostWindow) -> dict[str, float]:
     """The additive sums of one priced window (seconds, tokens, dollars, gauge pairs)."""
-    u = cw.usage
-    secs = u.duration
-    sums: dict[str, float] = {
-        "seconds": secs,
-        "prompt_tokens": u.prompt_tokens,
-        "generation_tokens": u.generation_tokens,
-        "cost_usd": cw.cost_usd,
-        "gpu_time_usd": cw.gpu_time_usd,
-        "energy_usd": cw.energy_usd,
-        "idle_usd": cw.idle_usd,
-        "gpu_seconds": u.gpu_seconds,
-        "energy_joules": u.energy_joules or 0.0,
-        "preemptions": u.preemptions or 0.0,
-    }
-    for short, attr in MODEL_GAUGES.items():
-        _gauge(sums, short, getattr(u, attr), secs)
-    _gauge(sums, "roofline", cw.roofline_ratio, secs)
+    secs = cw.usage.duration
+    sums: dict[str, float] = {}
+    for m, get in _WINDOW_ROWS:
+        if m.aggregation == "mean":
+            _gauge(sums, m.store, get(cw), secs)
+        else:
+            sums[m.store] = float(get(cw) or 0.0)
     sums.update(split_sums(cw))
     sums.update(bound_sums(cw))
     return sums
@@ -241,7 +237,7 @@ def _by_bound(s: Mapping[str, float], names: Sequence[str]) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Signals: the catalogue's names (without the infercost_ prefix) as formulas over sums
+# Signals: every table row with an aggregation, as its formula over sums
 # ---------------------------------------------------------------------------------------------
 
 
@@ -254,144 +250,24 @@ class Signal:
     inputs: tuple[str, ...]
     fn: Callable[[Sequence[float]], float | None]
     unit: str  # for messages: "USD", "ratio", "seconds", ...
-
-    @property
-    def over_last_input(self) -> bool:
-        """Whether the value is the other inputs over the last one, so that a window's value is
-        the mean of its minutes' values weighted by that last input (per-minute baselines)."""
-        return self.fn in _OVER_LAST_INPUT
+    # the value is the other inputs over the last one, so that a window's value is the mean of its
+    # minutes' values weighted by that last input (per-minute baselines)
+    over_last_input: bool = False
 
 
 def _per_1m(s: Sequence[float]) -> float | None:
     return s[0] / s[1] * 1e6 if s[1] > 0 else None
 
 
-def _per_1m_total(s: Sequence[float]) -> float | None:
-    tokens = s[1] + s[2]
-    return s[0] / tokens * 1e6 if tokens > 0 else None
+def signal_of(m: Measure) -> Signal:
+    """The rule signal of a table row with an aggregation (its formula over stored sums)."""
+    assert m.signal is not None and m.formula is not None, m.name
+    kind: Kind = m.source  # type: ignore[assignment]  # the table checks it is a record kind
+    f = m.formula
+    return Signal(m.signal, kind, f.inputs, f.function(), m.signal_unit, f.over_last_input)
 
 
-def _rate(s: Sequence[float]) -> float | None:
-    return s[0] / s[1] if s[1] > 0 else None
-
-
-def _per_hour(s: Sequence[float]) -> float | None:
-    return s[0] / s[1] * 3600.0 if s[1] > 0 else None
-
-
-def _total(s: Sequence[float]) -> float | None:
-    return s[0]
-
-
-def _share_per_1m(s: Sequence[float]) -> float | None:
-    """(whole − part) per 1M tokens: the output share of a split's dollars."""
-    return (s[0] - s[1]) / s[2] * 1e6 if s[2] > 0 else None
-
-
-def _difference(s: Sequence[float]) -> float | None:
-    return s[0] - s[1]
-
-
-def _part_of(s: Sequence[float]) -> float | None:
-    """s[0] over the sum of the rest (None when that is 0: no split in the window)."""
-    whole = sum(s[1:])
-    return s[0] / whole if whole > 0 else None
-
-
-def _covered(s: Sequence[float]) -> float | None:
-    """The sum of all but the last over the last (None without dollars)."""
-    return sum(s[:-1]) / s[-1] if s[-1] > 0 else None
-
-
-_OVER_LAST_INPUT = (_per_1m, _rate, _per_hour, _share_per_1m, _covered)
-
-
-def _mean(name: str, kind: Kind, short: str, unit: str) -> Signal:
-    return Signal(name, kind, (short + ".s", short + ".w"), _rate, unit)
-
-
-_SIGNAL_LIST: tuple[Signal, ...] = (
-    Signal("usd_per_1m_output_tokens", "model", ("cost_usd", "generation_tokens"), _per_1m, "USD"),
-    Signal(
-        "usd_per_1m_tokens", "model", ("cost_usd", "prompt_tokens", "generation_tokens"), _per_1m_total, "USD"
-    ),
-    Signal("generation_tokens_per_second", "model", ("generation_tokens", "seconds"), _rate, "tokens/s"),
-    Signal("prompt_tokens_per_second", "model", ("prompt_tokens", "seconds"), _rate, "tokens/s"),
-    Signal(
-        "generation_tokens_per_gpu_second",
-        "model",
-        ("generation_tokens", "gpu_seconds"),
-        _rate,
-        "tokens/GPU-s",
-    ),
-    Signal("cost_usd_per_hour", "model", ("cost_usd", "seconds"), _per_hour, "USD/h"),
-    # the price book's GPU-hour rate in effect for the model's GPUs (its GPU dollars per GPU-hour):
-    # flat while the book is, so a change is seen the minute it takes effect
-    Signal("usd_per_gpu_hour", "model", ("gpu_time_usd", "gpu_seconds"), _per_hour, "USD/GPU-h"),
-    Signal("cost_usd", "model", ("cost_usd",), _total, "USD"),
-    Signal("energy_cost_usd", "model", ("energy_usd",), _total, "USD"),
-    Signal("idle_cost_usd", "model", ("idle_usd",), _total, "USD"),
-    Signal("idle_cost_usd_per_hour", "model", ("idle_usd", "seconds"), _per_hour, "USD/h"),
-    Signal("gpu_seconds", "model", ("gpu_seconds",), _total, "seconds"),
-    Signal("energy_joules", "model", ("energy_joules",), _total, "joules"),
-    Signal("preemptions", "model", ("preemptions",), _total, "count"),
-    Signal("preemptions_per_second", "model", ("preemptions", "seconds"), _rate, "1/s"),
-    _mean("model_gpu_utilization_ratio", "model", "gpu_util", "ratio"),
-    _mean("model_memory_bandwidth_ratio", "model", "mem_bw", "ratio"),
-    _mean("model_power_watts", "model", "power", "watts"),
-    _mean("roofline_efficiency_ratio", "model", "roofline", "ratio"),
-    _mean("kv_cache_usage_ratio", "model", "kv", "ratio"),
-    _mean("requests_running", "model", "running", "requests"),
-    _mean("ttft_p99_seconds", "model", "ttft_p99", "seconds"),
-    _mean("itl_p99_seconds", "model", "itl_p99", "seconds"),
-    _mean("anomaly_score", "model", "anomaly", "score"),
-    # the share of the window's time the isolation forest judged (it abstains on a request mix it
-    # was not trained on): a rule over anomaly_score's mean should not speak for an hour from minutes
-    Signal("anomaly_judged_ratio", "model", ("anomaly.w", "seconds"), _rate, "ratio"),
-    # the share of the judged time whose score was above 1: unlike the score's mean, a few minutes
-    # scoring 26 (a scale-up's warm-up) cannot carry an hour
-    Signal("anomalous_ratio", "model", ("anomalous_seconds", "anomaly.w"), _rate, "ratio"),
-    _mean("engine_up", "engine", "up", "ratio"),
-    _mean("engine_scrape_duration_seconds", "engine", "scrape", "seconds"),
-    _mean("nvml_up", "node", "nvml_up", "ratio"),
-    _mean("gpu_up", "gpu", "up", "ratio"),
-    _mean("gpu_utilization_ratio", "gpu", "gpu_util", "ratio"),
-    _mean("gpu_memory_busy_ratio", "gpu", "mem_busy", "ratio"),
-    _mean("gpu_dram_bandwidth_ratio", "gpu", "mem_bw", "ratio"),
-    _mean("gpu_sm_active_ratio", "gpu", "sm_active", "ratio"),
-    _mean("gpu_power_watts", "gpu", "power", "watts"),
-    Signal("gpu_cost_usd", "gpu", ("cost_usd",), _total, "USD"),
-    # where the dollars went (split_sums): prompt vs output, usage basis, prefix cache, cost floor
-    Signal("usd_per_1m_prompt_tokens", "model", ("prompt_usd", "split_prompt_tokens"), _per_1m, "USD"),
-    Signal(
-        "usd_per_1m_output_tokens_decode",
-        "model",
-        ("split_usd", "prompt_usd", "split_generation_tokens"),
-        _share_per_1m,
-        "USD",
-    ),
-    Signal("prompt_cost_usd", "model", ("prompt_usd",), _total, "USD"),
-    Signal("usage_cost_usd", "model", ("usage_usd",), _total, "USD"),
-    Signal("allocation_waste_usd", "model", ("usage_alloc_usd", "usage_usd"), _difference, "USD"),
-    Signal("prefix_cache_saved_usd", "model", ("cache_saved_usd",), _total, "USD"),
-    Signal("usd_per_1m_output_tokens_floor", "model", ("floor_usd", "floor_tokens"), _per_1m, "USD"),
-    Signal(
-        "usd_per_1m_output_tokens_floor_max_batch",
-        "model",
-        ("floor_max_usd", "floor_max_tokens"),
-        _per_1m,
-        "USD",
-    ),
-    Signal("gpu_idle_cost_usd", "gpu", ("idle_usd",), _total, "USD"),
-    # where GPU time went (bound_sums): each bound's share of the GPU dollars over the minutes with
-    # a split (absent over a window without one), and the share of the dollars that had one
-    *(
-        Signal(f"{b}_bound_cost_ratio", "model", (f"bound_{b}_usd", *BOUND_USD), _part_of, "ratio")
-        for b in BOUNDS
-    ),
-    Signal("bound_cost_coverage_ratio", "model", (*BOUND_USD, "cost_usd"), _covered, "ratio"),
-)
-SIGNALS: Mapping[str, Signal] = {s.name: s for s in _SIGNAL_LIST}
+SIGNALS: Mapping[str, Signal] = {s.name: s for s in (signal_of(m) for m in MEASURES if m.signal)}
 
 
 # ---------------------------------------------------------------------------------------------

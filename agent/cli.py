@@ -5,6 +5,7 @@ infercost run [--config node.yaml]   the daemon
 infercost check --config node.yaml   validate config, price book and rules (exit 2 when bad)
 infercost bench overhead|detection|parse|exposition
 infercost report --state-dir DIR | --prometheus URL [--format md|html|csv|json|slack]
+infercost explain --state-dir DIR | --prometheus URL --model M (--version V --against V0 | --from T0 --to T1)
 """
 
 from __future__ import annotations
@@ -401,7 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name: str, help_: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help_, description=help_, parents=[common], formatter_class=fmt)
 
-    for add_command in (_add_demo, _add_run_and_check, _add_bench, _add_report):
+    for add_command in (_add_demo, _add_run_and_check, _add_bench, _add_report, _add_explain):
         add_command(add)
     return p
 
@@ -524,6 +525,37 @@ def _add_report(add: _Add) -> None:
         help="also post the summary to the Slack webhook URL in this variable",
     )
     rep.set_defaults(func=cmd_report)
+
+
+def _add_explain(add: _Add) -> None:
+    """``infercost explain`` (agent/explain.py)."""
+    from agent.detect.rules import parse_duration
+
+    e = add("explain", "why cost per token changed: the change in $/1M split by factor")
+    src = e.add_mutually_exclusive_group(required=True)
+    src.add_argument("--state-dir", type=Path, help="read the local store in this state directory")
+    src.add_argument("--prometheus", help="read the fleet from this Prometheus base URL")
+    e.add_argument("--engine", help="the engine (default: every engine serving the model)")
+    e.add_argument("--model", required=True, help="the served model name")
+    e.add_argument("--node", help="one node only (default: every node)")
+    e.add_argument("--version", help="the model version to explain (with --against)")
+    e.add_argument("--against", help="the version to compare it with, at like load")
+    e.add_argument("--since", type=parse_when, help="--version: minutes from this time on")
+    e.add_argument("--until", type=parse_when, help="--version: minutes before this time")
+    e.add_argument("--from", dest="from_", metavar="T0", type=parse_when, help="the first window starts here")
+    e.add_argument("--to", metavar="T1", type=parse_when, help="the second window starts here")
+    e.add_argument("--window", type=parse_duration, default=3600.0, help="--from/--to: each window (1h)")
+    e.add_argument("--format", default="text", choices=["text", "json"], help="output format")
+    e.add_argument("--bearer-token-file", type=Path, help="Prometheus: Authorization: Bearer <file>")
+    e.add_argument("--ca-file", type=Path, help="Prometheus: PEM CA bundle for https")
+    e.set_defaults(func=cmd_explain)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    """The change in $/1M between two versions or two windows, split by factor."""
+    from agent.explain import run_explain
+
+    return run_explain(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,6 +20,21 @@ NODE_LABELS = ("node",)
 GPU_LABELS = ("node", "gpu")
 ENGINE_LABELS = ("node", "engine")
 MODEL_LABELS = ("node", "engine", "model", "model_version")
+# Stands for the node's cost labels (label_team, …: kubernetes.cost_labels and engines' labels:),
+# fixed per config; exporters put the names in its place (agent.snapshot.label_names).
+COST_LABELS_MARK = "label_*"
+# engine_namespace, not namespace: a ServiceMonitor without honorLabels renames an exported
+# `namespace` to `exported_namespace` (Prometheus adds its own namespace target label)
+ENGINE_COST_LABELS = (
+    "node",
+    "engine",
+    "engine_namespace",
+    "engine_pod",
+    "engine_role",
+    "engine_group",
+    "engine_group_leader",
+    COST_LABELS_MARK,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,6 +374,17 @@ CATALOG: tuple[MetricSpec, ...] = (
         "engine",
         "dropped_series",
         ENGINE_LABELS,
+    ),
+    _m(
+        "engine_cost_info",
+        "gauge",
+        "1",
+        "Who pays for this engine (value 1): its pod's namespace and name, role (prefill, decode, both), "
+        'multi-node group and leader flag, and each cost label as label_<name> ("" where absent); '
+        "join it onto cost series by node and engine.",
+        "engine",
+        "cost_info",
+        ENGINE_COST_LABELS,
     ),
     # ---- models × versions
     _m(

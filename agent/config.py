@@ -11,6 +11,7 @@ Environment overrides: ``INFERCOST_NODE``, ``INFERCOST_STATE_DIR`` and, for any 
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agent.cost.inputs import EngineSpec
+from agent.text import strip_invisible
 
 EngineKind = Literal["vllm", "sglang", "tgi", "triton", "trtllm", "llamacpp", "auto"]
 
@@ -30,6 +32,32 @@ DEFAULT_ENGINE_PORTS: Mapping[str, int] = {
     "triton": 8002,
     "llamacpp": 8080,
 }
+
+
+EngineRole = Literal["prefill", "decode", "both"]
+ENGINE_ROLES: tuple[str, ...] = ("prefill", "decode", "both")
+# Cost labels are user text (pod labels, node.yaml) exported on every node's info series and kept in
+# the history. Why 16: the questions a finance lead asks (team, cost centre, product, environment)
+# are a handful of labels; more is a label set copied whole, whose every value multiplies the fleet's
+# series. Why 63: a Kubernetes label value's own limit, so every real pod label fits.
+MAX_COST_LABELS = 16
+MAX_LABEL_VALUE_CHARS = 63
+_LABEL_NAME_BAD = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def cost_label_name(name: str) -> str:
+    """The exported name of a cost label, as kube-state-metrics spells pod labels: ``label_`` and the
+    name with every character outside ``[a-zA-Z0-9_]`` as ``_`` (``app.kubernetes.io/part-of`` →
+    ``label_app_kubernetes_io_part_of``)."""
+    return "label_" + _LABEL_NAME_BAD.sub("_", name)
+
+
+def clean_label_value(value: object) -> str:
+    """A cost label's value as exported: text without invisible format characters or control
+    characters, surrounding blanks removed, at most :data:`MAX_LABEL_VALUE_CHARS` characters."""
+    text = strip_invisible(str(value))
+    text = "".join(ch for ch in text if ch.isprintable())
+    return text.strip()[:MAX_LABEL_VALUE_CHARS]
 
 
 class ConfigError(Exception):
@@ -117,6 +145,34 @@ class EngineConfig(_Frozen):
     # served model name or for every model; exported as infercost_model_class_info to join on.
     priority_class: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+$")
     priority_classes: dict[str, str] = Field(default_factory=dict)  # served model name → class
+    # Cost labels (team, cost centre, …): who pays for this engine, exported once per engine on
+    # infercost_engine_cost_info as label_<name> and kept with the history (docs/kubernetes.md)
+    labels: dict[str, str] = Field(default_factory=dict)
+    # prefill / decode for a disaggregated deployment's pools, both for an engine serving whole requests
+    role: EngineRole = "both"
+    # Filled in by Kubernetes discovery (the pod behind the engine); a static engine may set them
+    namespace: str = ""
+    pod: str = ""
+    group: str = ""  # a multi-node engine's group (LeaderWorkerSet group key); "" for none
+    group_leader: bool = True  # whether this pod is its group's leader (the one counting tokens)
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _cost_labels(cls, v: object) -> object:
+        if not isinstance(v, Mapping):
+            return v
+        if len(v) > MAX_COST_LABELS:
+            raise ValueError(
+                f"{len(v)} cost labels, at most {MAX_COST_LABELS}; keep the ones a cost is grouped by"
+            )
+        out: dict[str, str] = {}
+        for k, val in v.items():
+            if not isinstance(k, str) or not k or len(k) > 253 or not k.isprintable():
+                raise ValueError(f"cost label name {str(k)[:64]!r} must be a label key such as team")
+            if isinstance(val, (Mapping, list, tuple)):
+                raise ValueError(f"cost label {k!r} must have a text value, e.g. {k}: search")
+            out[k] = clean_label_value(val)
+        return out
 
     @field_validator("url")
     @classmethod
@@ -144,6 +200,11 @@ class EngineConfig(_Frozen):
             priority_class=self.priority_class,
             priority_classes=dict(self.priority_classes),
         )
+
+    def cost_labels(self, names: tuple[str, ...]) -> dict[str, str]:
+        """Exported name (``label_team``) → value for each of ``names`` (cost label keys), "" when
+        this engine has none."""
+        return {cost_label_name(n): self.labels.get(n, "") for n in names}
 
 
 class PricesConfig(_Frozen):
@@ -311,6 +372,26 @@ class KubernetesConfig(_Frozen):
     # cannot be real GPU engines, and scraping thousands would take the daemon's loop. Why ≤ 4,096:
     # beyond it one tick's scrapes no longer fit any sane interval.
     max_engines: int = Field(256, ge=1, le=4096)
+    # Pod labels that say who pays (team, app.kubernetes.io/part-of, …): read from each engine pod,
+    # exported on infercost_engine_cost_info as label_<name> (docs/kubernetes.md); at most 16
+    cost_labels: tuple[str, ...] = Field((), max_length=MAX_COST_LABELS)
+    role_label: str = "llm-d.ai/role"  # prefill / decode / both (llm-d's label); absent: both
+    group_label: str = "leaderworkerset.sigs.k8s.io/group-key"  # a multi-node engine's group
+    worker_index_label: str = "leaderworkerset.sigs.k8s.io/worker-index"  # "0" is the group's leader
+
+    @field_validator("cost_labels")
+    @classmethod
+    def _label_keys(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for k in v:
+            if not k or len(k) > 253 or not k.isprintable() or " " in k:
+                raise ValueError(
+                    f"{k[:64]!r} is not a pod label key (e.g. team or app.kubernetes.io/part-of)"
+                )
+        names = [cost_label_name(k) for k in v]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"two keys export as the same name {sorted(dup)}; keep one of them")
+        return v
 
 
 WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
@@ -342,6 +423,26 @@ class ReportConfig(_Frozen):
         return v
 
 
+class AllocationConfig(_Frozen):
+    """How dollars are put to groups (namespace, team, …) by the cost API, ``infercost query`` and the
+    report's ``--group-by`` (docs/cost-allocation.md)."""
+
+    # idle: dollars that made no group's tokens (GPUs no engine used; on the usage basis also the
+    # allocated time no kernel ran) as their own "__idle__" group; share: spread over the groups in
+    # proportion to their dollars (OpenCost's shareIdle)
+    idle_policy: Literal["idle", "share"] = "idle"
+
+
+class BudgetConfig(_Frozen):
+    """A monthly budget: dollars per calendar month (UTC, as Prometheus reads months) for one model,
+    namespace or team. Exported as ``infercost_budget_usd``; the fleet rules and the report forecast
+    the month against it (docs/fleet.md#budgets)."""
+
+    scope: Literal["model", "namespace", "team"]  # team: the pods' `team` cost label (label_team)
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9_.:/-]+$")
+    monthly_usd: float = Field(gt=0)  # dollars per calendar month
+
+
 class Config(_Frozen):
     """The whole agent configuration."""
 
@@ -356,6 +457,17 @@ class Config(_Frozen):
     alerts: AlertsConfig = AlertsConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()
     report: ReportConfig = ReportConfig()
+    allocation: AllocationConfig = AllocationConfig()
+    budgets: tuple[BudgetConfig, ...] = ()
+
+    @field_validator("budgets")
+    @classmethod
+    def _one_budget_each(cls, v: tuple[BudgetConfig, ...]) -> tuple[BudgetConfig, ...]:
+        seen = [(b.scope, b.name) for b in v]
+        dup = sorted({k for k in seen if seen.count(k) > 1})
+        if dup:
+            raise ValueError(f"two budgets for {dup[0][0]} {dup[0][1]!r}; keep one per scope and name")
+        return v
 
     @model_validator(mode="after")
     def _unique_engines(self) -> Config:
@@ -364,7 +476,25 @@ class Config(_Frozen):
             if e.name in seen:
                 raise ValueError(f"engine name {e.name!r} is used twice; give each engine a unique name")
             seen.add(e.name)
+        keys = self.cost_label_keys()
+        if len(keys) > MAX_COST_LABELS:
+            raise ValueError(
+                f"{len(keys)} cost label keys over kubernetes.cost_labels and the engines' labels, at most "
+                f"{MAX_COST_LABELS}: {', '.join(keys)}; keep the ones a cost is grouped by"
+            )
+        names = [cost_label_name(k) for k in keys]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"cost label keys that export as the same name {dup}; spell them alike")
         return self
+
+    def cost_label_keys(self) -> tuple[str, ...]:
+        """Every cost label key of this node (``kubernetes.cost_labels`` and the static engines'
+        ``labels:``), sorted: the label set of ``infercost_engine_cost_info`` (fixed per config)."""
+        keys = set(self.kubernetes.cost_labels) if self.kubernetes.enabled else set()
+        for e in self.engines:
+            keys.update(e.labels)
+        return tuple(sorted(keys))
 
 
 def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:

@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from agent.catalog import MetricSpec
+from agent.catalog import COST_LABELS_MARK, MetricSpec
+from agent.config import EngineConfig, cost_label_name
 from agent.cost.latency import accumulate
 from agent.cost.model import usd_per_million
 from agent.cost.quantiles import quantile
@@ -55,6 +56,36 @@ class EngineState:
     error: str | None = None
     invalid_series: int = 0  # series refused in the last scrape (non-finite, negative, out of range)
     dropped_series: int = 0  # series of models beyond max_models, folded into model="other"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCostInfo:
+    """Who pays for one engine: its pod, role, multi-node group and cost labels (the labels of
+    ``infercost_engine_cost_info``)."""
+
+    engine: str
+    namespace: str = ""  # the pod's namespace; "" for a static engine
+    pod: str = ""
+    role: str = "both"  # prefill / decode / both
+    group: str = ""  # multi-node group; "" for none
+    group_leader: bool = True
+    labels: Mapping[str, str] = field(default_factory=dict)  # cost label key (team) → value
+
+    @staticmethod
+    def of(e: EngineConfig) -> EngineCostInfo:
+        """The cost identity of a configured or discovered engine."""
+        return EngineCostInfo(e.name, e.namespace, e.pod, e.role, e.group, e.group_leader, dict(e.labels))
+
+    def as_json(self) -> dict[str, Any]:
+        """This identity as the history keeps it (agent.sinks.costlabels)."""
+        return {
+            "namespace": self.namespace,
+            "pod": self.pod,
+            "role": self.role,
+            "group": self.group,
+            "group_leader": self.group_leader,
+            "labels": dict(sorted(self.labels.items())),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +171,8 @@ class Snapshot:
     # GPU or MIG UUID → (namespace, pod) holding it per the kubelet, for pods that are not scraped
     gpu_pods: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     python_version: str = platform.python_version()
+    engine_info: tuple[EngineCostInfo, ...] = ()  # per engine, expired with it
+    cost_label_keys: tuple[str, ...] = ()  # the node's cost label keys (config), sorted
 
 
 def _merged_p99(deltas: list[Histogram | None], q: float = 0.99) -> float | None:
@@ -257,6 +290,15 @@ class Ledger:
         self._scores: dict[ModelKey, float] = {}
         self._alert_keys: dict[tuple[str, str], None] = {}  # every (rule, severity) known: exported as 0
         self._deploys: dict[ModelKey, float] = {}
+        self._engine_info: dict[str, EngineCostInfo] = {}
+        self._cost_label_keys: tuple[str, ...] = ()
+
+    def observe_engines(self, engines: Iterable[EngineConfig], cost_label_keys: tuple[str, ...]) -> None:
+        """Record who pays for each engine scraped now; an engine that leaves keeps its last identity
+        until it expires (its counters stay on /metrics that long and must still join)."""
+        self._cost_label_keys = cost_label_keys
+        for e in engines:
+            self._engine_info[e.name] = EngineCostInfo.of(e)
 
     def observe_nvml(self, rnd: NvmlRound | None) -> None:
         """Record the latest NVML round (None: no backend)."""
@@ -394,6 +436,7 @@ class Ledger:
         for engine in gone:
             del self._engine_seen[engine]
             self._engines.pop(engine, None)
+            self._engine_info.pop(engine, None)
         if old or gone:
             self.expired_series += len(old) + len(gone)
             logger.info(
@@ -494,6 +537,8 @@ class Ledger:
             outbox_pending=dict(self._outbox),
             store_up=store_up,
             deploys=dict(self._deploys),
+            engine_info=tuple(i for e, i in sorted(self._engine_info.items()) if e in self._engines),
+            cost_label_keys=self._cost_label_keys,
         )
 
 
@@ -503,6 +548,16 @@ Series = Iterator[tuple[tuple[str, ...], Any]]
 def series(spec: MetricSpec, snap: Snapshot) -> Series:
     """(label values, value) pairs of one catalogue row over a snapshot."""
     return _SERIES[spec.source](spec, snap)
+
+
+def label_names(spec: MetricSpec, snap: Snapshot) -> tuple[str, ...]:
+    """The label names of a catalogue row on this snapshot: its own, with a cost-labels mark
+    replaced by the node's cost labels as exported (``label_team``, …; fixed per config)."""
+    if COST_LABELS_MARK not in spec.labels:
+        return spec.labels
+    at = spec.labels.index(COST_LABELS_MARK)
+    names = tuple(cost_label_name(k) for k in snap.cost_label_keys)
+    return (*spec.labels[:at], *names, *spec.labels[at + 1 :])
 
 
 def _node_series(spec: MetricSpec, snap: Snapshot) -> Series:
@@ -530,6 +585,12 @@ def _gpu_series(spec: MetricSpec, snap: Snapshot) -> Series:
 
 
 def _engine_series(spec: MetricSpec, snap: Snapshot) -> Series:
+    if spec.field == "cost_info":  # one per engine: join its labels onto any engine's series
+        for i in snap.engine_info:
+            leader = "true" if i.group_leader else "false"
+            values = tuple(i.labels.get(k, "") for k in snap.cost_label_keys)
+            yield (snap.node, i.engine, i.namespace, i.pod, i.role, i.group, leader, *values), 1.0
+        return
     for e in snap.engines:
         labels = (snap.node, e.engine, e.kind) if "kind" in spec.labels else (snap.node, e.engine)
         yield labels, getattr(e, spec.field)

@@ -118,6 +118,8 @@ class Hooks:
     engine_source: EngineSource | None = None  # engines that come and go (Kubernetes discovery)
     # more loops, run in the daemon's task group until stop (the weekly report)
     tasks: list[Callable[[asyncio.Event], Coroutine[Any, Any, None]]] = field(default_factory=list)
+    # more GET paths on the /metrics server, behind its TLS and auth (path → aiohttp handler: the cost API)
+    routes: dict[str, Callable[[Any], Awaitable[Any]]] = field(default_factory=dict)
 
 
 class HistoryGuard:
@@ -417,7 +419,12 @@ class Agent:
                 await self._close_parts()
                 raise
             self.prometheus = PrometheusServer(
-                self.snapshot, self.health, exp.prometheus.host, exp.prometheus.port, web_config=web_cfg
+                self.snapshot,
+                self.health,
+                exp.prometheus.host,
+                exp.prometheus.port,
+                web_config=web_cfg,
+                routes=self.hooks.routes,
             )
             try:
                 await self.prometheus.start()
@@ -564,6 +571,7 @@ class Agent:
     async def _tick_once(self, scrapers: list[EngineScraper]) -> None:
         self._check_clock()
         self._follow_engines(scrapers)
+        self.ledger.observe_engines(self.engines, self.cfg.cost_label_keys())
         slots = asyncio.Semaphore(MAX_CONCURRENT_SCRAPES)
         results: list[EngineScrape] = list(await asyncio.gather(*(_bounded(slots, s) for s in scrapers)))
         scrapes = {r.engine: r for r in results}
@@ -696,6 +704,7 @@ class Agent:
             kube_engines_over_cap=src.over_cap if src is not None else None,
             store_dropped_seconds_total=self._buffer.dropped_minutes * MINUTE,
             gpu_pods=gpu_pods,
+            budgets=tuple((b.scope, b.name, b.monthly_usd) for b in self.cfg.budgets),
         )
 
     def _maybe_detect(self, tick_end: float) -> None:

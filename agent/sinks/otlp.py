@@ -211,6 +211,7 @@ NAMES: Mapping[str, str] = {
 SPECIAL = {
     "build_info",
     "gpu_info",
+    "engine_cost_info",  # a join table for PromQL; OTLP points carry no variable label set
     "gpu_up",
     "gpu_temperature_celsius",
     "prompt_tokens_total",

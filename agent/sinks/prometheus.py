@@ -34,7 +34,7 @@ from prometheus_client.utils import floatToGoString
 from agent.catalog import CATALOG, HISTOGRAMS, MetricSpec
 from agent.samples import Histogram
 from agent.sinks.webconfig import Authenticator, WebConfig
-from agent.snapshot import Snapshot, series
+from agent.snapshot import Snapshot, label_names, series
 
 logger = logging.getLogger(__name__)
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -88,9 +88,11 @@ def families(snap: Snapshot) -> list[Metric]:
         fam: Metric
         if spec.kind == "counter":
             # prometheus_client appends _total itself
-            fam = CounterMetricFamily(spec.full_name.removesuffix("_total"), spec.help, labels=spec.labels)
+            fam = CounterMetricFamily(
+                spec.full_name.removesuffix("_total"), spec.help, labels=label_names(spec, snap)
+            )
         else:
-            fam = GaugeMetricFamily(spec.full_name, spec.help, labels=spec.labels)
+            fam = GaugeMetricFamily(spec.full_name, spec.help, labels=label_names(spec, snap))
         for labels, value in series(spec, snap):
             if value is None:
                 continue
@@ -144,7 +146,7 @@ def render_catalogue(snap: Snapshot) -> bytes:
         name = spec.full_name
         help_ = spec.help.replace("\\", "\\\\").replace("\n", "\\n")
         out.append(f"# HELP {name} {help_}\n# TYPE {name} {spec.kind}\n")
-        keys = spec.labels
+        keys = label_names(spec, snap)
         order = sorted(range(len(keys)), key=keys.__getitem__)  # label names sorted, as the client does
         for values, value in series(spec, snap):
             if value is None:
@@ -292,7 +294,10 @@ class PrometheusServer:
         port: int,
         limits: ServerLimits | None = None,
         web_config: WebConfig | None = None,
+        routes: Mapping[str, _Handler] | None = None,
     ) -> None:
+        """``routes``: more GET paths served behind the same limits, TLS and auth (the cost API)."""
+        self._routes = dict(routes or {})
         self._get = get
         self._healthy = healthy
         self.host = host
@@ -324,6 +329,8 @@ class PrometheusServer:
         app = web.Application(middlewares=[guard], client_max_size=lim.max_request_bytes)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._health)
+        for path, route in self._routes.items():
+            app.router.add_get(path, route)
         self._runner = web.AppRunner(
             app,
             access_log=None,

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, get_args
 from urllib.parse import urlsplit
 
-from agent.config import EngineKind, KubernetesConfig
+from agent.config import ENGINE_ROLES, EngineKind, KubernetesConfig, clean_label_value
 
 ANN = "infercost.io/"
 KINDS = frozenset(get_args(EngineKind))
@@ -65,6 +65,11 @@ class EnginePod:
     model_version: str | None  # from the pod's labels, else the image tag
     image: str | None  # the running image of that container (status), e.g. vllm/vllm-openai:v0.9.0
     image_digest: str | None  # sha256:… of the running image, when the runtime reports it
+    # who pays: the pod's values of kubernetes.cost_labels (sanitised, capped), as (key, value)
+    cost_labels: tuple[tuple[str, str], ...] = ()
+    role: str | None = None  # prefill / decode / both from kubernetes.role_label; None: not labelled
+    group: str = ""  # multi-node group (kubernetes.group_label); "" for a single-pod engine
+    group_leader: bool = True  # worker index "0" (or none): the pod that counts the group's tokens
 
     @property
     def engine_version(self) -> str | None:
@@ -241,7 +246,14 @@ def engine_pod(pod: Any, cfg: KubernetesConfig) -> EnginePod | None:
     image = _get(status, "image") or spec_image
     labels: Mapping[str, str] = _get(pod, "metadata", "labels") or {}
     version = next((labels[k] for k in cfg.version_labels if labels.get(k)), None) or image_tag(spec_image)
+    role = str(labels.get(cfg.role_label, "")).strip().lower()
+    group = clean_label_value(labels.get(cfg.group_label, ""))
+    worker = str(labels.get(cfg.worker_index_label, "0")).strip()
     return EnginePod(
+        cost_labels=cost_labels_of(labels, cfg),
+        role=role if role in ENGINE_ROLES else None,
+        group=group,
+        group_leader=not group or worker == "0",
         namespace=meta_ns,
         pod=meta_name,
         workload=name,
@@ -252,6 +264,12 @@ def engine_pod(pod: Any, cfg: KubernetesConfig) -> EnginePod | None:
         image=image,
         image_digest=_digest(_get(status, "imageID")),
     )
+
+
+def cost_labels_of(labels: Mapping[str, str], cfg: KubernetesConfig) -> tuple[tuple[str, str], ...]:
+    """The pod's values of ``kubernetes.cost_labels`` (those it carries), sanitised and capped
+    (:func:`agent.config.clean_label_value`): a pod's labels are whoever deploys it's text."""
+    return tuple((k, clean_label_value(labels[k])) for k in cfg.cost_labels if k in labels)
 
 
 def _host(ip: str) -> str:

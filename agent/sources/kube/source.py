@@ -295,6 +295,12 @@ class KubeEngines:
             "gpus": gpus,
             "model_version": p.model_version or (base.model_version if base is not None else None),
             "version_file": None,
+            "labels": {**(base.labels if base is not None else {}), **dict(p.cost_labels)},
+            "role": p.role or (base.role if base is not None else "both"),
+            "namespace": p.namespace,
+            "pod": p.pod,
+            "group": p.group,
+            "group_leader": p.group_leader,
         }
         if base is not None:
             return base.model_copy(update=update)

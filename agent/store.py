@@ -32,6 +32,23 @@ or writing the same tick twice, never double counts, and several windows per min
 shorter than 60 s) add up. Windows of one series must arrive in time order, which the window
 join guarantees.
 
+**Columns and migrations.** Every sum column comes from the table of measures
+(``agent/data/measures.csv``): a row with ``since`` set adds its column (a counter's sum) or its
+gauge's pair (``<store>_s``, ``<store>_w``) at that schema version; :data:`MIGRATIONS` is generated
+from ``since`` plus the structure that is not a measure (indexes, the deploy and alert tables),
+and :data:`SCHEMA_VERSION` is the highest version either names. The policy, for released files:
+
+- *added row*: give it ``since`` = the current schema version + 1; opening an older file adds the
+  column (``ALTER TABLE … ADD COLUMN … DEFAULT 0``) and the minutes from before read 0, which the
+  row's formula must read as "absent" (pair such a figure with the sum it covers, as the split
+  and bound sums are paired with their dollars);
+- *renamed measure*: change ``name`` (and what exports it), never ``store``: the column keeps its
+  name, so old files need nothing;
+- *removed measure*: keep its store column as a ``stored`` row (nothing exports or reads it);
+  a column is never dropped or renamed, so a released migration never changes and a file from
+  any earlier release opens (tests/test_store_previous_release.py opens one made by the release
+  before, tests/fixtures/stores/).
+
 Queries return :class:`agent.records.MinuteRecord` (sums), so every ratio over a longer
 range is a ratio of sums. The store is persistence only: baselines are computed over its records
 in :mod:`agent.detect.baselines`. SQLite calls are short and synchronous;
@@ -44,13 +61,15 @@ import contextlib
 import datetime as dt
 import json
 import logging
+import operator
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.clock import Clock, SystemClock
+from agent.measures import MEASURES
 from agent.records import (
     BOUND_SUMS,
     MINUTE,
@@ -67,7 +86,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 8
 # Why 1 GiB: 35 days of 1-minute rows for ~50 series is ~150 MB; the cap only guards a runaway
 # label set from filling the node's disk.
 DEFAULT_MAX_BYTES = 1 << 30
@@ -75,39 +93,21 @@ PRUNE_EVERY_SECONDS = 3600.0  # retention is enforced at most hourly (a DELETE s
 EPS = 1e-6  # seconds of tolerance when comparing window edges
 SAMPLE_SPAN = 1e-3  # seconds an instantaneous sample "covers", so re-writing it is recognised
 
-MODEL_SUMS = (
-    "seconds",
-    "prompt_tokens",
-    "generation_tokens",
-    "cost_usd",
-    "gpu_time_usd",
-    "energy_usd",
-    "idle_usd",
-    "gpu_seconds",
-    "energy_joules",
-    "preemptions",
-)
-MODEL_GAUGES = ("gpu_util", "mem_bw", "power", "running", "kv", "ttft_p99", "itl_p99", "roofline", "anomaly")
-GPU_GAUGES = ("up", "gpu_util", "mem_busy", "mem_bw", "sm_active", "power", "mem_used", "mem_total")
-ENGINE_GAUGES = ("up", "scrape")
-NODE_GAUGES = ("nvml_up",)
-
 
 def _gauge_cols(names: Sequence[str]) -> list[str]:
     return [c for n in names for c in (f"{n}_s", f"{n}_w")]
 
 
-MODEL_COLS_V1 = list(MODEL_SUMS) + _gauge_cols(MODEL_GAUGES)  # as migration 1 made them
-# schema 7: seconds of the minute whose anomaly score was above 1 (how much of an hour was anomalous)
-ANOMALY_SUMS = ("anomalous_seconds",)
-# schema 8: seconds of the minute whose sums were spread from a window covering several minutes
-ESTIMATE_SUMS = ("estimated_seconds",)
-MODEL_COLS = [*MODEL_COLS_V1, *SPLIT_SUMS, *BOUND_SUMS, *ANOMALY_SUMS, *ESTIMATE_SUMS]  # 5: split; 6: bounds
-GPU_COLS_V1 = [*_gauge_cols(GPU_GAUGES), "energy_first", "energy_last"]  # as migration 1 made them
-GPU_COST_SUMS = ("cost_usd", "idle_usd", "unallocated_usd")  # dollars per GPU (schema 4)
-GPU_COLS = [*GPU_COLS_V1, *GPU_COST_SUMS]
-ENGINE_COLS = _gauge_cols(ENGINE_GAUGES)
-NODE_COLS = _gauge_cols(NODE_GAUGES)
+def _columns(kind: Kind, since: int | None = None) -> list[str]:
+    """The columns the table of measures gives a record kind's table (only those added at schema
+    ``since`` when given), in table order."""
+    return [
+        c for m in MEASURES if m.source == kind and (since is None or m.since == since) for c in m.columns
+    ]
+
+
+# The GPU table's first and last NVML energy readings of the minute: not sums, so not measures.
+GPU_ENERGY = ("energy_first", "energy_last")
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,11 +120,16 @@ class _Table:
 
 TABLES: Mapping[Kind, _Table] = {
     "model": _Table(
-        "model_minutes", "model", ("node", "engine", "model", "model_version"), tuple(MODEL_COLS)
+        "model_minutes", "model", ("node", "engine", "model", "model_version"), tuple(_columns("model"))
     ),
-    "gpu": _Table("gpu_minutes", "gpu", ("node", "gpu"), tuple(GPU_COLS)),
-    "engine": _Table("engine_minutes", "engine", ("node", "engine"), tuple(ENGINE_COLS)),
-    "node": _Table("node_minutes", "node", ("node",), tuple(NODE_COLS)),
+    "gpu": _Table("gpu_minutes", "gpu", ("node", "gpu"), (*_columns("gpu"), *GPU_ENERGY)),
+    "engine": _Table("engine_minutes", "engine", ("node", "engine"), tuple(_columns("engine"))),
+    "node": _Table("node_minutes", "node", ("node",), tuple(_columns("node"))),
+}
+# Columns of a table that are not sums: (kind → DDL) added at creation.
+_EXTRA: Mapping[Kind, tuple[str, ...]] = {
+    "gpu": ("uuid TEXT", "gpu_model TEXT"),
+    "engine": ("engine_kind TEXT",),
 }
 
 
@@ -139,17 +144,10 @@ def _create(t: _Table, extra: Sequence[str] = ()) -> str:
     return f"CREATE TABLE {t.name} (\n  {cols},\n  PRIMARY KEY ({pk})\n) WITHOUT ROWID"
 
 
-# Each entry moves the schema from version i to i + 1. Never edit a released entry: append one.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (
-    (
-        _create(_Table("model_minutes", "model", TABLES["model"].keys, tuple(MODEL_COLS_V1))),
-        f"CREATE INDEX model_minutes_minute ON {TABLES['model'].name} (minute)",
-        _create(
-            _Table("gpu_minutes", "gpu", ("node", "gpu"), tuple(GPU_COLS_V1)), ["uuid TEXT", "gpu_model TEXT"]
-        ),
-        _create(TABLES["engine"], ["engine_kind TEXT"]),
-        _create(TABLES["node"]),
-    ),
+# The schema's structure apart from the measures' columns, by the version that added it (the
+# measures' columns come from the table's ``since``). Never edit a released entry: append one.
+_STRUCTURE: tuple[tuple[str, ...], ...] = (
+    (f"CREATE INDEX model_minutes_minute ON {TABLES['model'].name} (minute)",),
     (
         """CREATE TABLE deploys (
           id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -166,27 +164,37 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         f"CREATE INDEX node_minutes_minute ON {TABLES['node'].name} (minute)",
         "CREATE INDEX deploys_at ON deploys (at)",
     ),
-    (  # per-GPU dollars (time + energy), idle and unallocated, kept apart from the NVML samples'
-        # coverage mark: a tick's [start, end) and instantaneous samples are merged independently
-        *(f"ALTER TABLE gpu_minutes ADD COLUMN {c} REAL NOT NULL DEFAULT 0" for c in GPU_COST_SUMS),
+    (  # per-GPU dollars' coverage mark, apart from the NVML samples': a tick's [start, end) and
+        # instantaneous samples are merged independently
         "ALTER TABLE gpu_minutes ADD COLUMN cost_covered_until REAL NOT NULL DEFAULT 0",
     ),
-    (  # where each model minute's dollars went: prompt vs output, usage basis, cache, cost floor
-        *(f"ALTER TABLE model_minutes ADD COLUMN {c} REAL NOT NULL DEFAULT 0" for c in SPLIT_SUMS),
-    ),
-    (  # where each model minute's GPU time went: GPU-seconds and dollars by bound (agent.cost.bound);
-        # the rows kept from before read 0 in all eight, i.e. no split (absent), as a minute without GPM
-        *(f"ALTER TABLE model_minutes ADD COLUMN {c} REAL NOT NULL DEFAULT 0" for c in BOUND_SUMS),
-    ),
-    (  # how much of each scored minute was anomalous (score > 1); rows kept from before read 0
-        *(f"ALTER TABLE model_minutes ADD COLUMN {c} REAL NOT NULL DEFAULT 0" for c in ANOMALY_SUMS),
-    ),
-    (  # how much of each model minute was spread from a window covering several (estimated);
-        # rows kept from before read 0: each was one window's, whole
-        *(f"ALTER TABLE model_minutes ADD COLUMN {c} REAL NOT NULL DEFAULT 0" for c in ESTIMATE_SUMS),
-    ),
 )
-assert len(MIGRATIONS) == SCHEMA_VERSION
+SCHEMA_VERSION = max(len(_STRUCTURE), *(m.since or 0 for m in MEASURES))
+
+
+def _migration(version: int) -> tuple[str, ...]:
+    """The statements that take the schema to ``version`` (from ``version`` − 1): version 1 creates
+    the minute tables with the measures of ``since`` 1; later ones add the columns of the measures
+    whose ``since`` is ``version``, then that version's structure."""
+    structure = _STRUCTURE[version - 1] if version <= len(_STRUCTURE) else ()
+    if version == 1:
+        model, *rest = (
+            _create(
+                _Table(t.name, t.kind, t.keys, tuple(_columns(k, 1)) + (GPU_ENERGY if k == "gpu" else ())),
+                _EXTRA.get(k, ()),
+            )
+            for k, t in TABLES.items()
+        )
+        return (model, *structure, *rest)
+    added = tuple(
+        f"ALTER TABLE {t.name} ADD COLUMN {c} REAL NOT NULL DEFAULT 0"
+        for k, t in TABLES.items()
+        for c in _columns(k, version)
+    )
+    return (*added, *structure)
+
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = tuple(_migration(v) for v in range(1, SCHEMA_VERSION + 1))
 
 
 @dataclass(slots=True)
@@ -322,6 +330,15 @@ def spread_gpu_span(sp: GpuCostSpan) -> list[GpuCostSpan]:
             )
         )
     return out
+
+
+# The GPU gauges an NVML sample gives (table rows of source gpu, aggregation mean, with the sample
+# attribute in ``window``): a sample-weighted mean per minute.
+_GPU_GAUGES: tuple[tuple[str, Callable[[Any], Any]], ...] = tuple(
+    (m.store, operator.attrgetter(m.window))
+    for m in MEASURES
+    if m.source == "gpu" and m.aggregation == "mean" and m.since is not None and m.window
+)
 
 
 class StoreError(Exception):
@@ -539,19 +556,12 @@ class Store:
             up = {"nvml_up_s": float(rnd.up), "nvml_up_w": 1.0}
             _rollup(rows, ("node", (node,), minute), ts, up)
             for g in rnd.gpus:
-                add: dict[str, float] = {"up_s": float(g.up), "up_w": 1.0}
-                for short, v in (
-                    ("gpu_util", g.util_gpu_ratio),
-                    ("mem_busy", g.util_memory_ratio),
-                    ("mem_bw", g.dram_bw_ratio),
-                    ("sm_active", g.sm_active_ratio),
-                    ("power", g.power_watts),
-                    ("mem_used", g.memory_used_bytes),
-                    ("mem_total", g.memory_total_bytes),
-                ):
+                add: dict[str, float] = {}
+                for col, get in _GPU_GAUGES:
+                    v = get(g)
                     if v is not None:
-                        add[short + "_s"] = v
-                        add[short + "_w"] = 1.0
+                        add[col + "_s"] = float(v)
+                        add[col + "_w"] = 1.0
                 gpu = str(g.index) if not g.mig_parent_uuid else g.uuid
                 r = _rollup(rows, ("gpu", (node, gpu), minute), ts, add)
                 r.extra = {"uuid": g.uuid, "gpu_model": g.name}

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 Kind = Literal["gauge", "counter", "histogram"]
-Source = Literal["node", "build", "gpu", "engine", "model", "deploy", "alert", "outbox"]
+Source = Literal["node", "build", "gpu", "engine", "model", "deploy", "alert", "outbox", "budget"]
 
 NAMESPACE = "infercost"
 NODE_LABELS = ("node",)
@@ -786,6 +786,27 @@ CATALOG: tuple[MetricSpec, ...] = (
         "outbox",
         "count",
         ("node", "sink"),
+    ),
+    # ---- fleet joins (docs/fleet.md): what the recording rules need beyond the per-model counters
+    _m(
+        "engine_gpu_cost_usd_total",
+        "counter",
+        "USD",
+        "Dollars of this engine's share of the GPUs it holds (time + priced energy), whether or not it "
+        "served a model: a multi-node engine's worker pods hold GPUs and count no tokens.",
+        "engine",
+        "gpu_cost_usd_total",
+        ENGINE_LABELS,
+    ),
+    _m(
+        "budget_usd",
+        "gauge",
+        "USD",
+        "A monthly budget from the config's budgets: section (value: dollars per calendar month), by "
+        "scope (model, namespace or team) and name; the fleet rules forecast the month against it.",
+        "budget",
+        "budgets",
+        ("node", "scope", "name"),
     ),
 )
 

@@ -56,6 +56,9 @@ class EngineState:
     error: str | None = None
     invalid_series: int = 0  # series refused in the last scrape (non-finite, negative, out of range)
     dropped_series: int = 0  # series of models beyond max_models, folded into model="other"
+    # dollars of its share of the GPUs it holds since the agent started, models or not (a multi-node
+    # engine's worker pods count no tokens); None (absent) until a tick priced all of them
+    gpu_cost_usd_total: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +174,7 @@ class Snapshot:
     # GPU or MIG UUID → (namespace, pod) holding it per the kubelet, for pods that are not scraped
     gpu_pods: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     python_version: str = platform.python_version()
+    budgets: tuple[tuple[str, str, float], ...] = ()  # (scope, name, dollars per month) from config
     engine_info: tuple[EngineCostInfo, ...] = ()  # per engine, expired with it
     cost_label_keys: tuple[str, ...] = ()  # the node's cost label keys (config), sorted
 
@@ -290,6 +294,7 @@ class Ledger:
         self._scores: dict[ModelKey, float] = {}
         self._alert_keys: dict[tuple[str, str], None] = {}  # every (rule, severity) known: exported as 0
         self._deploys: dict[ModelKey, float] = {}
+        self._engine_gpu_cost: dict[str, float] = {}  # engine → dollars of its GPUs since start
         self._engine_info: dict[str, EngineCostInfo] = {}
         self._cost_label_keys: tuple[str, ...] = ()
 
@@ -366,6 +371,8 @@ class Ledger:
                 cost_usd_total=_add_priced(gprev.cost_usd_total, gt.cost_usd, priced_gpu),
                 idle_cost_usd_total=_add_priced(gprev.idle_cost_usd_total, gt.idle_usd, priced_gpu),
             )
+        for engine, usd in tick.engine_gpu_usd.items():
+            self._engine_gpu_cost[engine] = self._engine_gpu_cost.get(engine, 0.0) + usd
         for w in tick.windows:
             u = w.usage
             key = (u.engine, u.model, u.model_version)
@@ -436,6 +443,7 @@ class Ledger:
         for engine in gone:
             del self._engine_seen[engine]
             self._engines.pop(engine, None)
+            self._engine_gpu_cost.pop(engine, None)
             self._engine_info.pop(engine, None)
         if old or gone:
             self.expired_series += len(old) + len(gone)
@@ -531,7 +539,10 @@ class Ledger:
             nvml_up=self._nvml_up,
             driver_version=self._driver_version,
             gpus=tuple(sorted(self._gpus.values(), key=lambda s: (s.sample.index, s.sample.uuid))),
-            engines=tuple(sorted(self._engines.values(), key=lambda e: e.engine)),
+            engines=tuple(
+                replace(e, gpu_cost_usd_total=self._engine_gpu_cost.get(e.engine))
+                for e in sorted(self._engines.values(), key=lambda e: e.engine)
+            ),
             models=models,
             alerts_firing=dict(self._alerts),
             outbox_pending=dict(self._outbox),
@@ -624,6 +635,11 @@ def _alert_series(spec: MetricSpec, snap: Snapshot) -> Series:
         yield (snap.node, rule, severity), n
 
 
+def _budget_series(spec: MetricSpec, snap: Snapshot) -> Series:
+    for scope, name, usd in snap.budgets:
+        yield (snap.node, scope, name), usd
+
+
 def _outbox_series(spec: MetricSpec, snap: Snapshot) -> Series:
     for sink, n in snap.outbox_pending.items():
         yield (snap.node, sink), n
@@ -638,4 +654,5 @@ _SERIES: Mapping[str, Callable[[MetricSpec, Snapshot], Series]] = {
     "deploy": _deploy_series,
     "alert": _alert_series,
     "outbox": _outbox_series,
+    "budget": _budget_series,
 }

@@ -23,6 +23,7 @@ SOURCES = {
     "deploy": "each deploy seen",
     "alert": "each alert rule",
     "outbox": "each notification sink",
+    "budget": "each budget in the config",
 }
 
 

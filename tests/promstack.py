@@ -93,6 +93,8 @@ def label_sets(spec: MetricSpec) -> Iterator[dict[str, str]]:
             yield {"node": node, "rule": "cost_per_token_regression", "severity": "critical"}
         elif spec.source == "outbox":
             yield {"node": node, "sink": "slack"}
+        elif spec.source == "budget":
+            yield {"node": node, "scope": "team", "name": "search"}
 
 
 def _rate(spec: MetricSpec, labels: Mapping[str, str]) -> float:

@@ -18,7 +18,7 @@ Conservation, per tick (asserted in the tests): Σ model cost + Σ unallocated =
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agent.cost.bound import split_charges
 from agent.cost.inputs import EngineSpec, PriceTable
@@ -74,6 +74,10 @@ class Attribution:
     allocated_usd: Mapping[str, float]  # GPU UUID → dollars charged to any model
     used_usd: Mapping[str, float]  # GPU UUID → dollars charged to models that made tokens
     engine_usd: float = 0.0  # dollars of engines' own hourly prices (CPU-only engines), not of GPUs
+    # engine → dollars of its share of the GPUs it holds, whether or not it served a model this tick
+    # (a multi-node engine's worker pods hold GPUs and count no tokens); only engines whose every
+    # listed GPU was read and priced
+    engine_gpu_usd: Mapping[str, float] = field(default_factory=dict)
 
 
 def engine_gpus(spec: EngineSpec, gpus: Mapping[str, GpuSample]) -> list[str]:
@@ -117,6 +121,11 @@ def attribute(
     used = {u: 0.0 for u in charges}
     out: list[ModelCharge] = []
     engine_usd = 0.0
+    engine_gpu_usd = {
+        e.name: sum(charges[u].cost_usd * shares[u][e.name] for u in held[e.name])
+        for e in engines
+        if held[e.name] and len(held[e.name]) >= len(e.gpus) and all(charges[u].priced for u in held[e.name])
+    }
     for e in engines:
         models = tokens[e.name]
         if not models:
@@ -177,4 +186,4 @@ def attribute(
                     *(split_charges(parts) or (None, None)),
                 )
             )
-    return Attribution(tuple(out), allocated, used, engine_usd)
+    return Attribution(tuple(out), allocated, used, engine_usd, engine_gpu_usd)

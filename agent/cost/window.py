@@ -101,6 +101,8 @@ class TickResult:
     # engine → epoch seconds its outage began, for engines read again this tick: their windows'
     # token deltas were made over [since, end), not over the tick alone
     gap_since: Mapping[str, float] = field(default_factory=dict)
+    # engine → dollars of its share of its GPUs, models or not (attribution.Attribution.engine_gpu_usd)
+    engine_gpu_usd: Mapping[str, float] = field(default_factory=dict)
 
     def unexplained_usd(self) -> float:
         """Conservation check, ≈ 0: Σ GPU cost − (Σ model cost − engines' own + Σ unallocated).
@@ -350,6 +352,7 @@ class WindowJoiner:
             tuple(self._refused),
             down_since=dict(self._down_since),
             gap_since=back,
+            engine_gpu_usd=att.engine_gpu_usd,
         )
 
     def _window(

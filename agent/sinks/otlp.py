@@ -171,6 +171,8 @@ NAMES: Mapping[str, str] = {
     "gpu_idle_cost_usd_total": "infercost.gpu.idle_cost",
     "gpu_seconds_total": "infercost.gpu.time",
     "cost_usd_total": "infercost.cost",
+    "engine_gpu_cost_usd_total": "infercost.engine.gpu.cost",
+    "budget_usd": "infercost.budget",
     "energy_cost_usd_total": "infercost.energy_cost",
     "idle_cost_usd_total": "infercost.idle_cost",
     "energy_joules_total": "infercost.energy",

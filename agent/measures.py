@@ -9,7 +9,7 @@ One row per measure; the columns (the file's header):
   (a rule signal only) or ``stored`` (a column of the history only).
 - ``unit`` (UCUM, as the catalogue states it), ``help``.
 - ``source``: the snapshot collection an exported row reads (node, build, gpu, engine, model,
-  deploy, alert, outbox), which is also the record kind of its history (model, gpu, engine, node).
+  deploy, alert, outbox, budget), which is also the record kind of its history (model, gpu, engine, node).
 - ``labels``: labels beyond the source's own (:data:`BASE_LABELS`), space-separated.
 - ``field``: the attribute read on each item of the source; empty for a measure the ledger derives
   from its aggregation (see :mod:`agent.snapshot`).
@@ -73,6 +73,7 @@ BASE_LABELS: dict[str, tuple[str, ...]] = {
     "deploy": ("node", "engine", "model", "model_version"),
     "alert": ("node",),
     "outbox": ("node",),
+    "budget": ("node",),
 }
 RECORD_KINDS = ("model", "engine", "gpu", "node")  # sources that have a history table
 _NAME = re.compile(r"^[a-z_][a-z0-9_]*(\.[sw])?$")

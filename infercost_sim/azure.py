@@ -15,10 +15,12 @@ cannot pass by fitting its quirks:
   zones;
 - **throughput law**: a saturating per-replica law, ``rate(b) = peak · b / (b + b_half)`` tokens/s
   (per-sequence ``peak / (b + b_half)``): not the core's step law. Its two constants are drawn per
-  node around what the node's memory bandwidth allows at a *fixed* 1,500-token context (an engine is
-  never much faster than its memory; ``b_half`` ×0.7–1.3, ``peak`` ×0.75–1.0 of that), so the law
-  ignores the real context length, has no host gap and its own prefill rate: the efficiency the
-  agent computes against the bandwidth ceiling is exercised on a law it was not derived from.
+  node around what the node's memory bandwidth allows at a *fixed* 1,500-token context (``b_half``
+  ×0.7–1.3, ``peak`` ×0.75–1.0 of that), so the law ignores the real context length, has no host gap
+  and its own prefill rate: the efficiency the agent computes against the bandwidth ceiling is
+  exercised on a law it was not derived from. Physics still bounds it: a step is never shorter than
+  the weights and the real context's KV cache read at the node's achieved bandwidth, and prefill
+  never outruns the GPU's tensor cores (so no window's true efficiency exceeds 1).
 
 The incident schedule, economics and rendering are shared with the core, so both models are scored
 on the same cases.
@@ -52,6 +54,9 @@ from infercost_sim.workload import (
 TRACE_DIR = Path(__file__).resolve().parent / "data" / "azure-llm-2023"  # CC-BY 4.0, Patel et al., ISCA 2024
 BLOCK_MINUTES = 10  # minutes of the real hour's burstiness resampled as one block
 REFERENCE_CONTEXT_TOKENS = 1500.0  # tokens: the one context length the saturating law is sized at
+# Why 0.6: prefill GEMMs reach about half to two thirds of the dense tensor-core peak (MFU); the
+# drawn prefill rate is capped there so that no node prefills faster than its GPU can.
+PREFILL_MFU = 0.6
 
 
 @lru_cache(maxsize=2)
@@ -124,7 +129,14 @@ def azure_law(drv: Drivers, physics: NodePhysics, rng: np.random.Generator) -> N
     # tokens/s per replica at an infinite batch, and the batch at which a replica reaches half of it
     peak = bandwidth / kv_at_ref * float(law_rng.uniform(0.75, 1.0))
     b_half = physics.model.weight_bytes / kv_at_ref * float(law_rng.uniform(0.7, 1.3))
-    prefill_tps = float(law_rng.uniform(15000.0, 40000.0))  # prompt tokens/s per replica
+    # prompt tokens/s per replica, never above what the GPU's dense peak allows at the MFU prefill
+    # reaches (PREFILL_MFU): on an A100 the drawn rate would otherwise outrun its tensor cores
+    prefill_peak = physics.gpu.peak_flops * PREFILL_MFU / physics.model.flops_per_token
+    prefill_tps = min(float(law_rng.uniform(15000.0, 40000.0)), prefill_peak)
+    # the memory's own law at the real context: per-token seconds = (W + b·ctx·kv) / bandwidth,
+    # a floor under the saturating law (an engine never decodes faster than its memory)
+    weights_s = physics.model.weight_bytes / bandwidth
+    kv_s_per_token = physics.model.kv_bytes_per_token / bandwidth
     replicas = physics.replicas
     b_target = physics.target_concurrency
     cap0 = physics.deployment().kv_capacity_tokens
@@ -136,29 +148,39 @@ def azure_law(drv: Drivers, physics: NodePhysics, rng: np.random.Generator) -> N
         pk = peak / slow
         uncached = p_len * (1.0 - physics.prefix_cache_hit_ratio)
         prefill_s = uncached / (prefill_tps / slow)
-        # per-sequence seconds per token at batch b: (b + b_half) / pk
-        healthy_work = o_len * (b_target + b_half) / peak + b_target * uncached / prefill_tps
-        actual_work = o_len * (b_target + b_half) / pk + b_target * prefill_s
+        mem = (weights_s * slow, ctx * kv_s_per_token * slow)  # the memory floor (intercept, slope)
+
+        def per_seq(b: float, mem: tuple[float, float] = mem, pk: float = pk) -> float:
+            """Seconds between a sequence's tokens at batch b: the law, never under the memory floor."""
+            return max((b + b_half) / pk, mem[0] + mem[1] * b)
+
+        healthy_s = max((b_target + b_half) / peak, weights_s + ctx * kv_s_per_token * b_target)
+        healthy_work = o_len * healthy_s + b_target * uncached / prefill_tps
+        actual_work = o_len * per_seq(b_target) + b_target * prefill_s
         lam_r = share[t] * b_target / healthy_work * (healthy_work / actual_work)
         f = min(0.9, lam_r * prefill_s)
         cap = cap0 * float(drv.kv_factor[t])
         b_max = min(float(physics.max_num_seqs), cap / ctx)
-        # Little: b = λ·O·(b + b_half)/(pk·(1 − f))  →  b = k·b_half / (1 − k), k = λ·O/(pk·(1 − f))
-        k = lam_r * o_len / (pk * (1.0 - f))
-        b = k * b_half / (1.0 - k) if k < 1.0 else math.inf
+
+        # Little: b = k·per_seq(b), k = λ·O/(1 − f); per_seq is the larger of two affine maps of b,
+        # so the fixed point is the larger of theirs (each exists when k × its slope is below 1)
+        k = lam_r * o_len / (1.0 - f)
+        b = 0.0
+        for slope, intercept in ((1.0 / pk, b_half / pk), (mem[1], mem[0])):
+            b = max(b, k * intercept / (1.0 - k * slope)) if k * slope < 1.0 else math.inf
         kv_bound = False
         if b > b_max or lam_r * prefill_s >= 0.9:  # the batch or the prefill work is the limit
             kv_bound = b > b_max and b_max < physics.max_num_seqs
             b = min(b, b_max)
             # saturated: only admitted requests are prefilled: served = x·(1 − f), f = served·prefill
-            x = pk * b / (b + b_half) * (1.0 - (PREEMPT_THRASH if kv_bound else 0.0)) / o_len
+            x = b / per_seq(b) * (1.0 - (PREEMPT_THRASH if kv_bound else 0.0)) / o_len
             f = x * prefill_s / (1.0 + x * prefill_s)
             served_r = x * (1.0 - f)
             keep = 1.0 if drv.burst[t] > 1.0 else UNROUTED_QUEUE
             waiting = max(0.0, lam_r - served_r) * replicas * MINUTE * keep
         else:
             served_r, waiting = lam_r, 0.0
-        per_token = (b + b_half) / pk / (1.0 - f)  # seconds between a sequence's tokens
+        per_token = per_seq(b) / (1.0 - f)  # seconds between a sequence's tokens
         served = served_r * replicas
         out.record_served(t, served, p_len, o_len, b, replicas, waiting, ctx, cap, kv_bound, prefill_s)
         out.ttft_median[t] = waiting / max(served, 1e-3) + 2.0 * prefill_s + per_token

@@ -24,6 +24,7 @@ from agent.cost.window import WindowJoiner
 from agent.samples import CostWindow, EngineScrape, GpuLoad, GpuSample, Histogram, ModelSignals, NvmlRound
 from agent.sources.nvml.fake import PROFILES, DeviceProfile, model_power_watts
 from agent.sources.prices import PriceBook, parse_price_book
+from infercost_sim import population
 from infercost_sim.engine import ITL_BUCKETS, TTFT_BUCKETS, lognormal_bin_probabilities
 from infercost_sim.workload import MINUTE, SimulatedNode
 
@@ -70,21 +71,100 @@ def _cumulative_hist(
     return np.cumsum(probs * n[:, None], axis=0)
 
 
-def ticks(sim: SimulatedNode) -> Iterator[Tick]:
-    """The agent's readings, one per tick (ticks while the agent was down are skipped).
+# seconds; the drawn population's step (a scrape's instant is read at a step's end, so a step divides
+# every scrape interval read: 15 s, 60 s, 300 s). Why 15 s and not finer: it is the occupancy
+# integral's step (tokens between two scrapes), and requests live seconds to minutes, so a finer step
+# changes the counters little and costs the benchmark CPU in proportion.
+FINE_STEP_S = 15.0
 
-    Every per-minute figure is turned into Python floats once, up front (``tolist``), so a tick
-    only builds its sample objects: rendering stays a small part of a node-run (the detection
-    benchmark prints its CPU per phase)."""
+
+@dataclass(frozen=True, slots=True)
+class _Readings:
+    """Per fine step (rows): the drawn population's instants and cumulative counters."""
+
+    running: np.ndarray  # requests running at the step's end, per rank (int)
+    waiting: np.ndarray  # requests waiting at the step's end, summed over ranks (int)
+    kv_usage: np.ndarray  # 0–1, KV cache in use at the step's end, mean over ranks
+    generation: np.ndarray  # tokens, cumulative, per rank
+    prompt: np.ndarray  # tokens, cumulative
+    decode_seconds: np.ndarray  # request-seconds, cumulative, added as requests finish
+    prefill_seconds: np.ndarray  # request-seconds, cumulative, added as requests finish
+    finished: np.ndarray  # requests, cumulative
+    preemptions: np.ndarray  # cumulative
+
+
+def _per_request(total: np.ndarray, requests: np.ndarray) -> np.ndarray:
+    """``total / requests`` where requests were served, else 0 (no request: no lifetime, no size)."""
+    return np.divide(total, requests, out=np.zeros_like(total, dtype=np.float64), where=requests > 0)
+
+
+def draw_readings(sim: SimulatedNode, step: float = FINE_STEP_S) -> _Readings:
+    """The node's requests drawn per rank (:mod:`infercost_sim.population`) from its minutes: the
+    served rate and the lifetime (running ÷ served, Little's law) of each minute, the minute's
+    request sizes; counters and instants read off that one population."""
+    tr, p = sim.trace, sim.physics
+    ranks = p.replicas
+    per_minute = round(MINUTE / step)
+    rng = np.random.default_rng([int(p.usd_per_gpu_hour * 1e6), 7])
+    m = np.repeat(np.arange(sim.minutes), per_minute)
+    served = tr.finished / MINUTE  # requests/s over the node
+    life = _per_request(tr.decode_seconds, tr.finished)  # seconds a request decodes
+    wait = _per_request(tr.waiting * MINUTE, tr.finished)  # seconds a request waits
+    rate = np.repeat((served / ranks)[m, None], 2 * ranks, axis=1)  # requests/s per rank
+    lives = np.hstack((np.repeat(life[m, None], ranks, axis=1), np.repeat(wait[m, None], ranks, axis=1)))
+    both = population.draw(rate, lives, step, rng)  # ranks running, then ranks waiting
+    run = population.Population(
+        step, *(getattr(both, f)[:, :ranks] for f in ("present", "arrived", "finished", "lifetime_seconds",
+                                                        "occupancy_seconds"))
+    )  # fmt: skip
+    queue_present = both.present[:, ranks:]
+    tokens_per_seq_s = _per_request(tr.generation_tokens, tr.decode_seconds)[m]  # tokens per request-second
+    kv_per_seq = _per_request(tr.kv_usage * ranks, tr.running)[m]  # KV share of one rank per sequence
+    prompt_len = _per_request(tr.prompt_tokens, tr.finished)[m]  # tokens per request
+    prefill_s = _per_request(tr.prefill_seconds, tr.finished)[m]  # seconds per request
+    preempt = rng.poisson(np.maximum(tr.preemptions, 0.0)[m] / per_minute)
+    return _Readings(
+        running=run.present,
+        waiting=queue_present.sum(axis=1),
+        kv_usage=np.minimum(1.0, run.present * kv_per_seq[:, None]).mean(axis=1),
+        generation=np.cumsum(np.round(run.occupancy_seconds * tokens_per_seq_s[:, None]), axis=0),
+        prompt=np.cumsum(run.arrived.sum(axis=1) * np.round(prompt_len)),
+        decode_seconds=np.cumsum(run.lifetime_seconds.sum(axis=1)),
+        prefill_seconds=np.cumsum(run.finished.sum(axis=1) * prefill_s),
+        finished=np.cumsum(run.finished.sum(axis=1)),
+        preemptions=np.cumsum(preempt),
+    )
+
+
+def ticks(sim: SimulatedNode) -> Iterator[Tick]:
+    """The agent's readings, one per scrape of ``sim.tick_seconds`` (ticks while the agent was down
+    are skipped): gauges the drawn population's instant at the scrape, counters as far as it went
+    (:func:`draw_readings`); histograms as of the last whole minute (they move as requests finish).
+
+    Every figure read is turned into Python floats once, up front (``tolist``), so a tick only
+    builds its sample objects: rendering stays a small part of a node-run (the detection benchmark
+    prints its CPU per phase)."""
     tr = sim.trace
     drv = sim.drivers
     p = sim.physics
     model = p.model.name
     ranks = p.replicas
-    cum = {
-        name: np.cumsum(getattr(tr, name)).tolist()
-        for name in ("prompt_tokens", "generation_tokens", "preemptions", "decode_seconds", "prefill_seconds")
-    }
+    period = float(sim.tick_seconds)
+    step = FINE_STEP_S if period % FINE_STEP_S == 0 else period  # e.g. 5 s scrapes: their own step
+    rd = draw_readings(sim, step)
+    n_ticks = int(sim.minutes * MINUTE // period)
+    at = (np.arange(1, n_ticks + 1) * round(period / step)) - 1  # the fine step each scrape closes
+    minute_of = (((np.arange(1, n_ticks + 1) * period) - 1e-6) // MINUTE).astype(int).tolist()
+    running = rd.running[at].sum(axis=1).tolist()
+    waiting, kv_usage = rd.waiting[at].tolist(), rd.kv_usage[at].tolist()
+    gen_ranks = rd.generation[at].tolist()
+    prompt, decode_s, prefill_s = (
+        rd.prompt[at].tolist(),
+        rd.decode_seconds[at].tolist(),
+        rd.prefill_seconds[at].tolist(),
+    )
+    finished, preempt = rd.finished[at].tolist(), rd.preemptions[at].tolist()
+    hit = p.prefix_cache_hit_ratio
     ttft = _cumulative_hist(TTFT_BUCKETS, tr.finished, tr.ttft_median, TTFT_SIGMA)
     ttft_sum = np.cumsum(tr.finished * tr.ttft_median * np.exp(TTFT_SIGMA**2 / 2)).tolist()
     itl_n = np.maximum(tr.generation_tokens - tr.finished, 0.0)
@@ -93,22 +173,23 @@ def ticks(sim: SimulatedNode) -> Iterator[Tick]:
     # per minute: the buckets' cumulative counts (over the buckets) and the count
     ttft_buckets, ttft_count = np.cumsum(ttft, axis=1).tolist(), ttft.sum(axis=1).tolist()
     itl_buckets, itl_count = np.cumsum(itl, axis=1).tolist(), itl.sum(axis=1).tolist()
+    zero_ttft, zero_itl = [0.0] * (len(TTFT_BUCKETS) + 1), [0.0] * (len(ITL_BUCKETS) + 1)
     ttft_le = (*TTFT_BUCKETS, float("inf"))
     itl_le = (*ITL_BUCKETS, float("inf"))
     util, dram_bw = tr.util.tolist(), tr.dram_bw.tolist()
-    running, waiting, kv_usage = tr.running.tolist(), tr.waiting.tolist(), tr.kv_usage.tolist()
     kv_capacity = tr.kv_capacity_tokens.tolist()
     agent_up, engine_up = drv.agent_up.tolist(), drv.engine_up.tolist()
     prof = _profile(p.gpu.name)
     uuids = [f"GPU-sim-{g}" for g in range(p.replicas)]
     rank_series = [f"vllm:generation_tokens_total,engine={r}" for r in range(ranks)]
     energy = 0.0  # joules per GPU (all the node's GPUs do the same)
-    per_tick = max(1, round(sim.tick_seconds / MINUTE))
-    for m in range(per_tick - 1, sim.minutes, per_tick):
-        t = sim.start + (m + 1) * MINUTE
+    for k in range(n_ticks):
+        m = minute_of[k]
+        t = sim.start + (k + 1) * period
+        whole = int(((k + 1) * period) // MINUTE) - 1  # the last whole minute the histograms include
         u, bw = util[m], dram_bw[m]
         watts = model_power_watts(prof, GpuLoad(u, bw, 0.0))
-        energy += watts * MINUTE * per_tick
+        energy += watts * period
         if not agent_up[m]:
             continue
         gpus = tuple(
@@ -119,25 +200,29 @@ def ticks(sim: SimulatedNode) -> Iterator[Tick]:
             for g in range(p.replicas)
         )  # fmt: skip
         if engine_up[m]:
-            gen = cum["generation_tokens"][m]
+            parts = gen_ranks[k]
+            hists = (
+                (ttft_buckets[whole], ttft_sum[whole], ttft_count[whole], itl_buckets[whole], itl_sum[whole],
+                 itl_count[whole])
+                if whole >= 0
+                else (zero_ttft, 0.0, 0.0, zero_itl, 0.0, 0.0)
+            )  # fmt: skip
             signals = ModelSignals(
                 model=model,
-                prompt_tokens_total=cum["prompt_tokens"][m],
-                generation_tokens_total=gen,
-                requests_running=running[m],
-                requests_waiting=waiting[m],
-                kv_cache_usage_ratio=kv_usage[m],
-                preemptions_total=cum["preemptions"][m],
-                ttft_seconds=Histogram(
-                    tuple(zip(ttft_le, ttft_buckets[m], strict=True)), ttft_sum[m], ttft_count[m]
-                ),
-                itl_seconds=Histogram(
-                    tuple(zip(itl_le, itl_buckets[m], strict=True)), itl_sum[m], itl_count[m]
-                ),
-                prefill_seconds_total=cum["prefill_seconds"][m],
-                decode_seconds_total=cum["decode_seconds"][m],
+                prompt_tokens_total=prompt[k],
+                generation_tokens_total=sum(parts),
+                requests_running=running[k],
+                requests_waiting=waiting[k],
+                kv_cache_usage_ratio=kv_usage[k],
+                preemptions_total=preempt[k],
+                requests_finished_total={"stop": finished[k]},
+                ttft_seconds=Histogram(tuple(zip(ttft_le, hists[0], strict=True)), hists[1], hists[2]),
+                itl_seconds=Histogram(tuple(zip(itl_le, hists[3], strict=True)), hists[4], hists[5]),
+                prefill_seconds_total=prefill_s[k],
+                decode_seconds_total=decode_s[k],
+                cached_prompt_tokens_total=float(round(prompt[k] * hit)),
                 kv_capacity_tokens=kv_capacity[m],
-                counter_parts={"generation_tokens_total": {name: gen / ranks for name in rank_series}},
+                counter_parts={"generation_tokens_total": dict(zip(rank_series, parts, strict=True))},
             )
             scrape = EngineScrape(ENGINE, "vllm", t, True, 0.01, (signals,))
         else:

@@ -122,15 +122,21 @@ def test_a_coarse_window_takes_its_batch_from_the_decode_counter_not_the_one_ins
         decode_seconds=2400.0, generation_tokens=24_000.0, requests_running=16.0, window_seconds=300.0
     )
     assert decode_efficiency(coarse, FIG) == pytest.approx((140e9 + 25_000 * KV70) / H100_BW / 0.1)
-    # a daemon tick (60 s): its lumpy request-seconds do not override the gauge (resident 50,000)
+    # a daemon tick (60 s): its batch from the counter too (the instant is one reading of a population
+    # that moves; its context per sequence scales to the counter's batch: resident 25,000), and a live
+    # window's instant 2× off its mean is not refused (only a coarse window's is)
     tick = obs(decode_seconds=480.0, generation_tokens=4800.0, requests_running=16.0, window_seconds=60.0)
-    assert decode_efficiency(tick, FIG) == pytest.approx((140e9 + 50_000 * KV70) / H100_BW / 0.1)
+    assert decode_efficiency(tick, FIG) == pytest.approx((140e9 + 25_000 * KV70) / H100_BW / 0.1)
+    far = obs(decode_seconds=240.0, generation_tokens=2400.0, requests_running=16.0, window_seconds=60.0)
+    assert decode_efficiency(far, FIG) == pytest.approx((140e9 + 12_500 * KV70) / H100_BW / 0.1)
     # TGI's decode time is engine time, not request-seconds: no batch in it
     assert mean_decode_batch("tgi", 2400.0, 300.0) is None
     assert mean_decode_batch("vllm", 2400.0, 300.0) == 8.0
-    # coarse from 2 minutes on; no decode time, no batch
+    # at every window length; no decode time, no batch
     assert mean_decode_batch("vllm", 960.0, 120.0) == 8.0
-    assert mean_decode_batch("vllm", 952.0, 119.0) is None
+    assert mean_decode_batch("vllm", 952.0, 119.0) == 8.0
+    assert mean_decode_batch("vllm", 80.0, 10.0) == 8.0
+    assert mean_decode_batch("vllm", 80.0, 0.0) is None
     assert mean_decode_batch("vllm", 0.0, 300.0) is None
     assert mean_decode_batch("vllm", 0.6, 300.0) == pytest.approx(0.002)  # one short request is a batch
     assert mean_decode_batch("vllm", None, 300.0) is None

@@ -104,7 +104,10 @@ def test_the_daemons_decode_efficiency_is_the_kernels_bandwidth_efficiency_at_an
     assert all(e is not None and 0.0 < e <= truth * (1 + 1e-9) for e in eff), eff
     if not prefill:  # prefill-heavy steps read low by their prefill share (the stated bias)
         assert min(eff) >= truth * (1 - PREFILL_SHARE_BOUND), (min(eff), truth)
-    assert max(eff) - min(eff) <= 1e-6 * truth  # load-independent
+    # load-independent but for the drawn population's sampling: the batch comes from the window's
+    # request-seconds and the context from one instant, each a few percent off the window's truth
+    # (with prefill, also the prompt tokens of the minute's arrivals against its decode)
+    assert max(eff) / min(eff) <= (1.10 if prefill else 1.05)
 
 
 def test_cost_per_token_is_the_price_over_the_tokens_through_the_window_join() -> None:
@@ -113,9 +116,11 @@ def test_cost_per_token_is_the_price_over_the_tokens_through_the_window_join() -
     windows = priced_windows(_node(p, drv))
     tr = core_law(drv, p, np.random.default_rng(0))
     w = windows[10]
-    # 8 GPUs × $3/h for one minute over that minute's generated tokens
+    # 8 GPUs × $3/h for one minute over that minute's generated tokens (drawn: within the sampling
+    # noise of a minute of hundreds of sequences of what the traffic model served)
     assert w.cost_usd == pytest.approx(p.replicas * 3.0 / 60.0)
-    assert w.usd_per_1m_output == pytest.approx(p.replicas * 3.0 / 60.0 / tr.generation_tokens[11] * 1e6)
+    assert w.usd_per_1m_output == pytest.approx(p.replicas * 3.0 / 60.0 / w.usage.generation_tokens * 1e6)
+    assert w.usage.generation_tokens == pytest.approx(tr.generation_tokens[11], rel=0.02)
 
 
 def test_scrape_gaps_have_no_ratio_and_the_tokens_arrive_with_the_next_scrape() -> None:
@@ -126,7 +131,7 @@ def test_scrape_gaps_have_no_ratio_and_the_tokens_arrive_with_the_next_scrape() 
     tr = core_law(drv, p, np.random.default_rng(0))
     by_start = {int((w.usage.start - DEFAULT_START) // 60): w for w in windows}
     assert all(by_start[m].usd_per_1m_output is None for m in range(20, 25))
-    assert by_start[25].usage.generation_tokens == pytest.approx(tr.generation_tokens[21:27].sum())
+    assert by_start[25].usage.generation_tokens == pytest.approx(tr.generation_tokens[21:27].sum(), rel=0.01)
 
 
 def test_price_book_has_one_dated_entry_per_change() -> None:
@@ -213,12 +218,14 @@ def test_history_at_5_minute_steps_reads_the_batch_from_the_counters_not_the_las
     tr = node.trace
     for w in windows[1:]:
         m = int((w.usage.end - DEFAULT_START) // 60)  # the window covers minutes m-5 .. m-1
-        assert w.usage.requests_running == pytest.approx(tr.running[m - 5 : m].mean())
-        assert tr.running[m - 1] != pytest.approx(tr.running[m - 5 : m].mean())
+        # the decode request-seconds of the 5 minutes (added as requests finish) ÷ 300 s: the mean
+        # batch within a few percent (requests straddling the window's edges), not the last minute's
+        assert w.usage.requests_running == pytest.approx(tr.running[m - 5 : m].mean(), rel=0.05)
+        assert tr.running[m - 1] != pytest.approx(tr.running[m - 5 : m].mean(), rel=0.05)
     eff = np.array([w.roofline_ratio for w in windows[1:]])
     # steady, whichever minute the scrape landed on (with the last instant's gauge: 0.72–0.94), and
     # within 5 % of the kernels' efficiency: a window whose batch changed has no exact single step
-    assert eff.max() / eff.min() < 1.01
+    assert eff.max() / eff.min() < 1.05
     # the batch from the counters: within the coarse windows' sampling noise of the truth, and never
     # above it by more than that noise (the prefill floor only ever lowers the figure)
     assert all(e <= p.bandwidth_efficiency * 1.05 for e in eff), eff

@@ -101,30 +101,28 @@ class DecodeObservation:
     spec_accepted_tokens: float | None = None  # draft tokens accepted in the window (speculative decoding)
 
 
-# A window at least this long is coarse history (imported at 5-minute steps, say): its gauges are
-# one instant of it, its counters the whole of it. Why 2 minutes: the daemon's own windows are one
-# tick (15–60 s), over which request-seconds (added when a request finishes) are lumpier than the
-# gauge; over minutes they are the better mean. Twice the longest tick, so no live window counts as
-# coarse, and under the 5-minute steps history is imported at. Where arrivals are bursty minute to
-# minute, a gauge's one instant of a 5-minute window can be far from the window's mean batch, so a
-# coarse window takes its batch from the counter (here for the efficiency, in the window join for
-# the load band).
+# A window at least this long is coarse history (imported at 5-minute steps, say). Why 2 minutes:
+# twice the longest live tick (60 s), so no live window counts as coarse, and under the 5-minute
+# steps history is imported at.
 COARSE_WINDOW_SECONDS = 120.0
-# A coarse window's context per sequence comes from its gauges' one instant (KV in use ÷ sequences
-# running); when that instant's batch is more than 2× off the window's mean batch (a lull or a burst
-# of arrivals), the instant says little of the window's context: no efficiency for it, not a guess.
-# The price: on bursty traffic read at coarse steps, a share of the windows get no figure, and the
-# efficiency rule alone sees less of such a node (the cost rules and the forest still judge those
-# windows on their cost).
-# The factor was chosen on the detection benchmark's tuning seeds (see infercost_bench/detection.py).
+# The batch of every window comes from the engine's request-seconds of decode (a counter: the whole
+# window) where it has them, not from the running gauge (one instant: at night a few sequences, so one
+# reading is ±50 %). The context per sequence still comes from the gauges (KV in use ÷ sequences
+# running at the same instant). In a coarse window, when that instant's batch is more than 2× off the
+# window's mean batch (a lull or a burst of arrivals), the instant says little of the window's
+# context: no efficiency for it, not a guess. The price: on bursty traffic read at coarse steps, a
+# share of the windows get no figure (the cost rules and the forest still judge them on their cost).
+# Why 2×: an instant of a Poisson population of n sequences is off its mean by more than 2× with
+# a probability that falls below a few percent from n ≈ 4; a live window's instant is close to its
+# window's mean by construction (a tick long), so the check is for coarse windows only.
 COARSE_BATCH_AGREEMENT = 2.0
 
 
 def mean_decode_batch(engine_kind: str, decode_seconds: float | None, window_seconds: float) -> float | None:
-    """Mean sequences in decode over a coarse window, from the engine's request-seconds of decode
-    (a counter); None for a short window, an engine whose decode time is not per request, or none."""
+    """Mean sequences in decode over a window, from the engine's request-seconds of decode (a
+    counter); None for an engine whose decode time is not per request, or none in the window."""
     if (
-        window_seconds < COARSE_WINDOW_SECONDS
+        window_seconds <= 0
         or DECODE_TIME_KIND.get(engine_kind) != "request"
         or decode_seconds is None
         or decode_seconds <= 0
@@ -180,13 +178,15 @@ def decode_efficiency(obs: DecodeObservation, model: ModelFigures) -> float | No
     if obs.kv_cache_usage_ratio is not None and capacity and model.kv_bytes_per_token:
         resident = obs.kv_cache_usage_ratio * capacity
         batch = mean_decode_batch(obs.engine_kind, obs.decode_seconds, obs.window_seconds)
-        if batch is not None:
+        if batch is not None and obs.requests_running:
             # context per sequence from the gauges (one instant), sequences from the counter (all of it)
-            if not obs.requests_running or not (
+            if obs.window_seconds >= COARSE_WINDOW_SECONDS and not (
                 1.0 / COARSE_BATCH_AGREEMENT <= batch / obs.requests_running <= COARSE_BATCH_AGREEMENT
             ):
                 return None
             resident = min(capacity, resident * batch / obs.requests_running)
+        elif batch is not None and obs.window_seconds >= COARSE_WINDOW_SECONDS:
+            return None
     # batch seconds time decode forward passes alone; request-timed steps carry prompt chunks
     share = prefill_share_floor(obs, model) if kind == "request" else 0.0
     if share >= 1.0:

@@ -1,0 +1,89 @@
+"""The simulators sample like real engines: one drawn request population per rank, gauges one
+instant at scrape time, request counters moving as requests finish (infercost_sim.population and
+infercost_sim.samples)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from infercost_sim import population
+from infercost_sim.samples import draw_readings, ticks
+from infercost_sim.workload import MINUTE, simulate_node
+
+
+def _constant(rate: float, life: float, steps: int, step: float, seed: int = 0) -> population.Population:
+    rng = np.random.default_rng(seed)
+    return population.draw(np.full((steps, 1), rate), np.full((steps, 1), life), step, rng)
+
+
+def test_the_mean_of_many_instants_is_the_decode_request_seconds_per_second() -> None:
+    # 0.2 requests/s living 20 s: 4 in the engine on average (Little), Poisson-distributed
+    pop = _constant(0.2, 20.0, 200_000, 5.0)
+    instants = pop.present[:, 0]
+    seconds = 200_000 * 5.0
+    assert instants.mean() == pytest.approx(pop.lifetime_seconds.sum() / seconds, rel=0.02)
+    assert instants.mean() == pytest.approx(4.0, rel=0.02)
+    assert instants.var() == pytest.approx(4.0, rel=0.05)  # a Poisson count: ±50 % at 4 sequences
+    assert pop.finished.sum() == pytest.approx(0.2 * seconds, rel=0.01)
+
+
+def test_consecutive_5s_readings_are_correlated_over_the_requests_lifetimes() -> None:
+    pop = _constant(1.0, 30.0, 100_000, 5.0, seed=1)
+    x = pop.present[:, 0].astype(float)
+    x -= x.mean()
+
+    def corr(lag: int) -> float:
+        return float((x[:-lag] * x[lag:]).mean() / x.var())
+
+    # an M/M/∞ population's autocorrelation is exp(−lag / lifetime): 0.85 at 5 s, 0.37 at 30 s
+    assert corr(1) == pytest.approx(np.exp(-5.0 / 30.0), abs=0.02)
+    assert corr(6) == pytest.approx(np.exp(-1.0), abs=0.03)
+    assert abs(corr(60)) < 0.03  # five minutes later: other requests
+    # not fresh noise on a mean: independent draws would read 0 at every lag
+    assert corr(1) > 0.8
+
+
+def test_request_counters_move_only_when_requests_finish() -> None:
+    pop = _constant(0.05, 60.0, 5000, 5.0, seed=2)
+    none_left = pop.finished[:, 0] == 0
+    assert none_left.any() and (~none_left).any()
+    assert (pop.lifetime_seconds[none_left, 0] == 0).all()
+    assert (pop.lifetime_seconds[~none_left, 0] > 0).all()
+    # the population is conserved: arrivals − departures = the change in the instant
+    change = np.diff(pop.present[:, 0])
+    assert (change == pop.arrived[1:, 0] - pop.finished[1:, 0]).all()
+
+
+def test_a_node_reads_instants_of_its_drawn_requests_per_rank() -> None:
+    sim = simulate_node("core", seed=3, weeks=1)
+    rd = draw_readings(sim, 5.0)
+    seconds = sim.minutes * MINUTE
+    instants = rd.running.sum(axis=1)
+    # the mean of the instants is the decode request-seconds per second and the traffic model's batch
+    assert instants.mean() == pytest.approx(rd.decode_seconds[-1] / seconds, rel=0.01)
+    assert instants.mean() == pytest.approx(sim.trace.running.mean(), rel=0.01)
+    # tokens as the model served them, in total; minute by minute, drawn
+    assert rd.generation[-1].sum() == pytest.approx(sim.trace.generation_tokens.sum(), rel=0.01)
+    # the ranks are separate populations (not one figure split eight ways)
+    assert rd.running.shape[1] == sim.physics.replicas
+    assert not (rd.running[:, 0] == rd.running[:, 1]).all()
+
+
+def test_the_scrapes_carry_instants_counters_per_rank_and_the_cached_prompt_counter() -> None:
+    sim = dataclasses.replace(simulate_node("azure", seed=4, weeks=1), tick_seconds=15.0)
+    read = [t for _, t in zip(range(4 * 60 * 24), ticks(sim), strict=False) if t.scrape.up]
+    assert read[1].t - read[0].t == 15.0
+    running = np.array([t.scrape.models[0].requests_running for t in read])
+    assert (running == np.round(running)).all()  # an instant count of requests, never a mean
+    s = read[-1].scrape.models[0]
+    parts = s.counter_parts["generation_tokens_total"]
+    assert len(parts) == sim.physics.replicas and sum(parts.values()) == s.generation_tokens_total
+    assert s.cached_prompt_tokens_total is not None
+    assert s.cached_prompt_tokens_total == pytest.approx(
+        s.prompt_tokens_total * sim.physics.prefix_cache_hit_ratio, abs=1
+    )
+    # a 15 s scrape's instant differs from the next one's (drawn requests come and go)
+    assert len(set(running.tolist())) > 10

@@ -33,7 +33,7 @@ from prometheus_client.utils import floatToGoString
 
 from agent.catalog import CATALOG, HISTOGRAMS, MetricSpec
 from agent.samples import Histogram
-from agent.sinks.webconfig import Authenticator, WebConfig
+from agent.sinks.webconfig import Authenticator, WebConfig, client_key
 from agent.snapshot import Snapshot, label_names, series
 
 logger = logging.getLogger(__name__)
@@ -79,6 +79,23 @@ class ServerLimits:
     max_headers: int = 64  # why: Prometheus sends about 6
     # why 15 s: process_* and a stuck tick loop stay visible even when no new snapshot comes
     max_page_age_seconds: float = 15.0
+    # Connections one client address (an IPv6 /64) may hold; why half the cap: a scraper holds one
+    # or two (a burst of concurrent scrapes a few dozen), and one abusive address can never hold
+    # the places the others need
+    max_connections_per_client: int = 32
+    # A connection over its client's share, with none of that client's idle ones to close, is held
+    # unread this long and then closed (why 1 s: a refusal at once is answered by an instant
+    # reconnect, a loop that costs the agent a core; held, each guessing worker retries once a second)
+    park_seconds: float = 1.0
+    max_parked: int = 128  # why: bounds the sockets so held (fds), far below the 1,024 open-file limit
+    # Wrong credentials (401) or a refused check (429) are answered after this delay. Why 1 s: a
+    # scraper with the right credentials never waits; a person mistyping does not notice; a guessing
+    # connection gets one try a second instead of as many as the agent can answer
+    failure_delay_seconds: float = 1.0
+    # A new connection is not closed for a newcomer within this time unless it has had a request
+    # (why 1 s: a client sends its request within a round trip of connecting, so a socket silent
+    # for a second is an idle one; a burst of scrapes keeps its connections)
+    fresh_seconds: float = 1.0
 
 
 def families(snap: Snapshot) -> list[Metric]:
@@ -234,53 +251,96 @@ class PageCache:
         return self._gzip, True
 
 
-class _Refuse(asyncio.Protocol):
-    """Stands in for a connection over the cap when no idle one can be closed: closes at once."""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.close()
-
-
 class _Tracked(asyncio.Protocol):
     """aiohttp's protocol for one connection, with what the limits need to know about it."""
 
-    def __init__(self, inner: RequestHandler, conns: dict[_Tracked, None]) -> None:
+    def __init__(self, inner: RequestHandler, server: PrometheusServer) -> None:
         self.inner = inner
         self.last = time.monotonic()  # seconds of the last activity: connect, request start / end
         self.busy = 0  # requests in flight
         self.closed = False
+        self.client = "?"  # the client's key (its address, an IPv6 /64), known at connection_made
+        self.trusted = False  # a request on it passed authentication
+        self.requests = 0  # requests begun on it
+        self.placed = self.last  # monotonic seconds it was counted under the caps
         self._connected = False  # aiohttp saw connection_made, so it must see connection_lost
-        self._conns = conns
+        self._server = server
+        self._park: asyncio.TimerHandle | None = None
+        self._transport: asyncio.Transport | None = None  # while held
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if self.closed:  # evicted between accept and connect (a burst): never serve it
             transport.close()
             return
+        peer = transport.get_extra_info("peername")
+        self.client = client_key(peer[0] if isinstance(peer, tuple) and peer else None)
+        if not self._server._place(self):
+            self._hold(transport)
+            return
         self._connected = True
         self.inner.connection_made(transport)
 
+    def _hold(self, transport: asyncio.BaseTransport) -> None:
+        """Over a cap: held unread until a place comes free (then served) or ``park_seconds``
+        pass (then closed), see ServerLimits."""
+        server = self._server
+        if len(server._parked) >= server.limits.max_parked or not isinstance(transport, asyncio.Transport):
+            self.closed = True
+            transport.close()
+            return
+        transport.pause_reading()
+        self._transport = transport
+        server._parked[self] = None
+        self._park = asyncio.get_running_loop().call_later(server.limits.park_seconds, self._expire)
+
+    def _expire(self) -> None:
+        self.closed = True
+        self._server._parked.pop(self, None)
+        if self._transport is not None:
+            self._transport.close()
+
+    def unpark(self) -> None:
+        """Served after all: a place came free."""
+        self._server._parked.pop(self, None)
+        if self._park is not None:
+            self._park.cancel()
+        assert self._transport is not None
+        self.last = time.monotonic()
+        self._connected = True
+        self.inner.connection_made(self._transport)
+        self._transport.resume_reading()
+
     def connection_lost(self, exc: Exception | None) -> None:
-        self._conns.pop(self, None)
+        self._server._conns.pop(self, None)
+        self._server._parked.pop(self, None)
+        if self._park is not None:
+            self._park.cancel()
         if self._connected:
             self.inner.connection_lost(exc)
+            self._server._freed()
 
     def data_received(self, data: bytes) -> None:
-        self.inner.data_received(data)
+        if self._connected:
+            self.inner.data_received(data)
 
     def eof_received(self) -> None:
-        self.inner.eof_received()
+        if self._connected:
+            self.inner.eof_received()
 
     def pause_writing(self) -> None:
-        self.inner.pause_writing()
+        if self._connected:
+            self.inner.pause_writing()
 
     def resume_writing(self) -> None:
-        self.inner.resume_writing()
+        if self._connected:
+            self.inner.resume_writing()
 
     def close(self) -> None:
         """Drop the connection now."""
         self.closed = True
-        self._conns.pop(self, None)
-        self.inner.force_close()
+        self._server._conns.pop(self, None)
+        if self._connected:
+            self.inner.force_close()
 
 
 class PrometheusServer:
@@ -305,13 +365,14 @@ class PrometheusServer:
         self.limits = limits or ServerLimits()
         self.web = web_config or WebConfig()
         self.cache = PageCache(get, self.limits.max_page_age_seconds)
-        self._auth = Authenticator(self.web)
+        self.auth = Authenticator(self.web)
         self._runner: web.AppRunner | None = None
         self._server: asyncio.Server | None = None
         self._reaper: asyncio.Task[None] | None = None
         self._conns: dict[_Tracked, None] = {}  # open (or opening) connections, oldest first
         self._by_handler: dict[RequestHandler, _Tracked] = {}
-        self.refused = 0  # connections refused or evicted at the cap
+        self._parked: dict[_Tracked, None] = {}  # connections over a cap, held unread, oldest first
+        self.refused = 0  # connections refused, evicted or held at a cap
 
     @property
     def scheme(self) -> str:
@@ -359,21 +420,63 @@ class PrometheusServer:
         logger.info("serving /metrics on %s://%s:%d", self.scheme, self.host, self.port)
 
     def _protocol(self) -> asyncio.BaseProtocol:
-        """A handler for a new connection, or a refusal at the cap (after evicting an idle one).
-
-        Counted from the moment it is created: asyncio accepts a burst of sockets before any of
-        them is connected, so counting aiohttp's connected handlers would let a burst through."""
+        """A handler for a new connection; whether it is served is decided when it connects (its
+        address is known then), in :meth:`_place`."""
         assert self._runner is not None and self._runner.server is not None
-        if len(self._conns) >= self.limits.max_connections:
-            self.refused += 1
-            idle = next((c for c in self._conns if not c.busy), None)  # oldest first
-            if idle is None:
-                return _Refuse()
-            idle.close()
-        tracked = _Tracked(self._runner.server(), self._conns)
-        self._conns[tracked] = None
+        tracked = _Tracked(self._runner.server(), self)
         self._by_handler[tracked.inner] = tracked
         return tracked
+
+    def _victim(self, conns: list[_Tracked]) -> _Tracked | None:
+        """The connection to close for a newcomer: the oldest idle one not yet authenticated, else
+        the oldest idle one; None when all are busy. Idle: no request in flight, and one answered
+        already or none begun within ``fresh_seconds`` of connecting (a burst's newest connections
+        carry requests still on their way)."""
+        fresh = time.monotonic() - self.limits.fresh_seconds
+        idle = [c for c in conns if not c.busy and (c.requests or c.placed < fresh)]  # oldest first
+        return next((c for c in idle if not c.trusted), idle[0] if idle else None)
+
+    def _place(self, conn: _Tracked) -> bool:
+        """Make room for ``conn`` under both caps (its client's share, then the server's), closing
+        idle connections as needed, and count it; False (nothing closed) when it must wait.
+
+        Decided one connection at a time as each connects, against the connections already
+        counted, so a burst of accepted sockets cannot slip past the caps."""
+        lim = self.limits
+        mine = [c for c in self._conns if c.client == conn.client]
+        own = self._victim(mine) if len(mine) >= lim.max_connections_per_client else None
+        if len(mine) >= lim.max_connections_per_client and own is None:
+            self.refused += 1
+            return False
+        other = None
+        if own is None and len(self._conns) >= lim.max_connections:
+            other = self._victim(list(self._conns))
+            if other is None:
+                self.refused += 1
+                return False
+        for victim in (own, other):
+            if victim is not None:
+                self.refused += 1
+                victim.close()
+        self._conns[conn] = None
+        conn.placed = time.monotonic()
+        return True
+
+    def _freed(self) -> None:
+        """A connection closed or went idle: serve the oldest held connections that now fit."""
+        for waiting in list(self._parked):
+            if not waiting.closed and self._place(waiting):
+                waiting.unpark()
+                return
+
+    @property
+    def parked(self) -> int:
+        """Connections held unread now (over their client's share)."""
+        return len(self._parked)
+
+    def connections_of(self, client: str) -> int:
+        """Connections a client key holds now (for tests and the bench)."""
+        return sum(1 for c in self._conns if c.client == client)
 
     async def _reap(self) -> None:
         """Close connections that delivered no request headers within the header timeout (idle
@@ -392,13 +495,25 @@ class PrometheusServer:
         conn = self._by_handler.get(req.protocol)
         if conn is not None:
             conn.busy += 1
+            conn.requests += 1
         try:
             if (req.content_length or 0) > self.limits.max_request_bytes:
                 return web.Response(status=413, text="request too large\n")
-            if not await self._authorised(req.headers.get("Authorization")):
+            header = req.headers.get("Authorization")
+            verdict = await self.auth.verify(header, req.remote)
+            if verdict != "ok":
+                if header:  # a guess: answered late; no credentials at all cost nothing to refuse
+                    await asyncio.sleep(self.limits.failure_delay_seconds)
+                if verdict == "bad":
+                    return web.Response(
+                        status=401, text="unauthorised\n", headers={"WWW-Authenticate": self.web.scheme}
+                    )
+                retry = str(max(1, round(self.auth.limiter.refill_seconds)))
                 return web.Response(
-                    status=401, text="unauthorised\n", headers={"WWW-Authenticate": self.web.scheme}
+                    status=429, text="too many failed attempts\n", headers={"Retry-After": retry}
                 )
+            if conn is not None:
+                conn.trusted = True
             resp = await handler(req)
             for k, v in self.web.headers.items():
                 resp.headers[k] = v
@@ -407,13 +522,8 @@ class PrometheusServer:
             if conn is not None:
                 conn.busy -= 1
                 conn.last = time.monotonic()
-
-    async def _authorised(self, header: str | None) -> bool:
-        verdict = self._auth.cached(header)
-        if verdict is None:
-            assert header is not None
-            verdict = await asyncio.to_thread(self._auth.check, header)
-        return verdict
+                if not conn.busy and self._parked:
+                    self._freed()
 
     async def _metrics(self, req: web.Request) -> web.Response:
         want_gzip = "gzip" in req.headers.get("Accept-Encoding", "")
@@ -440,6 +550,7 @@ class PrometheusServer:
             self._server = None
             for conn in list(self._conns):
                 conn.close()
+        self.auth.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

@@ -20,12 +20,18 @@ applies. Problems raise :class:`~agent.config.ConfigError` naming the file, the 
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import hmac
+import ipaddress
 import re
 import ssl
+import time
 from base64 import b64decode
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -181,17 +187,117 @@ def load_web_config(path: Path | None) -> WebConfig:
     return WebConfig(ctx, users, tokens, dict(doc.http_server_config.headers))
 
 
+# Why 64 verified pairs: a node is scraped by one or two Prometheus replicas and a person's curl,
+# each with one credential (two while a password is rotated); only a bcrypt-verified pair enters,
+# so a scan cannot fill it, and past 64 the least recently used pair is forgotten (one more bcrypt).
+GOOD_CACHE_MAX = 64
+# Why 1,024 remembered wrong pairs: a misconfigured scraper repeats one wrong password forever and is
+# refused without bcrypt; a scan of fresh guesses only churns the oldest entries, it cannot grow it.
+BAD_CACHE_MAX = 1024
+# Failed bcrypt checks per client address: a burst of 5, then one per 6 s (10 a minute). Why: a
+# person retyping a password needs a handful of tries; a guesser from one address then costs at most
+# one bcrypt (tens of ms) per 6 s, about 1 % of a core, instead of every core the machine has.
+FAILURE_BURST = 5
+FAILURE_REFILL_SECONDS = 6.0
+# Client addresses whose failures are tracked; why 4,096: far more than the scrapers of a node, and a
+# guesser spraying addresses only evicts the oldest (the bcrypt pool's own bound still caps the CPU).
+MAX_CLIENTS_TRACKED = 4096
+# Why 1 worker: bcrypt may take at most one core, whatever arrives; the event loop's default
+# executor (renders, NVML, the store) never waits behind it. A node's scrapers need one bcrypt per
+# credential per cache lifetime, so one worker is never the bottleneck of an honest client.
+BCRYPT_WORKERS = 1
+# Checks queued for that worker beyond the one running; why 4: an honest burst (Prometheus replicas
+# and a curl after a restart) fits, and a flood gets 429 at once instead of an unbounded queue.
+MAX_PENDING_CHECKS = 4
+
+Verdict = Literal["ok", "bad", "limited", "busy"]
+
+
+def client_key(address: str | None) -> str:
+    """The key a client's failures are counted under: its IPv4 address, or its IPv6 /64 (one host
+    holds a whole /64, so per-address limits on IPv6 would be none at all)."""
+    if not address:
+        return "?"
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
+class FailureLimiter:
+    """A token bucket of failed checks per client (``burst`` tokens, one back per ``refill_seconds``),
+    over a bounded table (``max_clients``; the least recently seen client is dropped first)."""
+
+    def __init__(
+        self,
+        burst: int = FAILURE_BURST,
+        refill_seconds: float = FAILURE_REFILL_SECONDS,
+        max_clients: int = MAX_CLIENTS_TRACKED,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.burst = burst
+        self.refill_seconds = refill_seconds
+        self.max_clients = max_clients
+        self._clock = clock
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # key → (tokens, at)
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def _tokens(self, key: str, now: float) -> float:
+        tokens, at = self._buckets.get(key, (float(self.burst), now))
+        return min(float(self.burst), tokens + (now - at) / self.refill_seconds)
+
+    def take(self, key: str) -> bool:
+        """Spend one token of ``key``'s bucket; False (nothing spent) when it is empty."""
+        now = self._clock()
+        tokens = self._tokens(key, now)
+        if tokens < 1.0:
+            self._buckets[key] = (tokens, now)
+            self._buckets.move_to_end(key)
+            return False
+        self._buckets[key] = (tokens - 1.0, now)
+        self._buckets.move_to_end(key)
+        while len(self._buckets) > self.max_clients:
+            self._buckets.popitem(last=False)
+        return True
+
+    def refund(self, key: str) -> None:
+        """Give back the token of a check that succeeded (a right password costs no budget)."""
+        now = self._clock()
+        if key in self._buckets:
+            self._buckets[key] = (min(float(self.burst), self._tokens(key, now) + 1.0), now)
+
+
 class Authenticator:
     """Checks an ``Authorization`` header against a :class:`WebConfig`.
 
     bcrypt is slow on purpose (tens of ms): a verified (user, password) pair is remembered by its
-    SHA-256, as exporter-toolkit does, so a scrape every few seconds costs one hash, not one bcrypt.
-    ``check`` is blocking; the server calls it off the event loop when the cache misses."""
+    SHA-256, as exporter-toolkit does, so a scrape every few seconds costs one hash, not one bcrypt
+    (:data:`GOOD_CACHE_MAX` pairs, least recently used first out). What may run bcrypt is bounded:
+    failures per client address (:class:`FailureLimiter`), one dedicated worker thread
+    (:data:`BCRYPT_WORKERS`) with a short queue (:data:`MAX_PENDING_CHECKS`). ``check`` is
+    blocking; :meth:`verify` runs it on that worker."""
 
-    def __init__(self, cfg: WebConfig) -> None:
+    def __init__(self, cfg: WebConfig, limiter: FailureLimiter | None = None) -> None:
         self.cfg = cfg
-        self._ok: set[bytes] = set()  # sha256(user \0 password) of verified pairs
-        self._bad: dict[bytes, None] = {}  # recent failures, bounded (why 1024: a scan can't grow it)
+        self._ok: OrderedDict[bytes, None] = OrderedDict()  # sha256(user:password) of verified pairs
+        self._bad: OrderedDict[bytes, None] = OrderedDict()  # recent wrong pairs
+        self.limiter = limiter or FailureLimiter()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending = 0  # checks queued or running on the pool
+        self.bcrypt_runs = 0  # bcrypt checks run, ever (for tests and the bench)
+        self.limited = 0  # checks refused by the per-client limit or the full queue, ever
+
+    @property
+    def cached_good(self) -> int:
+        """How many verified pairs are remembered."""
+        return len(self._ok)
 
     def cached(self, header: str | None) -> bool | None:
         """True/False when the answer needs no bcrypt; None when :meth:`check` must run."""
@@ -210,6 +316,7 @@ class Authenticator:
         if key is None:
             return False
         if key in self._ok:
+            self._ok.move_to_end(key)
             return True
         if key in self._bad:
             return False
@@ -231,15 +338,49 @@ class Authenticator:
             return False
         user, _, password = b64decode(cred.strip()).partition(b":")
         hashed = self.cfg.basic_auth_users.get(user.decode(errors="replace"))
+        self.bcrypt_runs += 1
         # an unknown user still costs one bcrypt, so timing does not tell which users exist
         ok = bcrypt.checkpw(password, hashed or _dummy_hash()) and hashed is not None
         if ok:
-            self._ok.add(key)
+            self._ok[key] = None
+            while len(self._ok) > GOOD_CACHE_MAX:
+                self._ok.popitem(last=False)
         else:
             self._bad[key] = None
-            while len(self._bad) > 1024:
-                del self._bad[next(iter(self._bad))]
+            while len(self._bad) > BAD_CACHE_MAX:
+                self._bad.popitem(last=False)
         return ok
+
+    async def verify(self, header: str | None, client: str | None) -> Verdict:
+        """The verdict on a request's header from ``client`` (an address): from the caches, else
+        one bcrypt on the dedicated worker if the client's failure budget and the queue allow."""
+        verdict = self.cached(header)
+        if verdict is not None:
+            return "ok" if verdict else "bad"
+        assert header is not None
+        key = client_key(client)
+        if self._pending >= BCRYPT_WORKERS + MAX_PENDING_CHECKS:
+            self.limited += 1
+            return "busy"
+        if not self.limiter.take(key):
+            self.limited += 1
+            return "limited"
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(BCRYPT_WORKERS, thread_name_prefix="infercost-bcrypt")
+        self._pending += 1
+        try:
+            ok = await asyncio.get_running_loop().run_in_executor(self._pool, self.check, header)
+        finally:
+            self._pending -= 1
+        if ok:
+            self.limiter.refund(key)
+        return "ok" if ok else "bad"
+
+    def close(self) -> None:
+        """Stop the bcrypt worker (checks already queued finish)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
 
 @functools.cache

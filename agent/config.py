@@ -443,6 +443,27 @@ class BudgetConfig(_Frozen):
     monthly_usd: float = Field(gt=0)  # dollars per calendar month
 
 
+class LimitsConfig(_Frozen):
+    """Bounds that hold whatever engines send: series lifetime, histogram size, parse CPU."""
+
+    # A model, version or engine not seen for this long leaves /metrics, the window join and
+    # memory (its history stays in the store). Why 1 h: a replaced version stays through the
+    # dashboards' before/after views and the fleet rules' 1-hour rates; a name a hostile page
+    # invented once is gone after it. Why ≥ 1 min: shorter would expire a live series between two
+    # scrapes of a slow engine; why ≤ 7 days: longer keeps a week of invented names in memory.
+    series_ttl_seconds: float = Field(3600.0, ge=60, le=7 * 86400)
+    # A page with a histogram of more buckets than this (for one model) is refused, the engine down
+    # with the reason. Why 1,000: engines' histograms have tens of buckets (vLLM's largest has
+    # about 30); each bucket is a series per model on /metrics and in memory, so a hundred-thousand
+    # bucket page would cost the daemon (and Prometheus) far more than all real ones together.
+    max_histogram_buckets: int = Field(1000, ge=2, le=100_000)
+    # CPU seconds one page may cost to read (decode, parse, map); a page costing more is refused
+    # (the engine down, the cost named) and its engine is read less often until it is cheap again.
+    # Why 0.5 s: a tenth of a core at the default 5 s scrape interval; real engines' pages, even a
+    # multi-LoRA server at max_models, cost a small part of it (``infercost bench parse``).
+    scrape_cpu_seconds: float = Field(0.5, gt=0, le=60)
+
+
 class Config(_Frozen):
     """The whole agent configuration."""
 
@@ -459,6 +480,7 @@ class Config(_Frozen):
     report: ReportConfig = ReportConfig()
     allocation: AllocationConfig = AllocationConfig()
     budgets: tuple[BudgetConfig, ...] = ()
+    limits: LimitsConfig = LimitsConfig()
 
     @field_validator("budgets")
     @classmethod

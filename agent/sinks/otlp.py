@@ -1,9 +1,10 @@
 """OTLP export of the same snapshot, by the OpenTelemetry semantic conventions (pinned below).
 
-Each catalogue row maps (pure tables below; :func:`metric_table` builds the instruments) to an
-observable instrument whose callback reads the current snapshot; a PeriodicExportingMetricReader
-pushes them over OTLP/HTTP (protobuf), or gRPC with the ``grpc`` extra. This module is the one
-place OTLP names are declared. Where the conventions define a metric, its name, instrument, unit
+Each catalogue row maps (its OTLP name, unit and attributes from the table of measures;
+:func:`metric_table` builds the instruments) to an observable instrument whose callback reads the
+current snapshot; a PeriodicExportingMetricReader
+pushes them over OTLP/HTTP (protobuf), or gRPC with the ``grpc`` extra. The table of measures is the
+one place OTLP names are declared. Where the conventions define a metric, its name, instrument, unit
 and attributes are the conventions' (the ``opentelemetry-semantic-conventions`` package's
 constants): ``hw.gpu.utilization``, ``hw.gpu.memory.usage`` / ``.limit`` (UpDownCounters, bytes),
 ``hw.gpu.memory.utilization``, ``hw.gpu.io`` (bytes over PCIe and NVLink, an estimate: see
@@ -50,7 +51,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -129,122 +130,44 @@ GPU_INDEX = "infercost.gpu.index"  # the NVML index (a MIG instance's: its GPU's
 GPU_LINK = "infercost.gpu.link"  # hw.gpu.io's link: "pcie" or "nvlink"; the conventions name none
 GPU = hw.HwTypeValues.GPU.value  # hw.type of every GPU point that requires it
 GPU_VENDOR = "NVIDIA"  # every GPU the agent reads comes through NVML
-UNIT_WORDS = ("_total", "_seconds", "_bytes", "_ratio", "_watts", "_joules", "_hertz", "_celsius")
-
-# Catalogue rows under a conventions name (instrument and unit are the conventions').
-SEMCONV_GPU: Mapping[str, tuple[str, Instrument, str, dict[str, str]]] = {
-    "gpu_utilization_ratio": (
-        hw_metrics.HW_GPU_UTILIZATION,
-        "gauge",
-        "1",
-        {hw.HW_GPU_TASK: hw.HwGpuTaskValues.GENERAL.value},
-    ),
-    "gpu_memory_used_bytes": (hw_metrics.HW_GPU_MEMORY_USAGE, "updowncounter", "By", {}),
-    "gpu_memory_total_bytes": (hw_metrics.HW_GPU_MEMORY_LIMIT, "updowncounter", "By", {}),
-    "gpu_power_watts": (hw_metrics.HW_POWER, "gauge", "W", {hw.HW_TYPE: GPU}),
-    "gpu_energy_joules_total": (hw_metrics.HW_ENERGY, "counter", "J", {hw.HW_TYPE: GPU}),
+# Every OTLP name, unit and distinguishing attribute comes from the table of measures (the
+# ``otel`` and ``otel_unit`` columns of agent/data/measures.csv): ``name`` or ``name{k=v,…}``,
+# rows sharing a name going out as one metric told apart by those attributes; ``-`` for a row that
+# is not a metric of its own (identity and build are attributes / the Resource; gpu_up is
+# hw.status; temperature is hw.temperature, built below). What the conventions define beyond the
+# name is here, keyed by the conventions' names: the instrument where it is not the row's kind
+# (memory usage and limit are UpDownCounters), and the help of a metric merged from several rows.
+SEMCONV_INSTRUMENTS: Mapping[str, Instrument] = {
+    hw_metrics.HW_GPU_MEMORY_USAGE: "updowncounter",
+    hw_metrics.HW_GPU_MEMORY_LIMIT: "updowncounter",
 }
-# Catalogue rows of NVML GPM throughput (bytes/s) → one hw.gpu.io byte counter, by link and
-# network.io.direction (required by hw.gpu.io).
 RECEIVE = network.NetworkIoDirectionValues.RECEIVE.value
 TRANSMIT = network.NetworkIoDirectionValues.TRANSMIT.value
-GPU_IO: Mapping[str, tuple[str, str]] = {
-    "gpu_pcie_rx_bytes_per_second": ("pcie", RECEIVE),
-    "gpu_pcie_tx_bytes_per_second": ("pcie", TRANSMIT),
-    "gpu_nvlink_rx_bytes_per_second": ("nvlink", RECEIVE),
-    "gpu_nvlink_tx_bytes_per_second": ("nvlink", TRANSMIT),
-}
 GPU_IO_HELP = (
     "Bytes received and transmitted over PCIe and NVLink (infercost.gpu.link), an estimate: NVML "
     "samples throughput (bytes/s), which the agent integrates between the samples it exports "
     "(trapezoid rule), so traffic that rises and falls between two of them is not seen."
 )
-# Catalogue rows with their own infercost.* name (the default strips unit words: see otel_name).
-NAMES: Mapping[str, str] = {
-    "gpu_memory_busy_ratio": "infercost.gpu.memory.busy",
-    "gpu_dram_bandwidth_ratio": "infercost.gpu.memory.bandwidth.utilization",
-    "gpu_sm_active_ratio": "infercost.gpu.sm.active",
-    "gpu_sm_clock_hertz": "infercost.gpu.sm.clock",
-    "gpu_memory_clock_hertz": "infercost.gpu.memory.clock",
-    "gpu_price_usd_per_hour": "infercost.gpu.price",
-    "gpu_cost_usd_total": "infercost.gpu.cost",
-    "gpu_idle_cost_usd_total": "infercost.gpu.idle_cost",
-    "gpu_seconds_total": "infercost.gpu.time",
-    "cost_usd_total": "infercost.cost",
-    "engine_gpu_cost_usd_total": "infercost.engine.gpu.cost",
-    "budget_usd": "infercost.budget",
-    "energy_cost_usd_total": "infercost.energy_cost",
-    "idle_cost_usd_total": "infercost.idle_cost",
-    "energy_joules_total": "infercost.energy",
-    "usd_per_1m_output_tokens": "infercost.output_token.cost",
-    "usd_per_1m_tokens": "infercost.token.cost",
-    "prompt_cost_usd_total": "infercost.prompt_cost",
-    "usage_cost_usd_total": "infercost.usage_cost",
-    "prefix_cache_saved_usd_total": "infercost.prefix_cache.saved_cost",
-    "usd_per_1m_prompt_tokens": "infercost.prompt_token.cost",
-    "usd_per_1m_output_tokens_decode": "infercost.output_token.decode_cost",
-    "model_gpu_utilization_ratio": "infercost.model.gpu.utilization",
-    "model_memory_bandwidth_ratio": "infercost.model.gpu.memory.bandwidth.utilization",
-    "model_power_watts": "infercost.model.power",
-    "ttft_p99_seconds": "infercost.time_to_first_token.p99",
-    "itl_p99_seconds": "infercost.time_per_output_token.p99",
-    "ttft_p50_seconds": "infercost.time_to_first_token.p50",
-    "ttft_p95_seconds": "infercost.time_to_first_token.p95",
-    "itl_p50_seconds": "infercost.time_per_output_token.p50",
-    "itl_p95_seconds": "infercost.time_per_output_token.p95",
-    "e2e_p50_seconds": "infercost.request.duration.p50",
-    "e2e_p95_seconds": "infercost.request.duration.p95",
-    "e2e_p99_seconds": "infercost.request.duration.p99",
-    "requests_waiting": "infercost.requests.waiting",
-    "preemptions_total": "infercost.preemptions",
-    "throttled_gpu_seconds_total": "infercost.gpu.throttled_time",
-    "usd_per_1m_output_tokens_floor": "infercost.output_token.cost_floor",
-    "usd_per_1m_output_tokens_floor_max_batch": "infercost.output_token.cost_floor_max_batch",
-    "deploy_timestamp_seconds": "infercost.deploy.time",
-    "kv_cache_usage_ratio": "infercost.kv_cache.usage",
-    "store_files_recovered_total": "infercost.store.recovered_files",
-    "gpu_tensor_active_ratio": "infercost.gpu.tensor.active",
-    "gpu_sm_occupancy_ratio": "infercost.gpu.sm.occupancy",
-    "gpu_time_bound_seconds_total": "infercost.gpu.time.by_bound",
-    "cost_bound_usd_total": "infercost.cost.by_bound",
+MERGED_HELP: Mapping[str, str] = {
+    "infercost.token.usage": "Tokens processed, by gen_ai.token.type (input = prompt, output = generated).",
+    "infercost.token.rate": "Tokens per second over the trailing window, by gen_ai.token.type.",
+    hw_metrics.HW_GPU_IO: GPU_IO_HELP,
 }
-# Not sent over OTLP: identity and build go as attributes / the Resource; gpu_up is hw.status;
-# temperature is hw.temperature; token rows are infercost.token.usage / .rate (built below).
-SPECIAL = {
-    "build_info",
-    "gpu_info",
-    "engine_cost_info",  # a join table for PromQL; OTLP points carry no variable label set
-    "gpu_up",
-    "gpu_temperature_celsius",
-    "prompt_tokens_total",
-    "generation_tokens_total",
-    "prompt_tokens_per_second",
-    "generation_tokens_per_second",
-}
-# Units of the catalogue (UCUM-ish) → UCUM: dollars are an annotation, $/1M tokens a ratio.
-UNITS: Mapping[str, str] = {"USD": "{USD}", "USD/h": "{USD}/h"}
-UNITS_BY_ROW: Mapping[str, str] = {
-    "usd_per_1m_output_tokens": "{USD}/10*6{token}",
-    "usd_per_1m_tokens": "{USD}/10*6{token}",
-    "usd_per_1m_prompt_tokens": "{USD}/10*6{token}",
-    "usd_per_1m_output_tokens_decode": "{USD}/10*6{token}",
-    "usd_per_1m_output_tokens_floor": "{USD}/10*6{token}",
-    "usd_per_1m_output_tokens_floor_max_batch": "{USD}/10*6{token}",
-}
+NOT_SENT = "-"  # the otel column of a row that is not a metric of its own
+
+
+def parse_otel(text: str) -> tuple[str, dict[str, str]]:
+    """``name{k=v,…}`` → (name, {k: v}); a plain name has no attributes."""
+    name, brace, rest = text.partition("{")
+    if not brace:
+        return text, {}
+    pairs = (kv.split("=", 1) for kv in rest.rstrip("}").split(","))
+    return name, {k.strip(): v.strip() for k, v in pairs}
 
 
 def otel_name(spec: MetricSpec) -> str:
-    """The OTLP name of a catalogue row (``infercost.`` + the name without unit words)."""
-    if spec.name in SEMCONV_GPU:
-        return SEMCONV_GPU[spec.name][0]
-    if spec.name in GPU_IO:
-        return hw_metrics.HW_GPU_IO
-    if spec.name in NAMES:
-        return NAMES[spec.name]
-    name = spec.name
-    for word in UNIT_WORDS:
-        name = name.replace(word, "")
-    return "infercost." + name.replace("_", ".")
+    """The OTLP name of a catalogue row (``-``: not sent as its own metric)."""
+    return parse_otel(spec.otel)[0]
 
 
 def _attrs(spec: MetricSpec, values: tuple[str, ...]) -> dict[str, Any]:
@@ -272,40 +195,21 @@ def _gpu_attrs(snap: Snapshot) -> dict[str, dict[str, Any]]:
 
 
 def _catalogue_points(
-    spec: MetricSpec, extra: Mapping[str, str], integer: bool
+    rows: Sequence[tuple[MetricSpec, Mapping[str, str]]], integer: bool
 ) -> Callable[[Snapshot], Points]:
-    def points(snap: Snapshot) -> Points:
-        gpus = _gpu_attrs(snap) if spec.source == "gpu" else {}
-        for labels, v in series(spec, snap):
-            if v is None:
-                continue
-            a = _attrs(spec, labels)
-            if spec.source == "gpu":
-                a.update(gpus.get(labels[1], {}))
-            a.update(extra)
-            yield a, int(v) if integer else float(v)
-
-    return points
-
-
-def _tokens(fields: Mapping[str, str]) -> Callable[[Snapshot], Points]:
-    """Token rows merged into one metric by ``gen_ai.token.type``."""
+    """The points of one or more catalogue rows (each with the attributes that tell it apart)."""
 
     def points(snap: Snapshot) -> Points:
-        for m in snap.models:
-            for field, kind in fields.items():
-                v = getattr(m, field)
+        gpus = _gpu_attrs(snap) if any(spec.source == "gpu" for spec, _ in rows) else {}
+        for spec, extra in rows:
+            for labels, v in series(spec, snap):
                 if v is None:
                     continue
-                yield (
-                    {
-                        GEN_AI_REQUEST_MODEL: m.model,
-                        "infercost.model.version": m.model_version,
-                        "infercost.engine": m.engine,
-                        GEN_AI_TOKEN_TYPE: kind,
-                    },
-                    float(v),
-                )
+                a = _attrs(spec, labels)
+                if spec.source == "gpu":
+                    a.update(gpus.get(labels[1], {}))
+                a.update(extra)
+                yield a, int(v) if integer else float(v)
 
     return points
 
@@ -357,17 +261,16 @@ class GpuIo:
     absent, so the counter never goes down. One per exporter: it holds the running totals (the
     SDK runs callbacks one at a time, under its collection lock)."""
 
-    def __init__(self) -> None:
+    def __init__(self, rows: Sequence[tuple[MetricSpec, Mapping[str, str]]] = ()) -> None:
+        self._rows = tuple(rows)  # the throughput rows, each with its link and direction attributes
         self._links: dict[tuple[str, str, str], _Link] = {}  # (UUID, link, direction) → state
 
     def __call__(self, snap: Snapshot) -> Points:
         gpus = _gpu_attrs(snap)
         by_label: dict[str, GpuState] = {g.gpu: g for g in snap.gpus}
         out: list[tuple[dict[str, Any], float | int]] = []
-        for spec in CATALOG:
-            if spec.name not in GPU_IO:
-                continue
-            link, direction = GPU_IO[spec.name]
+        for spec, extra in self._rows:
+            link, direction = extra[GPU_LINK], extra[network.NETWORK_IO_DIRECTION]
             for (_, label), rate in series(spec, snap):
                 sample = by_label[label].sample
                 key = (sample.uuid, link, direction)
@@ -383,7 +286,7 @@ class GpuIo:
                     state.total += (state.rate + rate) / 2 * (t - state.at)
                 if state.at is None or t > state.at:
                     state.at, state.rate = t, rate
-                attrs = {**gpus[label], GPU_LINK: link, network.NETWORK_IO_DIRECTION: direction}
+                attrs = {**gpus[label], **extra}
                 out.append((attrs, round(state.total)))
         return iter(out)
 
@@ -391,22 +294,7 @@ class GpuIo:
 def metric_table() -> tuple[OtelMetric, ...]:
     """Every OTLP metric the agent sends but the latency histograms; a fresh table per exporter
     (``hw.gpu.io`` holds running totals)."""
-    token_help = "Tokens processed, by gen_ai.token.type (input = prompt, output = generated)."
     out = [
-        OtelMetric(
-            "infercost.token.usage",
-            "counter",
-            "{token}",
-            token_help,
-            _tokens({"prompt_tokens_total": TOKEN_INPUT, "generation_tokens_total": TOKEN_OUTPUT}),
-        ),
-        OtelMetric(
-            "infercost.token.rate",
-            "gauge",
-            "{token}/s",
-            "Tokens per second over the trailing window, by gen_ai.token.type.",
-            _tokens({"prompt_tokens_per_second": TOKEN_INPUT, "generation_tokens_per_second": TOKEN_OUTPUT}),
-        ),
         OtelMetric(hw_metrics.HW_STATUS, "updowncounter", "1", "GPU operational status.", _gpu_status),
         OtelMetric(
             hw_metrics.HW_GPU_MEMORY_UTILIZATION,
@@ -416,31 +304,30 @@ def metric_table() -> tuple[OtelMetric, ...]:
             _gpu_memory_utilization,
         ),
         OtelMetric(hw_metrics.HW_TEMPERATURE, "gauge", "Cel", "GPU temperature.", _gpu_temperature),
-        OtelMetric(hw_metrics.HW_GPU_IO, "counter", "By", GPU_IO_HELP, GpuIo()),
     ]
+    groups: dict[str, list[tuple[MetricSpec, Mapping[str, str]]]] = {}
     for spec in CATALOG:
-        if spec.name in SPECIAL or spec.name in GPU_IO:
+        name, extra = parse_otel(spec.otel)
+        if name != NOT_SENT:
+            groups.setdefault(name, []).append((spec, extra))
+    for name, rows in groups.items():
+        first = rows[0][0]
+        units = {spec.otel_unit for spec, _ in rows}
+        assert len(units) == 1, f"rows of one OTLP metric {name} with different units: {units}"
+        help_ = MERGED_HELP.get(name, first.help) if len(rows) > 1 else first.help
+        if name == hw_metrics.HW_GPU_IO:
+            out.append(OtelMetric(name, "counter", first.otel_unit, help_, GpuIo(rows)))
             continue
-        if spec.name in SEMCONV_GPU:
-            name, sc_inst, sc_unit, extra = SEMCONV_GPU[spec.name]
-            points = _catalogue_points(spec, extra, sc_unit == "By")
-            out.append(OtelMetric(name, sc_inst, sc_unit, spec.help, points))
-            continue
-        unit = UNITS_BY_ROW.get(spec.name) or UNITS.get(spec.unit, spec.unit)
-        inst: Instrument = "counter" if spec.kind == "counter" else "gauge"
-        out.append(OtelMetric(otel_name(spec), inst, unit, spec.help, _catalogue_points(spec, {}, False)))
-    names = [m.name for m in out]
-    dup = {n for n in names if names.count(n) > 1}
-    assert not dup, f"two catalogue rows map to one OTLP name: {dup}"
+        inst: Instrument = SEMCONV_INSTRUMENTS.get(name) or (
+            "counter" if first.kind == "counter" else "gauge"
+        )
+        points = _catalogue_points(rows, integer=first.otel_unit == "By")
+        out.append(OtelMetric(name, inst, first.otel_unit, help_, points))
     return tuple(out)
 
 
 # Re-based latency histograms (catalogue HISTOGRAMS) → OTLP name.
-HISTOGRAM_NAMES: Mapping[str, str] = {
-    "ttft_seconds": "infercost.time_to_first_token",
-    "itl_seconds": "infercost.time_per_output_token",
-    "e2e_seconds": "infercost.request.duration",
-}
+HISTOGRAM_NAMES: Mapping[str, str] = {spec.name: otel_name(spec) for spec in HISTOGRAMS}
 
 
 def histogram_metrics(snap: Snapshot, start_ns: int, now_ns: int) -> list[Metric]:

@@ -297,7 +297,7 @@ def to_text(e: Explained) -> str:
     lines = [f"why $ per 1M output tokens changed: {e.what}"]
     if e.matched_share is not None:
         lines.append(f"  ({e.matched_share * 100:.0f} % of the output tokens ran at a load both had)")
-    lines.append(f"  {'':<28} {'before':>10} {'after':>10} {'$/1M':>10} {'running':>10}")
+    lines.append(f"  {'':<28} {'before':>10} {'after':>10} {'$/1M':>10} {'level':>10}")
     lines.append(f"  {'start':<28} {'':>10} {'':>10} {'':>10} {s.before_usd_per_1m:>10.4f}")
     level = s.before_usd_per_1m
     for t in s.terms:

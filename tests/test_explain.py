@@ -46,7 +46,8 @@ def sums_of(x: Inputs) -> dict[str, float]:
     prefill_share = prefill / (prefill + 1.0)
     decode_wall = x.busy * x.seconds * (1.0 - prefill_share)
     gen = decode_wall / x.step_seconds * x.batch
-    floor_per_token = cost / x.seconds * x.roofline_step_seconds / x.batch
+    in_decode = x.batch * x.busy * (1.0 - prefill_share)  # sequences in decode over the window
+    floor_per_token = cost / x.seconds * x.roofline_step_seconds / in_decode
     return {
         "seconds": x.seconds,
         "generation_tokens": gen,
@@ -59,7 +60,7 @@ def sums_of(x: Inputs) -> dict[str, float]:
         "split_usd": cost,
         "roofline.s": x.roofline_step_seconds / x.step_seconds * x.seconds,
         "roofline.w": x.seconds,
-        "running.s": x.batch * x.seconds,
+        "running.s": in_decode * x.seconds,
         "running.w": x.seconds,
         "floor_usd": floor_per_token * gen,
         "floor_tokens": gen,
@@ -183,7 +184,10 @@ def test_a_factor_absent_in_one_window_merges_its_pair() -> None:
     s = split(factors_of(b), factors_of(a))
     names = [t.name for t in s.terms]
     assert "price+idle" in names and "price" not in names and "idle" not in names
-    assert s.terms[0].name == "price+idle"  # the idle time moved, merged with the price
+    # without the busy share, fewer sequences in decode cannot be told from a smaller batch per
+    # step: the idle time reads as batch, and the merged price and idle carry only the price (none)
+    assert s.terms[0].name == "batch"
+    assert abs({t.name: t for t in s.terms}["price+idle"].usd_per_1m) < 1e-9 * s.total_usd_per_1m
     assert s.merged == ("idle: no NVML busy time (usage basis)",)
 
 

@@ -9,16 +9,22 @@ For a window, dollars per output token is a chain of factors, each read from its
             × model        GPU-s of one roofline step (weights + resident KV
                            ÷ bandwidth, × GPUs), from the cost floor: floor $/token
                            ÷ price × batch                                         [GPU-s / step]
-            ÷ batch        sequences running per step (the gauge, or over coarse
-                           windows the counter-derived batch)                      [tokens / step]
+            ÷ batch        sequences per decode step: the sequences in decode over the
+                           window (the counter-derived batch, decode request-seconds
+                           ÷ seconds; else the running gauge) ÷ the share of the window
+                           spent in decode steps (busy share × decode share)        [tokens / step]
 
-Dimensions: $/GPU-s × GPU-s/step ÷ tokens/step = $/token. The product is checked against the
-measured Σ cost ÷ Σ output tokens; their ratio less 1 is the **closure gap**, a measurement (the
-factors come from different series: price book and GPU time, NVML busy time, the engine's phase
-times, its step timing, the configured model and the hardware's bandwidth, the running gauge), not
-forced to zero. Every factor is a ratio of sums over the window's minutes, never a mean of
-per-minute ratios (decode efficiency is kept by the store as a time-weighted mean, so step
-efficiency is the inverse of that mean).
+Dimensions: $/GPU-s × GPU-s/step ÷ tokens/step = $/token. Idle and mix are the two shares of the
+window that were not decode steps, and batch is per decode step, so the product is
+price × step efficiency × model ÷ (sequences in decode over the window): a night with half the
+requests shows as idle (the GPU waited), not as a smaller batch; longer prompts as mix.
+
+The product is checked against the measured Σ cost ÷ Σ output tokens; their ratio less 1 is the
+**closure gap**, a measurement (the factors come from different series: price book and GPU time,
+NVML busy time, the engine's phase times, its step timing, the configured model and the hardware's
+bandwidth, the running gauge), not forced to zero. Every factor is a ratio of sums over the
+window's minutes, never a mean of per-minute ratios (decode efficiency is kept by the store as a
+time-weighted mean, so step efficiency is the inverse of that mean).
 
 Between two windows the change of the measured $/1M splits additively by the log-mean Divisia
 index (LMDI-I; Ang, Energy Policy 2004 and 2015): factor i's share is ``L(V₁, V₀) · ln(fᵢ₁ / fᵢ₀)``
@@ -88,6 +94,7 @@ class Factors:
 
     values: Mapping[str, float | None]  # factor → value in the product (batch as 1 / batch)
     usd_per_token: float | None  # measured Σ cost ÷ Σ output tokens (dollars per token)
+    in_decode: float | None = None  # sequences in decode over the window (time-weighted mean)
 
     def product(self, names: Sequence[str] = FACTORS) -> float | None:
         """The product of ``names`` (None if any is unreadable)."""
@@ -149,11 +156,31 @@ def factors_of(sums: Mapping[str, float], engine_kind: str | None = None) -> Fac
         "mix": mix,
         "step_efficiency": step if step is None or step >= 1.0 else None,  # efficiency above 1: absent
         "model": model,
-        "batch": 1.0 / running if running else None,
     }
     for name in ENGINE_MERGES.get(engine_kind or "", ()):
         values[name] = None
-    return Factors(values, _ratio(g("cost_usd", 0.0), g("generation_tokens", 0.0)))
+    values["batch"] = _per_step(running, values, BATCH_SHARES)
+    return Factors(values, _ratio(g("cost_usd", 0.0), g("generation_tokens", 0.0)), running)
+
+
+# The shares of a window that were not decode steps: batch per step is the sequences in decode over
+# the window divided by them.
+BATCH_SHARES = ("idle", "mix")
+
+
+def _per_step(
+    in_decode: float | None, values: Mapping[str, float | None], shares: Sequence[str]
+) -> float | None:
+    """1 ÷ sequences per decode step: the sequences in decode over the window over the share of it
+    spent in decode steps (busy share × decode share, of ``shares`` those readable; one that is not
+    counts as 1, and the merged residual that replaces it makes up for it, so the product stays
+    price × step efficiency × model ÷ sequences in decode)."""
+    if not in_decode:
+        return None
+    per_step = in_decode
+    for n in shares:
+        per_step *= values.get(n) or 1.0
+    return 1.0 / per_step
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +254,12 @@ def split(before: Factors, after: Factors) -> Split:
             + " window (no tokens or no dollars)"
         )
     groups, notes = _groups(before, after)
+    # batch per step over the shares both windows can read (an unreadable one is merged in both)
+    shares = [n for n in BATCH_SHARES if before.values.get(n) is not None and after.values.get(n) is not None]
+    before, after = (
+        Factors({**f.values, "batch": _per_step(f.in_decode, f.values, shares)}, f.usd_per_token, f.in_decode)
+        for f in (before, after)
+    )
     merged = bool(notes)
     weight = log_mean(v1, v0) * PER_MILLION
     rows: list[tuple[str, float, float | None, float | None]] = []

@@ -253,6 +253,24 @@ async def build_agent(
     return Agent(cfg, steady, book, nvml, engines, hooks)
 
 
+def _cost_api(cfg: Config, hooks: Hooks, path: Path, clock: Clock) -> None:
+    """Engines' cost identities kept with the history, and /api/v1/cost over it."""
+    import sqlite3
+
+    from agent.sinks.api import CostApi
+    from agent.sinks.costlabels import CostLabelHistory
+
+    try:
+        labels = CostLabelHistory(path, cfg.store.retention_days)
+    except sqlite3.Error as err:
+        logger.error("cost labels cannot be kept in %s (%s): /api/v1/cost groups without them", path, err)
+    else:
+        hooks.on_tick.append(labels.on_tick)
+        hooks.closers.append(labels.close)
+    api = CostApi(path, cfg.store.retention_days, cfg.allocation.idle_policy == "share", clock.now)
+    hooks.routes[CostApi.PATH] = api.handle
+
+
 async def _wire_history(
     cfg: Config,
     clock: SteadyClock,
@@ -290,6 +308,7 @@ async def _wire_history(
         return
     hooks.store = store
     hooks.recovered_files = len(state.recovered)
+    _cost_api(cfg, hooks, path, clock)
     if not detection:
         return
     from agent.detect.pipeline import build_pipeline

@@ -402,7 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name: str, help_: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help_, description=help_, parents=[common], formatter_class=fmt)
 
-    for add_command in (_add_demo, _add_run_and_check, _add_bench, _add_report, _add_explain):
+    for add_command in (_add_demo, _add_run_and_check, _add_bench, _add_report, _add_explain, _add_query):
         add_command(add)
     return p
 
@@ -549,6 +549,15 @@ def _add_explain(add: _Add) -> None:
     e.add_argument("--bearer-token-file", type=Path, help="Prometheus: Authorization: Bearer <file>")
     e.add_argument("--ca-file", type=Path, help="Prometheus: PEM CA bundle for https")
     e.set_defaults(func=cmd_explain)
+
+
+def _add_query(add: _Add) -> None:
+    """``infercost query`` (agent/query.py)."""
+    from agent.query import add_arguments, run_query
+
+    q = add("query", "cost by namespace, team, model…: the cost API's answer from a store or Prometheus")
+    add_arguments(q)
+    q.set_defaults(func=run_query)
 
 
 def cmd_explain(args: argparse.Namespace) -> int:

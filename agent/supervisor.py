@@ -310,7 +310,12 @@ class Agent:
         self.book = book
         self.engines = tuple(cfg.engines if engines is None else engines)
         self.hooks = hooks or Hooks()
-        self.ledger = Ledger(cfg.node, __version__, trailing_seconds=cfg.intervals.window_seconds)
+        self.ledger = Ledger(
+            cfg.node,
+            __version__,
+            trailing_seconds=cfg.intervals.window_seconds,
+            expire_after_seconds=cfg.limits.series_ttl_seconds,
+        )
         self.joiner = self._new_joiner()
         self.backend = backend
         self.sampler = NvmlSampler(backend, clock) if backend is not None else None
@@ -342,6 +347,7 @@ class Agent:
             [e.cost_spec() for e in self.engines],
             self.book.table(),
             self.cfg.prices.share_policy,
+            self.cfg.limits.series_ttl_seconds,
         )
 
     # ------------------------------------------------------------------ public
@@ -447,7 +453,7 @@ class Agent:
         timeout = aiohttp.ClientTimeout(total=None)
         try:
             async with aiohttp.ClientSession(timeout=timeout) as session:
-                scrapers = [EngineScraper(e, session, self.clock) for e in self.engines]
+                scrapers = [EngineScraper(e, session, self.clock, self.cfg.limits) for e in self.engines]
                 async with asyncio.TaskGroup() as tg:
                     if self.sampler is not None:
                         tg.create_task(
@@ -562,7 +568,7 @@ class Agent:
         scrapers[:] = [
             old[e.name]
             if e.name in old and old[e.name].cfg == e
-            else EngineScraper(e, self._session, self.clock)
+            else EngineScraper(e, self._session, self.clock, self.cfg.limits)
             for e in self.engines
         ]
         self.joiner.engines = tuple(e.cost_spec() for e in self.engines)

@@ -134,17 +134,34 @@ def _mean(values: Iterable[float | None]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+# Why an hour: the default of limits.series_ttl_seconds (its reason is there, in agent/config.py).
+SERIES_TTL_SECONDS = 3600.0
+
+
 class WindowJoiner:
     """Turns a stream of samples into priced windows. Feed NVML rounds with :meth:`add_round`, then
-    close each tick with :meth:`close_tick`."""
+    close each tick with :meth:`close_tick`.
+
+    What it remembers per (engine, model) — counters' and histograms' last readings — is forgotten
+    once its engine, up, has not listed the model for ``series_ttl_seconds`` (a model that comes
+    back after that starts from a new baseline, as after a restart), and so is an engine no longer
+    listed."""
 
     def __init__(
-        self, node: str, engines: Sequence[EngineSpec], prices: PriceTable, share_policy: str = "equal"
+        self,
+        node: str,
+        engines: Sequence[EngineSpec],
+        prices: PriceTable,
+        share_policy: str = "equal",
+        series_ttl_seconds: float = SERIES_TTL_SECONDS,
     ):
         self.node = node
         self.engines = tuple(engines)
         self.prices = prices
         self.share_policy = share_policy
+        self.series_ttl_seconds = series_ttl_seconds  # seconds a model unseen is remembered
+        self.expired_models = 0  # (engine, model) pairs forgotten since start
+        self._model_seen: dict[tuple[str, str], float] = {}  # (engine, model) → last tick it was read
         self._last_tick: float | None = None
         self._acc: dict[str, list[GpuSample]] = {}
         self._seen: dict[str, GpuSample] = {}  # uuid → last reading that was up
@@ -435,6 +452,9 @@ class WindowJoiner:
         for name, sc in scrapes.items():
             if sc.up and sc.models:
                 self._known_models[name] = tuple(m.model for m in sc.models)
+                for m in sc.models:
+                    self._model_seen[(name, m.model)] = now
+        self._expire(now)
         for uuid, samples in self._acc.items():
             up = [s for s in samples if s.up]
             if not up:
@@ -446,6 +466,38 @@ class WindowJoiner:
             if samples[-1].energy_joules is not None:
                 self._last_energy[uuid] = (samples[-1].energy_joules, now)
         self._acc = {}
+
+    def _expire(self, now: float) -> None:
+        """Forget the models not read for ``series_ttl_seconds`` and the engines no longer listed (a
+        down engine's models stay: its outage's windows still carry them)."""
+        listed = {e.name for e in self.engines}
+        cutoff = now - self.series_ttl_seconds
+        old = {
+            k
+            for k, t in self._model_seen.items()
+            if k[0] not in listed or (t < cutoff and k[0] not in self._down_since)
+        }
+        gone = [e for e in self._known_models if e not in listed]
+        if not old and not gone:
+            return
+        for key in old:
+            del self._model_seen[key]
+        self.expired_models += len(old)
+        self._counters = {k: v for k, v in self._counters.items() if k[:2] not in old}
+        self._histograms = {k: v for k, v in self._histograms.items() if k[:2] not in old}
+        self._refused_logged = {k for k in self._refused_logged if k[:2] not in old}
+        for engine in gone:
+            del self._known_models[engine]
+            self._down_since.pop(engine, None)
+        for engine, models in list(self._known_models.items()):
+            kept = tuple(m for m in models if (engine, m) not in old)
+            if kept != models:
+                self._known_models[engine] = kept
+
+    @property
+    def remembered_models(self) -> int:
+        """(engine, model) pairs whose counters are remembered (for tests and the bench)."""
+        return len({k[:2] for k in self._counters} | {k[:2] for k in self._histograms})
 
 
 def _is_up(scrape: EngineScrape | None) -> bool:

@@ -54,6 +54,14 @@ logger = logging.getLogger(__name__)
 DEFAULT_MODEL = "default"  # model name when neither the page nor the config names one
 OTHER_MODEL = "other"  # the models beyond an engine's max_models, folded together
 DEFAULT_MAX_MODELS = 64  # models per engine (config: engines[].max_models)
+DEFAULT_MAX_BUCKETS = 1000  # buckets of one histogram per model (config: limits.max_histogram_buckets)
+
+
+class PageRefused(ValueError):
+    """A page that parses but is refused whole (a histogram over the bucket limit); the message
+    names the series and the limit."""
+
+
 # Why 1e15: an engine producing 100,000 tokens/s (far beyond one node today) takes 300 years to
 # count that far, while 1e308 or Inf would turn every sum downstream into Inf or NaN.
 MAX_VALUE = 1e15
@@ -183,11 +191,13 @@ class Adapter:
         default_model: str | None = None,
         openmetrics: bool = False,
         max_models: int = DEFAULT_MAX_MODELS,
+        max_buckets: int = DEFAULT_MAX_BUCKETS,
     ) -> Reading:
         """Parse a page (OpenMetrics text when ``openmetrics``) and map it with its checks;
-        raises ParseError on a malformed wanted line."""
+        raises ParseError on a malformed wanted line, PageRefused on a histogram of more than
+        ``max_buckets`` buckets."""
         page, duplicates = parser_for(self.families).read(text, openmetrics)
-        return _Mapping(self, page, default_model, max_models, duplicates).run()
+        return _Mapping(self, page, default_model, max_models, duplicates, max_buckets).run()
 
     def parse(
         self, text: str, default_model: str | None = None, openmetrics: bool = False
@@ -288,8 +298,10 @@ class _Mapping:
         default_model: str | None,
         max_models: int,
         duplicates: tuple[tuple[str, dict[str, str]], ...] = (),
+        max_buckets: int = DEFAULT_MAX_BUCKETS,
     ) -> None:
         self.a = adapter
+        self.max_buckets = max_buckets
         self.page = page
         self.duplicates = duplicates  # the series the parser left out (written twice, two values)
         self.fallback = clean_label(default_model) if default_model else DEFAULT_MODEL
@@ -567,6 +579,11 @@ class _Mapping:
         sums, counts, own_sc = self._sums_counts(signal, s, ranked, fixed - 1)
         out: dict[str, Histogram] = {}
         for model, per in buckets.items():
+            if len(per) > self.max_buckets:
+                raise PageRefused(
+                    f"histogram {base}_bucket has {len(per)} buckets for model {model!r}, over the limit "
+                    f"of {self.max_buckets} (limits.max_histogram_buckets)"
+                )
             bounds = tuple(sorted(per))
             if not math.isinf(bounds[-1]):
                 continue  # no +Inf bucket: not a usable histogram

@@ -2,7 +2,9 @@
 
 :meth:`EngineScraper.scrape` never raises. Whatever goes wrong (timeout, refused or dropped
 connection, HTTP error, a page over ``max_bytes``, an endless or slow stream, a binary or
-non-UTF-8 body, the wrong content type, an unparsable wanted line, an unrecognisable engine) gives
+non-UTF-8 body, the wrong content type, an unparsable wanted line, an unrecognisable engine, a
+histogram of more buckets than ``limits.max_histogram_buckets``, a page that cost more CPU to read
+than ``limits.scrape_cpu_seconds`` — then the next scrapes are skipped a while) gives
 an :class:`EngineScrape` with ``up=False`` and the reason (a quoted line is cut to 200 characters);
 the log gets one line when the state changes (down with a new kind of reason, at most one a minute,
 or back up), not one per scrape. A page that reads but carries hostile values is up, with the
@@ -24,9 +26,9 @@ import time
 import aiohttp
 
 from agent.clock import Clock
-from agent.config import EngineConfig
+from agent.config import EngineConfig, LimitsConfig
 from agent.samples import EngineScrape
-from agent.sources.engines.base import Adapter
+from agent.sources.engines.base import Adapter, PageRefused
 from agent.sources.engines.parser import ParseError
 from agent.sources.engines.registry import ADAPTERS, detect_kind
 
@@ -41,6 +43,11 @@ ACCEPT_HEADER = "text/plain;version=0.0.4,*/*;q=0.1"
 CHUNK_BYTES = 64 * 1024  # read size; the max_bytes cap is checked after each chunk
 # Why 60 s: an endpoint cycling through failure kinds still leaves at most one line a minute.
 LOG_INTERVAL_SECONDS = 60.0
+# After a page over its CPU budget the engine's next scrapes are skipped (down, same reason): one
+# after the first, doubling with each refusal in a row. Why at most 32: the page's cost is then
+# spread over 33 intervals (under a thirtieth of its cost per interval at the worst), and an engine
+# whose page becomes cheap again is read within 33 intervals (under 3 minutes at 5 s).
+MAX_SKIPPED_SCRAPES = 32
 
 
 class ScrapeFailed(Exception):
@@ -54,10 +61,21 @@ class EngineScraper:
     from then on.
     """
 
-    def __init__(self, cfg: EngineConfig, session: aiohttp.ClientSession, clock: Clock) -> None:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        session: aiohttp.ClientSession,
+        clock: Clock,
+        limits: LimitsConfig | None = None,
+    ) -> None:
         self.cfg = cfg
         self.session = session
         self.clock = clock
+        self.limits = limits or LimitsConfig()
+        self.cpu_seconds = 0.0  # CPU time of the last page read (decode, parse, map), this thread's
+        self._over_budget = 0  # pages over the CPU budget in a row
+        self._skip = 0  # scrapes still to skip after one
+        self._skip_reason = ""
         self.kind: str | None = None if cfg.kind == "auto" else cfg.kind
         self._state: str | None = None  # "up" or the kind of the last error, for log-once-per-change
         self._last_down_log = -math.inf  # time.monotonic() of the last "down" line
@@ -74,11 +92,25 @@ class EngineScraper:
         t0 = time.perf_counter()
         size = 0
         try:
+            if self._skip:
+                self._skip -= 1
+                raise ScrapeFailed(self._skip_reason)
             body, openmetrics = await asyncio.wait_for(self._fetch(), timeout=self.cfg.timeout_seconds)
             size = len(body)
-            text = self._decode(body)
-            adapter = self._adapter_for(text)
-            reading = adapter.read(text, self.cfg.model, openmetrics, self.cfg.max_models)
+            cpu0 = time.thread_time()  # the parse runs on this thread alone, between two awaits
+            try:
+                text = self._decode(body)
+                adapter = self._adapter_for(text)
+                reading = adapter.read(
+                    text,
+                    self.cfg.model,
+                    openmetrics,
+                    self.cfg.max_models,
+                    self.limits.max_histogram_buckets,
+                )
+            finally:
+                self.cpu_seconds = time.thread_time() - cpu0
+            self._check_budget()
         except asyncio.CancelledError:
             raise
         except Exception as err:
@@ -131,6 +163,21 @@ class EngineScraper:
                 chunks.append(chunk)
             return b"".join(chunks), media.startswith("application/openmetrics-text")
 
+    def _check_budget(self) -> None:
+        """Refuse a page that cost more CPU than ``limits.scrape_cpu_seconds`` to read, and skip
+        the next scrapes (see MAX_SKIPPED_SCRAPES)."""
+        budget = self.limits.scrape_cpu_seconds
+        if self.cpu_seconds <= budget:
+            self._over_budget = 0
+            return
+        self._over_budget += 1
+        self._skip = min(MAX_SKIPPED_SCRAPES, 2 ** (self._over_budget - 1))
+        self._skip_reason = (
+            f"page refused: reading it cost {self.cpu_seconds:.2f} s of CPU, over the budget of "
+            f"{budget:g} s (limits.scrape_cpu_seconds); the next {self._skip} scrape(s) skipped"
+        )
+        raise ScrapeFailed(self._skip_reason)
+
     @staticmethod
     def _decode(body: bytes) -> str:
         # A few NUL bytes are text (the OpenMetrics suite has one in a HELP line; in a label value
@@ -158,6 +205,8 @@ class EngineScraper:
             return str(err)
         if isinstance(err, TimeoutError):
             return f"timeout after {self.cfg.timeout_seconds:g} s"
+        if isinstance(err, PageRefused):
+            return f"page refused: {err}"
         if isinstance(err, ParseError):
             return f"unparsable page: {err}"
         if isinstance(err, aiohttp.ClientConnectorError):

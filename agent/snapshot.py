@@ -169,6 +169,7 @@ class Snapshot:
     store_files_recovered_total: int = 0  # damaged SQLite files moved aside and recreated
     kube_engines_over_cap: int | None = None  # engine pods beyond kubernetes.max_engines; None: no discovery
     store_dropped_seconds_total: float = 0.0  # seconds of history (whole minutes) dropped: store failing
+    config_reload_success: bool | None = None  # the last load of the price book and rules worked
     # (engine, model, version) → epoch seconds when it replaced another version
     deploys: Mapping[ModelKey, float] = field(default_factory=dict)
     # GPU or MIG UUID → (namespace, pod) holding it per the kubelet, for pods that are not scraped

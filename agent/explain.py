@@ -6,11 +6,9 @@ local store (``--state-dir``) or from Prometheus (``--prometheus``), each as sum
 step efficiency, model and context, batch and the closure gap.
 
 - ``--version V --against V0``: every minute of V against every minute of V0 (within ``--since`` /
-  ``--until`` when given) **at like load**, the way the cost-per-token rule's deploy comparison
-  matches load: by bands of requests running :data:`BAND_RATIO` wide (tokens per second where the
-  gauge is absent); only bands both versions have count, and V0's minutes in each band are weighted
-  to V's output tokens in it, so a version that ran at busier hours is not credited with their
-  larger batches.
+  ``--until`` when given) **at like load** (:func:`agent.detect.explain.like_load`: the bands of the
+  cost-per-token rule's deploy comparison, V0's minutes weighted to V's load mix), as cost alerts
+  compare them.
 - ``--from T0 --to T1``: the ``--window`` starting at T0 against the one starting at T1, as they
   were (load included: a change of load shows as batch and idle).
 
@@ -25,24 +23,18 @@ import logging
 import math
 import sqlite3
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agent.cost.explain import LABELS, UNITS, ExplainError, Factors, Split, factors_of, split
-from agent.records import load_band, mean_of
+from agent.detect.explain import Bucket, bucket_of, like_load, total
 from agent.report.data import ReportError
 
 logger = logging.getLogger(__name__)
 
 STORE_FILE = "history.sqlite"
-# The bands of the shipped cost-per-token rule's like-load comparison (rules/agent/default.yaml:
-# requests running, 1.5× wide): the deploy comparison the alerts print matches load the same way.
-BAND_RATIO = 1.5
-# Why 1 token/s: a minute below it is an idle minute, whose dollars per token say nothing of the
-# model (the cost rule ignores them the same way: min_tokens_per_second 1).
-MIN_TOKENS_PER_SECOND = 1.0
 PROM_STEP_SECONDS = 3600.0  # the Prometheus path's bucket (a longer range than an hour is hourly rows)
 # The sums each exported series gives a Prometheus bucket: (sum name, PromQL with {by} and {w}).
 PROM_COUNTERS: Mapping[str, str] = {
@@ -58,77 +50,6 @@ PROM_GAUGES: Mapping[str, str] = {
     "floor": "infercost_usd_per_1m_output_tokens_floor",
 }
 SERIES = ("node", "engine", "model", "model_version")
-
-
-@dataclass(frozen=True, slots=True)
-class Bucket:
-    """One minute (store) or hour (Prometheus) of one series as the model sums."""
-
-    at: float  # epoch seconds, start
-    version: str
-    sums: Mapping[str, float]
-
-
-def add_sums(into: dict[str, float], sums: Mapping[str, float], weight: float = 1.0) -> None:
-    """Add ``sums`` × ``weight`` into ``into`` (every sum is additive)."""
-    for k, v in sums.items():
-        into[k] = into.get(k, 0.0) + v * weight
-
-
-def total(buckets: Iterable[Bucket]) -> dict[str, float]:
-    """The buckets' sums added."""
-    out: dict[str, float] = {}
-    for b in buckets:
-        add_sums(out, b.sums)
-    return out
-
-
-def band_of(sums: Mapping[str, float]) -> tuple[str, int] | None:
-    """A bucket's load band: requests running, else output tokens per second (None: idle)."""
-    secs = sums.get("seconds", 0.0)
-    tps = sums.get("generation_tokens", 0.0) / secs if secs > 0 else 0.0
-    if tps < MIN_TOKENS_PER_SECOND:
-        return None
-    running = mean_of(sums, "running")
-    if running is not None and running > 0:
-        band = load_band(running, BAND_RATIO)
-        return None if band is None else ("running", band)
-    band = load_band(tps, BAND_RATIO)
-    return None if band is None else ("tps", band)
-
-
-@dataclass(frozen=True, slots=True)
-class LikeLoad:
-    """Two versions' sums at like load."""
-
-    before: dict[str, float]  # the reference version, weighted to the other's load mix
-    after: dict[str, float]
-    matched_share: float  # 0–1: share of the version's output tokens in bands the reference has
-
-
-def like_load(after: Sequence[Bucket], before: Sequence[Bucket]) -> LikeLoad:
-    """``after`` and ``before`` summed over the load bands both have, ``before``'s buckets in each band
-    weighted by the ratio of the two versions' output tokens in it (see the module docstring)."""
-    by_a: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
-    by_b: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
-    for buckets, into in ((after, by_a), (before, by_b)):
-        for b in buckets:
-            band = band_of(b.sums)
-            if band is not None:
-                add_sums(into[band], b.sums)
-    out_a: dict[str, float] = {}
-    out_b: dict[str, float] = {}
-    matched = everything = 0.0
-    for band, sa in by_a.items():
-        tokens = sa.get("generation_tokens", 0.0)
-        everything += tokens
-        sb = by_b.get(band)
-        if sb is None or sb.get("generation_tokens", 0.0) <= 0:
-            continue
-        matched += tokens
-        add_sums(out_a, sa)
-        add_sums(out_b, sb, tokens / sb["generation_tokens"])
-    return LikeLoad(out_b, out_a, matched / everything if everything > 0 else 0.0)
 
 
 # -- the two sources ------------------------------------------------------------------------------
@@ -154,7 +75,7 @@ def store_reader(state_dir: Path, match: Mapping[str, str]) -> tuple[Reader, Cal
             recs = store.records(start, end, ("model",), match)
         except sqlite3.Error as err:
             raise ReportError(f"{path}: cannot read the store: {err}") from None
-        return [Bucket(r.minute, r.label("model_version"), r.sums) for r in recs]
+        return [bucket_of(r) for r in recs]
 
     return read, store.close
 

@@ -296,11 +296,14 @@ def split(before: Factors, after: Factors) -> Split:
     )
 
 
-def one_line(s: Split, top: int = 3) -> str:
-    """The split in one line, largest terms first: ``+$0.88/1M: step efficiency +$0.79, batch +$0.11,
-    idle −$0.02`` (the closure gap is named only when it is among the largest)."""
+def one_line(s: Split, top: int = 3, note: str | None = None) -> str:
+    """The split in one line, largest terms first: ``+$0.88/1M: step efficiency +$0.79 (deploy
+    2024-10), batch +$0.11, idle −$0.02`` (``note`` after the largest; the closure gap is named only
+    when it is among the largest)."""
     head = f"{_usd(s.total_usd_per_1m)}/1M"
     parts = [f"{t.label} {_usd(t.usd_per_1m)}" for t in s.terms[:top]]
+    if note and parts:
+        parts[0] += f" ({note})"
     return head + ": " + ", ".join(parts)
 
 

@@ -34,6 +34,10 @@ logger = logging.getLogger(__name__)
 DeployLookup = Callable[[Rule, Finding], DeployInfo | None]
 # Another: (rule, finding) → a one-line description of a price change the alert follows, if any.
 PriceLookup = Callable[[Rule, Finding], "str | None"]
+# Another: (rule, finding, deploy) → why a cost alert's cost per token moved, the change split by
+# factor in one line ("+$0.88/1M: step efficiency +$0.79, batch +$0.11, idle −$0.02"), if known
+# (agent.detect.explain.AlertExplainer).
+ExplainLookup = Callable[[Rule, Finding, "DeployInfo | None"], "str | None"]
 
 
 def _fmt(v: float | None) -> str:
@@ -46,7 +50,13 @@ class _Annotator:
     runbook_base: str | None = None  # relative runbook links are made absolute from it, when set
 
     def annotate(
-        self, rule: Rule, f: Finding, since: float, deploy: DeployInfo | None, price: str | None = None
+        self,
+        rule: Rule,
+        f: Finding,
+        since: float,
+        deploy: DeployInfo | None,
+        price: str | None = None,
+        why: str | None = None,
     ) -> dict[str, str]:
         labels = dict(f.labels)
         change = None
@@ -62,6 +72,7 @@ class _Annotator:
             since=iso(since),
             deploy=deploy.describe() if deploy else "none",
             price_change=price or "none",
+            why=why or "n/a",
             rule_id=rule.id,
             severity=rule.severity,
             unit=SIGNALS[rule.signal].unit,
@@ -82,6 +93,8 @@ class _Annotator:
             ann["deploy"] = deploy.describe()
         if price is not None:
             ann["price_change"] = price
+        if why is not None:
+            ann["why"] = why
         if rule.runbook_url:
             ann["runbook_url"] = absolute_link(rule.runbook_url, self.runbook_base) or rule.runbook_url
         if self.external_url:
@@ -99,11 +112,13 @@ class AlertManager:
         deploy_lookup: DeployLookup | None = None,
         price_lookup: PriceLookup | None = None,
         runbook_base: str | None = None,
+        explain_lookup: ExplainLookup | None = None,
     ) -> None:
         self._rules = {r.id: r for r in rules}
         self._annotator = _Annotator(external_url, runbook_base)
         self._deploy_lookup = deploy_lookup
         self._price_lookup = price_lookup
+        self._explain_lookup = explain_lookup
         self._alerts: dict[str, Alert] = {}
 
     def step(self, findings: Iterable[Finding], now: float) -> list[AlertEvent]:
@@ -120,13 +135,14 @@ class AlertManager:
             if cur is None:
                 deploy = self._deploy_lookup(rule, f) if self._deploy_lookup else None
                 price = self._price_lookup(rule, f) if self._price_lookup else None
+                why = self._why(rule, f, deploy)
                 cur = Alert(
                     rule_id=rule.id,
                     dedup_key=key,
                     severity=rule.severity,
                     state="pending",
                     labels={**dict(f.labels), **rule.labels, **rule.alert_labels()},
-                    annotations=self._annotator.annotate(rule, f, f.at, deploy, price),
+                    annotations=self._annotator.annotate(rule, f, f.at, deploy, price, why),
                     active_since=f.at,
                     last_true_at=now,
                     value=f.value,
@@ -143,7 +159,12 @@ class AlertManager:
                     threshold=f.threshold,
                     baseline=f.baseline,
                     annotations=self._annotator.annotate(
-                        rule, f, cur.active_since, cur.deploy, cur.annotations.get("price_change")
+                        rule,
+                        f,
+                        cur.active_since,
+                        cur.deploy,
+                        cur.annotations.get("price_change"),
+                        cur.annotations.get("why"),
                     )
                     if cur.state == "pending"
                     else cur.annotations,
@@ -165,6 +186,16 @@ class AlertManager:
                 events.append(AlertEvent("resolved", done, now))
                 del self._alerts[key]
         return events
+
+    def _why(self, rule: Rule, f: Finding, deploy: DeployInfo | None) -> str | None:
+        """The explain hook's line; a failing hook costs the alert its line, never the alert."""
+        if self._explain_lookup is None:
+            return None
+        try:
+            return self._explain_lookup(rule, f, deploy)
+        except Exception:  # the split is a courtesy: the alert goes out without it
+            logger.exception("explaining alert %s failed; sent without the factor split", rule.id)
+            return None
 
     def active(self) -> list[Alert]:
         """Pending and firing alerts."""
@@ -200,6 +231,7 @@ __all__ = [
     "AlertManager",
     "DeployInfo",
     "DeployLookup",
+    "ExplainLookup",
     "PriceLookup",
     "alert_from_dict",
     "dedup_key",

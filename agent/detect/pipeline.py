@@ -31,6 +31,7 @@ from agent.detect.alerts import AlertManager
 from agent.detect.baselines import baseline_of
 from agent.detect.deploys import DeployTracker, PriceTracker
 from agent.detect.evaluator import Finding, RuleEvaluator
+from agent.detect.explain import AlertExplainer
 from agent.detect.rules import Rule, RuleSet, load_default_rules, load_rules
 from agent.records import MINUTE, SIGNALS, Alert, AlertEvent, DeployEvent, MinuteRecord, load_band
 from agent.sinks.notify import Notifier, Sink
@@ -88,11 +89,27 @@ class Pipeline:
         # is history by then, and every alert pending after the deploy compares with it (re-reading
         # a week from the store for each was most of the rules' time after a deploy)
         self._before: dict[tuple[Any, ...], float | None] = {}
+        explain = AlertExplainer(lambda labels, start, end: store.series("model", labels, start, end))
         self.alerts = AlertManager(
-            rules, external_url, self.deploys.lookup, self._price_change, runbook_base=runbook_base
+            rules,
+            external_url,
+            self.deploys.lookup,
+            self._price_change,
+            runbook_base=runbook_base,
+            explain_lookup=explain,
         )
         self._last: float | None = None  # start of the last evaluated minute (epoch seconds)
         self._deploys_seen = 0
+        self._started = False
+
+    def replace_rules(self, rules: RuleSet) -> None:
+        """Take a reloaded rule set: a new evaluator, warmed from history at the next step as at
+        start-up; alerts in flight keep their state (those of a removed rule resolve). Call only
+        between two steps."""
+        self.rules = rules
+        self.evaluator = RuleEvaluator(rules)
+        self.prices = PriceTracker()  # the replay observes history again from its start
+        self.alerts._rules = {r.id: r for r in rules}
         self._started = False
 
     # -- start-up ---------------------------------------------------------------------------------

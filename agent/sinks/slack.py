@@ -74,6 +74,8 @@ def slack_payload(
     fields.append(_field("Since", ann.get("since", ""), True))
     if "deploy" in ann:
         fields.append(_field("Deploy", ann["deploy"], False))
+    if "why" in ann:  # the change in $/1M split by factor
+        fields.append(_field("Why", ann["why"], False))
     if runbook:
         fields.append({"title": "Runbook", "value": runbook, "short": False})
     text = str(ann.get("description", ""))

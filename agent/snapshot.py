@@ -11,7 +11,7 @@ import logging
 import math
 import platform
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -21,6 +21,8 @@ from agent.cost.latency import accumulate
 from agent.cost.model import usd_per_million
 from agent.cost.quantiles import quantile
 from agent.cost.window import TickResult
+from agent.measures import MEASURES
+from agent.records import model_sums
 from agent.samples import CostWindow, EngineScrape, GpuSample, Histogram, NvmlRound
 
 logger = logging.getLogger(__name__)
@@ -149,6 +151,9 @@ class ModelState:
     # started; None until a window of this model version had every GPU measured by GPM
     bound_gpu_seconds_total: Mapping[str, float] | None = None
     bound_cost_usd_total: Mapping[str, float] | None = None
+    # values of the table's model rows without a field, derived from their aggregation over the
+    # windows' sums (see _DERIVED): a counter since start, a mean or ratio over the trailing window
+    derived: Mapping[str, float | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +244,38 @@ def _add_bounds(
         return total
     base = total or {}
     return {b: _add(base.get(b, 0.0), delta.get(b)) for b in {**base, **delta}}
+
+
+# The table's exported model rows without a field: the ledger derives them from their aggregation
+# over the windows' stored sums (agent.records.model_sums), the same formula as their rule signal —
+# a counter's sum since the agent started; a mean or a ratio of sums over the trailing window.
+_DERIVED: tuple[tuple[str, str, tuple[str, ...], Callable[[Sequence[float]], float | None]], ...] = tuple(
+    (m.name, m.aggregation, m.formula.inputs, m.formula.function())
+    for m in MEASURES
+    if m.source == "model" and m.exported and not m.field and m.formula is not None
+)
+
+
+def _derive_counters(prev: Mapping[str, float | None], w: CostWindow) -> dict[str, float | None]:
+    sums = model_sums(w)
+    out = dict(prev)
+    for name, agg, inputs, fn in _DERIVED:
+        if agg == "sum":
+            total = out.get(name)
+            out[name] = _add(0.0 if total is None else total, fn([sums.get(n, 0.0) for n in inputs]))
+    return out
+
+
+def _derive_gauges(prev: Mapping[str, float | None], recent: deque[CostWindow]) -> dict[str, float | None]:
+    out = {k: v for k, v in prev.items() if any(n == k and a == "sum" for n, a, _, _ in _DERIVED)}
+    totals: dict[str, float] = {}
+    for w in recent:
+        for k, v in model_sums(w).items():
+            totals[k] = totals.get(k, 0.0) + v
+    for name, agg, inputs, fn in _DERIVED:
+        if agg != "sum":
+            out[name] = fn([totals.get(n, 0.0) for n in inputs]) if recent else None
+    return out
 
 
 def _wmean(pairs: list[tuple[float | None, float]]) -> float | None:
@@ -410,6 +447,7 @@ class Ledger:
                     e2e_histogram=accumulate(prev.e2e_histogram, u.e2e_delta),
                     bound_gpu_seconds_total=_add_bounds(prev.bound_gpu_seconds_total, w.bound_gpu_seconds),
                     bound_cost_usd_total=_add_bounds(prev.bound_cost_usd_total, w.bound_usd),
+                    derived=_derive_counters(prev.derived, w) if _DERIVED else prev.derived,
                 ),
                 recent,
             )
@@ -460,6 +498,7 @@ class Ledger:
         if not recent:
             return replace(
                 state,
+                derived=_derive_gauges(state.derived, recent) if _DERIVED else state.derived,
                 prompt_tokens_per_second=None,
                 generation_tokens_per_second=None,
                 usd_per_1m_output_tokens=None,
@@ -528,6 +567,7 @@ class Ledger:
             e2e_p50_seconds=_merged_p99([w.usage.e2e_delta for w in recent], 0.5),
             e2e_p95_seconds=_merged_p99([w.usage.e2e_delta for w in recent], 0.95),
             e2e_p99_seconds=_merged_p99([w.usage.e2e_delta for w in recent]),
+            derived=_derive_gauges(state.derived, recent) if _DERIVED else state.derived,
         )
 
     def snapshot(self, store_up: bool | None = None) -> Snapshot:
@@ -559,7 +599,7 @@ Series = Iterator[tuple[tuple[str, ...], Any]]
 
 def series(spec: MetricSpec, snap: Snapshot) -> Series:
     """(label values, value) pairs of one catalogue row over a snapshot."""
-    return _SERIES[spec.source](spec, snap)
+    return _series(spec, snap)
 
 
 def label_names(spec: MetricSpec, snap: Snapshot) -> tuple[str, ...]:
@@ -572,88 +612,176 @@ def label_names(spec: MetricSpec, snap: Snapshot) -> tuple[str, ...]:
     return (*spec.labels[:at], *names, *spec.labels[at + 1 :])
 
 
-def _node_series(spec: MetricSpec, snap: Snapshot) -> Series:
-    yield (snap.node,), getattr(snap, spec.field)
+# ---- the sources: what each catalogue source iterates, how each label reads on an item, and the
+# value a field names. No row is special-cased: an info row (field "info") is 1 for every item whose
+# labels all have a value (a label whose adapter returns None skips the item), a row with one label
+# no adapter provides takes that label from the keys of its mapping value (one series per bound),
+# and a row without a field reads the value the ledger derived from its aggregation.
+INFO = "info"  # the table's field of an info row: value 1, the identity in its labels
+
+Label = Callable[[Any, Any], Any]  # (snapshot, item) → the label's value(s); None: no series
 
 
-def _build_series(spec: MetricSpec, snap: Snapshot) -> Series:
-    yield (snap.node, snap.version, snap.python_version), 1.0
+@dataclass(frozen=True, slots=True)
+class _Source:
+    items: Callable[[Snapshot], Iterable[Any]]
+    labels: Mapping[str, Label]
+    value: Callable[[Any, str], Any] = getattr  # (item, field) → the value
 
 
-def _gpu_series(spec: MetricSpec, snap: Snapshot) -> Series:
-    node = snap.node
-    for g in snap.gpus:
-        s = g.sample
-        if spec.field == "pod_info":
-            holder = snap.gpu_pods.get(s.uuid)
-            if holder is not None:
-                yield (node, g.gpu, *holder), 1.0
-        elif spec.field == "info":
-            yield (node, g.gpu, s.uuid, s.name, s.mig_parent_uuid or ""), 1.0
-        elif spec.field == "up":
-            yield (node, g.gpu), s.up
-        else:  # the GPU's own figures first, then the reading's
-            yield (node, g.gpu), getattr(g, spec.field) if hasattr(g, spec.field) else getattr(s, spec.field)
+def _node(snap: Snapshot, _: Any) -> str:
+    return snap.node
 
 
-def _engine_series(spec: MetricSpec, snap: Snapshot) -> Series:
-    if spec.field == "cost_info":  # one per engine: join its labels onto any engine's series
-        for i in snap.engine_info:
-            leader = "true" if i.group_leader else "false"
-            values = tuple(i.labels.get(k, "") for k in snap.cost_label_keys)
-            yield (snap.node, i.engine, i.namespace, i.pod, i.role, i.group, leader, *values), 1.0
-        return
-    for e in snap.engines:
-        labels = (snap.node, e.engine, e.kind) if "kind" in spec.labels else (snap.node, e.engine)
-        yield labels, getattr(e, spec.field)
+def _engine_info(snap: Snapshot, e: EngineState) -> EngineCostInfo | None:
+    for i in snap.engine_info:
+        if i.engine == e.engine:
+            return i
+    return None
 
 
-def _model_series(spec: MetricSpec, snap: Snapshot) -> Series:
-    for m in snap.models:
-        key = (snap.node, m.engine, m.model, m.model_version)
-        if spec.field in _MODEL_INFO:
-            extra = getattr(m, _MODEL_INFO[spec.field])
-            if extra is not None:
-                yield (*key, extra), 1.0
-        elif "bound" in spec.labels:  # one series per bound (agent.cost.bound)
-            for bound, v in (getattr(m, spec.field) or {}).items():
-                yield (*key, bound), v
-        else:
-            yield key, getattr(m, spec.field)
+def _info_label(read: Callable[[EngineCostInfo], str]) -> Label:
+    def label(snap: Snapshot, e: EngineState) -> str | None:
+        i = _engine_info(snap, e)
+        return None if i is None else read(i)
+
+    return label
 
 
-# info rows of a model version: the catalogue field → the attribute its extra label comes from
-_MODEL_INFO = {"gpu_info": "gpu_model", "class_info": "priority_class"}
+def _cost_labels(snap: Snapshot, e: EngineState) -> tuple[str, ...] | None:
+    i = _engine_info(snap, e)
+    return None if i is None else tuple(i.labels.get(k, "") for k in snap.cost_label_keys)
 
 
-def _deploy_series(spec: MetricSpec, snap: Snapshot) -> Series:
-    for (engine, model, version), at in sorted(snap.deploys.items()):
-        yield (snap.node, engine, model, version), at
+def _gpu_value(g: GpuState, name: str) -> Any:
+    """The GPU's own figures first, then its reading's."""
+    return getattr(g, name) if hasattr(g, name) else getattr(g.sample, name)
 
 
-def _alert_series(spec: MetricSpec, snap: Snapshot) -> Series:
-    for (rule, severity), n in snap.alerts_firing.items():
-        yield (snap.node, rule, severity), n
+def _pod(i: int) -> Label:
+    def label(snap: Snapshot, g: GpuState) -> str | None:
+        holder = snap.gpu_pods.get(g.sample.uuid)
+        return None if holder is None else holder[i]
+
+    return label
 
 
-def _budget_series(spec: MetricSpec, snap: Snapshot) -> Series:
-    for scope, name, usd in snap.budgets:
-        yield (snap.node, scope, name), usd
+def _key(i: int) -> Label:
+    """Label i of a (key, value) item whose key is a tuple of labels (or one label)."""
+    return lambda _snap, item: item[0][i] if isinstance(item[0], tuple) else item[0]
 
 
-def _outbox_series(spec: MetricSpec, snap: Snapshot) -> Series:
-    for sink, n in snap.outbox_pending.items():
-        yield (snap.node, sink), n
+def _second(item: Any, _field: str) -> Any:
+    return item[1]
 
 
-_SERIES: Mapping[str, Callable[[MetricSpec, Snapshot], Series]] = {
-    "node": _node_series,
-    "build": _build_series,
-    "gpu": _gpu_series,
-    "engine": _engine_series,
-    "model": _model_series,
-    "deploy": _deploy_series,
-    "alert": _alert_series,
-    "outbox": _outbox_series,
-    "budget": _budget_series,
+_SOURCES: Mapping[str, _Source] = {
+    "node": _Source(lambda s: (s,), {"node": _node}),
+    "build": _Source(
+        lambda s: (s,),
+        {"node": _node, "version": lambda s, _: s.version, "python_version": lambda s, _: s.python_version},
+    ),
+    "gpu": _Source(
+        lambda s: s.gpus,
+        {
+            "node": _node,
+            "gpu": lambda _, g: g.gpu,
+            "uuid": lambda _, g: g.sample.uuid,
+            "gpu_model": lambda _, g: g.sample.name,
+            "mig_parent": lambda _, g: g.sample.mig_parent_uuid or "",
+            "namespace": _pod(0),
+            "pod": _pod(1),
+        },
+        _gpu_value,
+    ),
+    "engine": _Source(
+        lambda s: s.engines,
+        {
+            "node": _node,
+            "engine": lambda _, e: e.engine,
+            "kind": lambda _, e: e.kind,
+            "engine_namespace": _info_label(lambda i: i.namespace),
+            "engine_pod": _info_label(lambda i: i.pod),
+            "engine_role": _info_label(lambda i: i.role),
+            "engine_group": _info_label(lambda i: i.group),
+            "engine_group_leader": _info_label(lambda i: "true" if i.group_leader else "false"),
+            COST_LABELS_MARK: _cost_labels,
+        },
+    ),
+    "model": _Source(
+        lambda s: s.models,
+        {
+            "node": _node,
+            "engine": lambda _, m: m.engine,
+            "model": lambda _, m: m.model,
+            "model_version": lambda _, m: m.model_version,
+            "gpu_model": lambda _, m: m.gpu_model,
+            "priority_class": lambda _, m: m.priority_class,
+        },
+    ),
+    "deploy": _Source(
+        lambda s: sorted(s.deploys.items()),
+        {"node": _node, "engine": _key(0), "model": _key(1), "model_version": _key(2)},
+        _second,
+    ),
+    "alert": _Source(
+        lambda s: s.alerts_firing.items(), {"node": _node, "rule": _key(0), "severity": _key(1)}, _second
+    ),
+    "outbox": _Source(lambda s: s.outbox_pending.items(), {"node": _node, "sink": _key(0)}, _second),
+    "budget": _Source(
+        lambda s: ((b[:2], b[2]) for b in s.budgets),
+        {"node": _node, "scope": _key(0), "name": _key(1)},
+        _second,
+    ),
 }
+
+
+def _series(spec: MetricSpec, snap: Snapshot) -> Series:
+    src = _SOURCES[spec.source]
+    getters = [src.labels.get(name) for name in spec.labels]
+    for item in src.items(snap):
+        labels: list[str] = []
+        open_at: int | None = None  # the label filled from the value's keys
+        for get in getters:
+            if get is None:
+                open_at = len(labels)
+                labels.append("")
+                continue
+            v = get(snap, item)
+            if v is None:
+                break
+            if isinstance(v, tuple):
+                labels.extend(v)
+            else:
+                labels.append(v)
+        else:
+            if spec.field == INFO:
+                yield tuple(labels), 1.0
+                continue
+            value = src.value(item, spec.field) if spec.field else _derived(item, spec.name)
+            if open_at is None:
+                yield tuple(labels), value
+                continue
+            for key, v in (value or {}).items():
+                labels[open_at] = key
+                yield tuple(labels), v
+
+
+def _derived(item: Any, name: str) -> Any:
+    derived = getattr(item, "derived", None)
+    return None if derived is None else derived.get(name)
+
+
+def check_sources(specs: Iterable[MetricSpec]) -> list[str]:
+    """What no source adapter can give: a row's source unknown, or more than one label without an
+    adapter (one may take the keys of a mapping value)."""
+    problems = []
+    for spec in specs:
+        src = _SOURCES.get(spec.source)
+        if src is None:
+            problems.append(f"{spec.name}: no source {spec.source!r} in agent.snapshot")
+            continue
+        unknown = [name for name in spec.labels if name not in src.labels]
+        if len(unknown) > 1:
+            problems.append(f"{spec.name}: labels {unknown} have no adapter in agent.snapshot")
+    return problems

@@ -5,6 +5,7 @@ never exits or configures logging."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -62,6 +63,11 @@ def run_report(args: argparse.Namespace, clock: Clock | None = None) -> int:
     try:
         if args.prometheus:
             report = build_from_prometheus(args.prometheus, end, auth=prom_auth(args))
+            from agent.report.budget import budgets_from_prometheus
+            from agent.report.prom import PromApi, http_fetcher
+
+            budget_api = PromApi(args.prometheus, http_fetcher(prom_auth(args)))
+            report = dataclasses.replace(report, budgets=budgets_from_prometheus(budget_api, report.end))
         else:
             report = report_from_store(Path(args.state_dir), end)
     except ReportError as err:

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from agent.cost.bound import BOUNDS
 from agent.records import BOUND_SUMS, SPLIT_SUMS, DeployEvent, bound_sums, split_sums
+from agent.report.budget import BudgetLine
 from agent.samples import CostWindow
 
 logger = logging.getLogger(__name__)
@@ -428,6 +429,7 @@ class WeeklyReport:
     daily_idle_usd: tuple[float | None, ...] = field(default=())  # idle dollars per day
     savings: tuple[Saving, ...] = ()  # biggest first
     deploys: tuple[DeployEvent, ...] = ()  # deploys during the week, oldest first
+    budgets: tuple[BudgetLine, ...] = ()  # the fleet's monthly budgets at ``end`` (agent.report.budget)
 
     @property
     def output_tokens(self) -> float:

@@ -26,6 +26,7 @@ from typing import Any
 
 from agent.cost.bound import BOUNDS
 from agent.report import escape as esc
+from agent.report.budget import budget_dicts, budget_html, budget_markdown
 from agent.report.data import (
     DAY_SECONDS,
     HOUR_SECONDS,
@@ -209,6 +210,7 @@ def render_markdown(r: WeeklyReport) -> str:
         out.append("None found in this week's data.")
     out += _table_markdown(_dollars_table(r))
     out += _table_markdown(_bound_table(r))
+    out += budget_markdown(r.budgets)
     days = [_day(r.start + (i + 1) * DAY_SECONDS)[:10] for i in range(len(r.daily_usd))]
     out += ["", "## Cost per day", "", "| day | cost | idle |", "|---|---:|---:|"]
     idle = list(r.daily_idle_usd) or [None] * len(days)
@@ -586,6 +588,7 @@ def report_dict(r: WeeklyReport) -> dict[str, Any]:
         "daily_usd": list(r.daily_usd),
         "daily_idle_usd": list(r.daily_idle_usd),
         "models": models,
+        "budgets": budget_dicts(r.budgets),
         "regressions": [[m.model, m.model_version] for m in r.regressions],
         "savings": [asdict(s) for s in r.savings],
         "deploys": [asdict(d) for d in r.deploys],
@@ -915,6 +918,7 @@ def render_html(r: WeeklyReport) -> str:
         h.append("<p>None found in this week's data.</p>")
     h += _table_html(_dollars_table(r))
     h += _table_html(_bound_table(r))
+    h += budget_html(r.budgets)
     h += [
         "<h2>Week over week by model and version</h2>",
         "<table><tr><th>model</th><th>version</th><th>cost</th><th>output tokens</th><th>$/1M output</th>"

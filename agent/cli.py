@@ -351,6 +351,19 @@ def parse_when(text: str) -> float:
     return when.timestamp()
 
 
+def _zone(text: str) -> str:
+    """An IANA time zone name (Europe/Berlin, UTC), checked."""
+    import zoneinfo
+
+    try:
+        zoneinfo.ZoneInfo(text)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"unknown time zone {text!r}; use an IANA name such as Europe/Berlin"
+        ) from None
+    return text
+
+
 class _HelpFormatter(argparse.HelpFormatter):
     """Help that shows each option's default, unless the text already says it or there is none."""
 
@@ -518,6 +531,15 @@ def _add_report(add: _Add) -> None:
         default=None,
         help="write to this file (default: stdout); strftime fields take the week's end "
         "(fleet-%%Y-%%m-%%d.html)",
+    )
+    rep.add_argument(
+        "--group-by",
+        default=None,
+        help="also show cost by this property: namespace, team or another cost label key",
+    )
+    rep.add_argument("--share-idle", action="store_true", help="--group-by: share idle dollars among groups")
+    rep.add_argument(
+        "--timezone", type=_zone, default="UTC", help="IANA zone whose calendar days the daily figures are"
     )
     rep.add_argument(
         "--slack-webhook-env",

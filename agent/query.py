@@ -24,26 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agent.report.prom import PromApi
-    from agent.sinks.api import CostQuery, MinuteSums
+    from agent.sinks.api import CostQuery
 
 EXIT_OK, EXIT_BAD = 0, 2
-# increase() of these per series (node, engine, model, model_version) over the window
-_PROM_SUMS: Mapping[str, str] = {
-    "cost_usd": "infercost_cost_usd_total",
-    "idle_usd": "infercost_idle_cost_usd_total",
-    "prompt_tokens": "infercost_prompt_tokens_total",
-    "generation_tokens": "infercost_generation_tokens_total",
-    "prompt_usd": "infercost_prompt_cost_usd_total",
-    "usage_usd": "infercost_usage_cost_usd_total",
-}
-_SERIES = ("node", "engine", "model", "model_version")
-_INFO_FIXED = {
-    "engine_namespace": "namespace",
-    "engine_pod": "pod",
-    "engine_role": "role",
-    "engine_group": "group",
-    "engine_group_leader": "group_leader",
-}
 
 
 def add_arguments(q: argparse.ArgumentParser) -> None:
@@ -124,64 +107,9 @@ def _prom_api(args: argparse.Namespace) -> PromApi:
     return PromApi(args.prometheus, http_fetcher(auth))
 
 
-def _duration(seconds: float) -> str:
-    """A PromQL range of whole seconds (at least one)."""
-    return f"{max(1, round(seconds))}s"
-
-
-def prometheus_rows(api: PromApi, start: float, end: float) -> tuple[list[MinuteSums], float]:
-    """Per series sums over [start, end) and the idle dollars, from the fleet's Prometheus."""
-    from agent.sinks.api import MinuteSums
-
-    rng = _duration(end - start)
-    by = ", ".join(_SERIES)
-    sums: dict[tuple[str, ...], dict[str, float]] = {}
-    for field, metric in _PROM_SUMS.items():
-        for r in api.query(f"sum by ({by}) (increase({metric}[{rng}]))", end):
-            key = tuple(str(r["metric"].get(k, "")) for k in _SERIES)
-            sums.setdefault(key, {})[field] = float(r["value"][1])
-    info: dict[tuple[str, str], dict[str, Any]] = {}
-    for r in api.query(f"last_over_time(infercost_engine_cost_info[{rng}])", end):
-        m = r["metric"]
-        ident: dict[str, Any] = {"labels": {}}
-        for k, v in m.items():
-            if k in _INFO_FIXED:
-                ident[_INFO_FIXED[k]] = v
-            elif k.startswith("label_") and v:
-                ident["labels"][k] = v
-        info[(str(m.get("node", "")), str(m.get("engine", "")))] = ident
-    rows = []
-    for key, f in sums.items():
-        cost = f.get("cost_usd", 0.0)
-        rows.append(
-            MinuteSums(
-                key[0],
-                key[1],
-                key[2],
-                key[3],
-                info=info.get((key[0], key[1]), {}),
-                prompt_tokens=f.get("prompt_tokens", 0.0),
-                generation_tokens=f.get("generation_tokens", 0.0),
-                cost_usd=cost,
-                idle_usd=f.get("idle_usd", 0.0),
-                prompt_usd=f.get("prompt_usd", 0.0),
-                split_usd=cost if "prompt_usd" in f else 0.0,
-                usage_usd=f.get("usage_usd", 0.0),
-                usage_alloc_usd=cost if "usage_usd" in f else 0.0,
-            )
-        )
-    idle = 0.0
-    expr = (
-        f"sum by (node) (increase(infercost_gpu_cost_usd_total[{rng}])) - "
-        f"sum by (node) (increase(infercost_cost_usd_total[{rng}]))"
-    )
-    for r in api.query(expr, end):
-        idle += max(0.0, float(r["value"][1]))
-    return rows, idle
-
-
 def prometheus_answer(api: PromApi, q: CostQuery) -> dict[str, Any]:
     """The API's response body over the fleet's Prometheus."""
+    from agent.report.groups import prometheus_rows
     from agent.sinks.api import allocate, body_of
 
     rows, idle = prometheus_rows(api, q.start, q.end)

@@ -35,6 +35,7 @@ from agent.report.data import (
     ReportError,
     WeeklyReport,
     build_from_windows,
+    calendar_days,
 )
 from agent.report.prom import PromAuth, build_from_prometheus, parse_header
 from agent.report.render import render_csv, render_html, render_json, render_markdown
@@ -183,7 +184,10 @@ def check_common(rep: WeeklyReport) -> None:
     # Fleet: Σ cost / Σ output tokens, not the mean of the three ratios (0.6878).
     assert rep.usd_per_1m_output == pytest.approx(840 / 1330.56)
     assert [(m.model, m.model_version) for m in rep.regressions] == [("llama-70b", "v2"), ("qwen-7b", "v1")]
-    assert rep.daily_usd == pytest.approx([120.0] * 7)
+    # calendar days (UTC): a week ending at an hour boundary has a partial first and last day
+    days = calendar_days(T - WEEK, T)
+    hours = [(min(b, T) - max(a, T - WEEK)) / HOUR for a, b in zip(days, (*days[1:], math.inf), strict=True)]
+    assert rep.daily_usd == pytest.approx([840.0 / 168 * h for h in hours])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -658,8 +662,9 @@ async def test_cli_posts_the_summary_to_slack_and_dates_the_file(
 def test_an_empty_week_renders_everywhere() -> None:
     """A store with nothing in the two weeks: every format renders, absent stays absent."""
     rep = build_from_windows([], end=T)
-    assert rep.daily_usd == (None,) * 7 and rep.models == () and rep.savings == ()
-    assert json.loads(render_json(rep))["daily_usd"] == [None] * 7
+    n = len(calendar_days(T - WEEK, T))
+    assert rep.daily_usd == (None,) * n and rep.models == () and rep.savings == ()
+    assert json.loads(render_json(rep))["daily_usd"] == [None] * n
     assert (
         "| 20" in render_markdown(rep) and "$0.00 |" not in render_markdown(rep).split("## Cost per day")[1]
     )

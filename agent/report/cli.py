@@ -39,9 +39,9 @@ STORE_FILE = "history.sqlite"  # the store's file name inside the state director
 SLACK_TIMEOUT_S = 10.0  # seconds; Slack answers a webhook in well under a second
 
 
-def report_from_store(state_dir: Path, end: float) -> WeeklyReport:
-    """The week ending at ``end`` from the store in ``state_dir``."""
-    return build_from_store(state_dir / STORE_FILE, end)
+def report_from_store(state_dir: Path, end: float, tz: str = "UTC") -> WeeklyReport:
+    """The week ending at ``end`` from the store in ``state_dir``, in the calendar days of ``tz``."""
+    return build_from_store(state_dir / STORE_FILE, end, tz)
 
 
 def prom_auth(args: argparse.Namespace) -> PromAuth:
@@ -60,16 +60,33 @@ def run_report(args: argparse.Namespace, clock: Clock | None = None) -> int:
 
     Returns 0, or 1 when the data source fails (the error is logged)."""
     end = args.end if args.end is not None else (clock or SystemClock()).now()
+    tz = getattr(args, "timezone", None) or "UTC"
+    by = getattr(args, "group_by", None)
+    share = bool(getattr(args, "share_idle", False))
     try:
         if args.prometheus:
-            report = build_from_prometheus(args.prometheus, end, auth=prom_auth(args))
+            report = build_from_prometheus(args.prometheus, end, auth=prom_auth(args), tz=tz)
             from agent.report.budget import budgets_from_prometheus
             from agent.report.prom import PromApi, http_fetcher
 
             budget_api = PromApi(args.prometheus, http_fetcher(prom_auth(args)))
             report = dataclasses.replace(report, budgets=budgets_from_prometheus(budget_api, report.end))
+            if by:
+                from agent.report.groups import groups_from_prometheus
+                from agent.report.prom import PromApi, http_fetcher
+
+                api = PromApi(args.prometheus, http_fetcher(prom_auth(args)))
+                groups = groups_from_prometheus(api, report.start, report.end, by, share)
+                report = dataclasses.replace(report, group_by=by, groups=groups)
         else:
-            report = report_from_store(Path(args.state_dir), end)
+            report = report_from_store(Path(args.state_dir), end, tz)
+            if by:
+                from agent.report.groups import groups_from_store
+
+                groups = groups_from_store(
+                    Path(args.state_dir) / STORE_FILE, report.start, report.end, by, share
+                )
+                report = dataclasses.replace(report, group_by=by, groups=groups)
     except ReportError as err:
         logger.error("report: %s", err)
         return 1

@@ -23,7 +23,9 @@ engine (what a deploy changed); the model's other versions.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import datetime as dt
 import itertools
 import logging
 import math
@@ -302,8 +304,8 @@ class VersionTrend:
     usd_per_1m_output: tuple[float | None, ...]  # 168 hourly values, None without tokens
     baseline_low: tuple[float | None, ...]  # 168: the baseline's 25th percentile in the hour's band
     baseline_high: tuple[float | None, ...]  # 168: the baseline's 75th percentile in that band
-    daily_usd: tuple[float | None, ...]  # 7 values: dollars per day, None on days without data
-    daily_idle_usd: tuple[float | None, ...]  # 7 values: idle dollars per day
+    daily_usd: tuple[float | None, ...]  # per calendar day of the week (7, or 8 with partial ends)
+    daily_idle_usd: tuple[float | None, ...]  # idle dollars per calendar day
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,6 +413,44 @@ class UtilRow:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupRow:
+    """The week's dollars and tokens of one group (a namespace, a team, …; agent.report.groups)."""
+
+    group: str
+    cost_usd: float  # dollars (the allocation basis; idle as the report's idle policy puts it)
+    idle_usd: float  # dollars of it that made no tokens
+    prompt_tokens: float  # tokens
+    output_tokens: float  # tokens
+
+    @property
+    def usd_per_1m_output(self) -> float | None:
+        """All the group's dollars over its output tokens, per million; None without tokens."""
+        return _per_1m(self.cost_usd, self.output_tokens)
+
+
+def calendar_days(start: float, end: float, tz: str = "UTC") -> tuple[float, ...]:
+    """The local midnights (epoch seconds, in the IANA zone ``tz``) of every calendar day that
+    [start, end) touches, oldest first: the report's days are calendar days, not rolling 24 hours
+    (a week that does not end at midnight has a partial first and last day)."""
+    import zoneinfo
+
+    zone = zoneinfo.ZoneInfo(tz)
+    day = dt.datetime.fromtimestamp(start, zone).date()
+    out: list[float] = []
+    while True:
+        midnight = dt.datetime.combine(day, dt.time(), zone).timestamp()
+        if midnight >= end and out:
+            return tuple(out)
+        out.append(midnight)
+        day += dt.timedelta(days=1)
+
+
+def day_of(t: float, days: Sequence[float]) -> int:
+    """The index in ``days`` (local midnights, from :func:`calendar_days`) of the day holding ``t``."""
+    return max(0, bisect.bisect_right(days, t) - 1)
+
+
+@dataclass(frozen=True, slots=True)
 class WeeklyReport:
     """The week ending at ``end`` compared with the week before."""
 
@@ -430,6 +470,11 @@ class WeeklyReport:
     savings: tuple[Saving, ...] = ()  # biggest first
     deploys: tuple[DeployEvent, ...] = ()  # deploys during the week, oldest first
     budgets: tuple[BudgetLine, ...] = ()  # the fleet's monthly budgets at ``end`` (agent.report.budget)
+    # the calendar days of daily_usd: epoch seconds of each one's local midnight in ``timezone``
+    day_starts: tuple[float, ...] = ()
+    timezone: str = "UTC"
+    group_by: str = ""  # the property costs are grouped by (namespace, team, …; report --group-by)
+    groups: tuple[GroupRow, ...] = ()  # by dollars, largest first
 
     @property
     def output_tokens(self) -> float:
@@ -562,11 +607,13 @@ def like_load(this: Sequence[HourRow], baseline: Sequence[HourRow]) -> _Like:
     return _Like(cost / expected, share, cost - expected)
 
 
-def _trend(this: Sequence[HourRow], baseline: Sequence[HourRow], start: float) -> VersionTrend:
+def _trend(
+    this: Sequence[HourRow], baseline: Sequence[HourRow], start: float, days: Sequence[float]
+) -> VersionTrend:
     hourly: list[list[float]] = [[0.0, 0.0] for _ in range(168)]  # cost, output tokens
     seen_hour = [False] * 168
-    daily: list[float | None] = [None] * 7
-    daily_idle: list[float | None] = [None] * 7
+    daily: list[float | None] = [None] * len(days)
+    daily_idle: list[float | None] = [None] * len(days)
     loads: list[LoadKey | None] = [None] * 168
     by_hour: dict[int, list[HourRow]] = defaultdict(list)
     for r in this:
@@ -577,7 +624,7 @@ def _trend(this: Sequence[HourRow], baseline: Sequence[HourRow], start: float) -
         hourly[i][0] += r.cost_usd
         hourly[i][1] += r.output_tokens
         seen_hour[i] = True
-        d = i // 24
+        d = day_of(r.hour, days)
         daily[d] = (daily[d] or 0.0) + r.cost_usd
         daily_idle[d] = (daily_idle[d] or 0.0) + r.idle_usd
     for i, rows in by_hour.items():
@@ -621,13 +668,16 @@ def assemble(
     utilization: Sequence[UtilRow] | None = None,
     utilization_by: str = "engine",
     unused_gpus: Mapping[tuple[str, str], float] | None = None,
+    tz: str = "UTC",
 ) -> WeeklyReport:
     """Build the report from the hourly rows of the two weeks before ``end`` (pure).
 
     ``idle_usd``/``idle_by_node``/``utilization`` override what the model rows give (Prometheus
     has per-GPU idle cost, which includes GPUs no engine uses). ``unused_gpus``: dollars this week
-    of GPUs no engine used, per (node, GPU model), where the store keeps them."""
+    of GPUs no engine used, per (node, GPU model), where the store keeps them. ``tz``: the IANA
+    zone whose calendar days the daily figures are."""
     start, last_start = end - WEEK_SECONDS, end - 2 * WEEK_SECONDS
+    days = calendar_days(start, end, tz)
     this_rows: dict[Key, list[HourRow]] = defaultdict(list)
     last_rows: dict[Key, list[HourRow]] = defaultdict(list)
     by_engine_model: dict[tuple[str, str, str], list[HourRow]] = defaultdict(list)
@@ -695,7 +745,7 @@ def assemble(
                 idle_gpu_hours=None if t.idle_gpu_seconds is None else t.idle_gpu_seconds / HOUR_SECONDS,
                 gpu_util_ratio=t.util_s / t.util_w if t.util_w > 0 else None,
                 roofline_ratio=t.roof_s / t.roof_w if t.roof_w > 0 else None,
-                trend=_trend(rs, like_rows, start),
+                trend=_trend(rs, like_rows, start, days),
                 split=t.split,
                 gpu_seconds=t.gpu_seconds,
                 bound=t.bound,
@@ -704,12 +754,12 @@ def assemble(
     models.sort(key=lambda m: (-m.cost_usd, m.model, m.model_version))
 
     all_this = [r for rs in this_rows.values() for r in rs]
-    daily: list[float | None] = [None] * 7
-    daily_idle: list[float | None] = [None] * 7
+    daily: list[float | None] = [None] * len(days)
+    daily_idle: list[float | None] = [None] * len(days)
     node_idle: dict[str, float] = defaultdict(float)
     eng: dict[str, _Sums] = defaultdict(_Sums)
     for r in all_this:
-        d = min(6, int((r.hour - start) // DAY_SECONDS))
+        d = day_of(r.hour, days)
         daily[d] = (daily[d] or 0.0) + r.cost_usd
         daily_idle[d] = (daily_idle[d] or 0.0) + r.idle_usd
         node_idle[r.node] += r.idle_usd
@@ -741,6 +791,8 @@ def assemble(
         daily_idle_usd=tuple(daily_idle),
         savings=tuple(find_savings(all_this, models, unused_gpus or {})),
         deploys=tuple(d for d in deploys if start <= d.at < end),
+        day_starts=days,
+        timezone=tz,
     )
 
 
@@ -919,7 +971,7 @@ def rows_from_store_sums(sums: Iterable[Sequence[object]]) -> list[HourRow]:
     return out
 
 
-def build_from_store(path: Path, end: float) -> WeeklyReport:
+def build_from_store(path: Path, end: float, tz: str = "UTC") -> WeeklyReport:
     """The week ending at ``end`` from the store file at ``path`` (aggregated in SQL)."""
     import sqlite3
 
@@ -952,4 +1004,5 @@ def build_from_store(path: Path, end: float) -> WeeklyReport:
         last_idle_usd=sum(last_idle.values()) if last_idle else None,
         idle_by_node=idle_by_node or None,
         unused_gpus=unused,
+        tz=tz,
     )

@@ -290,9 +290,11 @@ def build_from_prometheus(
     clock: Clock | None = None,
     fetch: Fetch | None = None,
     auth: PromAuth | None = None,
+    tz: str = "UTC",
 ) -> WeeklyReport:
     """The fleet's week ending at ``end`` (default: now by ``clock``) from Prometheus' HTTP API at
-    ``url`` (e.g. ``http://prometheus:9090``). Raises :class:`ReportError` when it cannot."""
+    ``url`` (e.g. ``http://prometheus:9090``), in the calendar days of ``tz``. Raises
+    :class:`ReportError` when it cannot."""
     end = (clock or SystemClock()).now() if end is None else end
     api = PromApi(url, fetch or http_fetcher(auth))
     start = end - WEEK_SECONDS
@@ -330,4 +332,5 @@ def build_from_prometheus(
             UtilRow(g, util.get(g), gpu_cost.get(g, 0.0)) for g in sorted(set(util) | set(gpu_cost))
         ],
         utilization_by="gpu_model",
+        tz=tz,
     )

@@ -92,6 +92,35 @@ def usd(v: float | None, digits: int = 2) -> str:
     return "—" if v is None else f"${v:,.{digits}f}"
 
 
+def axis_usd(v: float) -> str:
+    """A money axis label: cents (``$10.00``, never ``$10.000``); below $0.10 the digits that show
+    two significant figures (``$0.025``), since a round axis top there has no cents to show."""
+    if v <= 0 or v >= 0.1:
+        return usd(v)
+    return usd(v, min(8, 1 - math.floor(math.log10(v))))
+
+
+def day_labels(r: WeeklyReport, fmt: str = "%Y-%m-%d") -> list[str]:
+    """The report's calendar days as local dates in its time zone (``day_starts``); rolling 24 h
+    days from the start for a report made without them."""
+    import zoneinfo
+
+    zone = zoneinfo.ZoneInfo(r.timezone)
+    starts = r.day_starts or tuple(r.start + i * DAY_SECONDS for i in range(len(r.daily_usd)))
+    return [datetime.fromtimestamp(t, zone).strftime(fmt) for t in starts]
+
+
+def day_ticks(r: WeeklyReport, slots: int) -> list[tuple[float, str]]:
+    """Chart ticks (fraction of the width, label) at each calendar day's start: over the week's
+    hours (``slots`` 168) at local midnight, over its days (one slot a day) at each slot."""
+    labels = day_labels(r, "%a %d")
+    if slots == len(labels):
+        return [(i / slots, label) for i, label in enumerate(labels)]
+    starts = r.day_starts or tuple(r.start + i * DAY_SECONDS for i in range(len(labels)))
+    span = r.end - r.start
+    return [((t - r.start) / span, lab) for t, lab in zip(starts, labels, strict=True) if t >= r.start]
+
+
 def tokens(v: float) -> str:
     """A token count with a unit suffix, e.g. ``1.25 B``."""
     for div, suffix in ((1e9, " B"), (1e6, " M"), (1e3, " k")):
@@ -211,8 +240,9 @@ def render_markdown(r: WeeklyReport) -> str:
     out += _table_markdown(_dollars_table(r))
     out += _table_markdown(_bound_table(r))
     out += budget_markdown(r.budgets)
-    days = [_day(r.start + (i + 1) * DAY_SECONDS)[:10] for i in range(len(r.daily_usd))]
-    out += ["", "## Cost per day", "", "| day | cost | idle |", "|---|---:|---:|"]
+    days = day_labels(r)
+    out += _groups_markdown(r)
+    out += ["", f"## Cost per day ({esc.md(r.timezone)})", "", "| day | cost | idle |", "|---|---:|---:|"]
     idle = list(r.daily_idle_usd) or [None] * len(days)
     out += [f"| {d} | {usd(c)} | {usd(i)} |" for d, c, i in zip(days, r.daily_usd, idle, strict=False)]
     out += ["", "## Idle GPU cost by node", "", "| node | idle cost |", "|---|---:|"]
@@ -473,6 +503,39 @@ def _csv_row(cells: Sequence[str]) -> list[str]:
     return [esc.csv_cell(c) for c in cells]
 
 
+def _groups_markdown(r: WeeklyReport) -> list[str]:
+    """The cost-by-group section (``--group-by``), absent without one."""
+    if not r.group_by:
+        return []
+    out = ["", f"## Cost by {esc.md(r.group_by)}", "", f"| {esc.md(r.group_by)} | cost | idle | output tokens"
+           " | $/1M output |", "|---|---:|---:|---:|---:|"]  # fmt: skip
+    out += [
+        f"| {esc.md(g.group)} | {usd(g.cost_usd)} | {usd(g.idle_usd)} | {tokens(g.output_tokens)} | "
+        f"{usd(g.usd_per_1m_output, 4)} |"
+        for g in r.groups
+    ]
+    return out
+
+
+def _groups_html(r: WeeklyReport) -> list[str]:
+    """The cost-by-group section as HTML."""
+    if not r.group_by:
+        return []
+    h = [
+        f"<h2>Cost by {escape(r.group_by)}</h2>",
+        f"<table><tr><th>{escape(r.group_by)}</th><th>cost</th><th>idle</th><th>output tokens</th>"
+        "<th>$/1M output</th></tr>",
+    ]
+    h += [
+        f'<tr><td{_nw(g.group)}>{escape(g.group)}</td><td class="n">{usd(g.cost_usd)}</td>'
+        f'<td class="n">{usd(g.idle_usd)}</td><td class="n">{tokens(g.output_tokens)}</td>'
+        f'<td class="n">{usd(g.usd_per_1m_output, 4)}</td></tr>'
+        for g in r.groups
+    ]
+    h.append("</table>")
+    return h
+
+
 def render_csv(r: WeeklyReport) -> str:
     """One row per model version plus an ``(all)`` total row; empty cells where absent. Rows end
     with CRLF (RFC 4180): the writer then quotes every cell holding a CR or an LF, so a name with a
@@ -587,6 +650,10 @@ def report_dict(r: WeeklyReport) -> dict[str, Any]:
         "gpu_time": asdict(r.gpu_time),
         "daily_usd": list(r.daily_usd),
         "daily_idle_usd": list(r.daily_idle_usd),
+        "timezone": r.timezone,
+        "days": day_labels(r),
+        "group_by": r.group_by or None,
+        "groups": [{**asdict(g), "usd_per_1m_output": g.usd_per_1m_output} for g in r.groups],
         "models": models,
         "budgets": budget_dicts(r.budgets),
         "regressions": [[m.model, m.model_version] for m in r.regressions],
@@ -685,6 +752,7 @@ def line_chart(
     band: tuple[Sequence[float | None], Sequence[float | None]] | None = None,
     markers: Sequence[tuple[float, str]] = (),
     digits: int = 2,
+    ticks: Sequence[tuple[float, str]] | None = None,
 ) -> str:
     """One SVG line chart over the week: ``lines`` of (values per slot, colour, label), ``x_slots``
     slots (168 hours or 7 days) from ``day_start``; None values are gaps; an optional shaded
@@ -711,11 +779,15 @@ def line_chart(
     for frac in (0.5, 1.0):  # y gridlines and labels
         y = PAD_T + ph - frac * ph
         p.append(f'<line x1="{PAD_L}" x2="{PAD_L + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eaeef2"/>')
-        p.append(f'<text x="{PAD_L - 4}" y="{y + 3:.1f}" text-anchor="end">{usd(top * frac, digits)}</text>')
+        p.append(f'<text x="{PAD_L - 4}" y="{y + 3:.1f}" text-anchor="end">{axis_usd(top * frac)}</text>')
     p.append(f'<text x="{PAD_L - 4}" y="{PAD_T + ph + 3}" text-anchor="end">$0</text>')
-    for d in range(7):  # day ticks
-        x = PAD_L + d / 7 * pw
-        label = datetime.fromtimestamp(day_start + d * DAY_SECONDS, UTC).strftime("%a %d")
+    if ticks is None:  # rolling days from day_start, in UTC
+        ticks = [
+            (d / 7, datetime.fromtimestamp(day_start + d * DAY_SECONDS, UTC).strftime("%a %d"))
+            for d in range(7)
+        ]
+    for frac, label in ticks:  # day ticks
+        x = PAD_L + frac * pw
         p.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{PAD_T}" y2="{PAD_T + ph}" stroke="#f0f2f4"/>')
         p.append(f'<text x="{x + 2:.1f}" y="{CHART_H - 8}">{escape(label)}</text>')
     if band is not None:
@@ -800,20 +872,23 @@ def _version_charts(r: WeeklyReport, m: ModelWeek) -> str:
         band=(t.baseline_low, t.baseline_high) if has_band else None,
         markers=markers,
         digits=3,
+        ticks=day_ticks(r, 168),
     )
     c2 = line_chart(
         f"spend per day: {m.model} {m.model_version}",
         [(t.daily_usd, LINE, "spend per day")],
-        7,
+        len(t.daily_usd),
         r.start,
         markers=markers,
+        ticks=day_ticks(r, len(t.daily_usd)),
     )
     c3 = line_chart(
         f"idle per day: {m.model} {m.model_version}",
         [(t.daily_idle_usd, IDLE, "idle per day")],
-        7,
+        len(t.daily_idle_usd),
         r.start,
         markers=markers,
+        ticks=day_ticks(r, len(t.daily_idle_usd)),
     )
     legend1 = [(LINE, "$ per 1M output tokens (hourly)")]
     if has_band:
@@ -938,14 +1013,16 @@ def render_html(r: WeeklyReport) -> str:
             f'<td class="n">{usd(m.cost_floor_usd_per_1m, 4)}</td></tr>'
         )
     h.append("</table>")
-    h.append("<h2>Fleet cost per day</h2>")
+    h += _groups_html(r)
+    h.append(f"<h2>Fleet cost per day ({escape(r.timezone)})</h2>")
     h.append(
         '<div class="chart">'
         + line_chart(
             "cost and idle per day",
             [(r.daily_usd, LINE, "cost per day"), (r.daily_idle_usd, IDLE, "idle per day")],
-            7,
+            len(r.daily_usd),
             r.start,
+            ticks=day_ticks(r, len(r.daily_usd)),
             markers=[((d.at - r.start) / (r.end - r.start), f"{d.model} {d.to_version}") for d in r.deploys],
         )
         + f"<div>{_legend([(LINE, 'cost per day'), (IDLE, 'idle per day'), (DEPLOY, 'deploy')])}</div></div>"

@@ -118,7 +118,7 @@ class WeeklyReporter:
             return []
         sent = []
         for end in due_weeks(now, last, self.cfg):
-            report = await asyncio.to_thread(build_from_store, self.history, end)
+            report = await asyncio.to_thread(build_from_store, self.history, end, self.cfg.timezone)
             if self.reports_dir is not None:
                 await asyncio.to_thread(self._write_files, report)
             key = report_key(end)

@@ -35,7 +35,7 @@ from prometheus_client.core import (
     Metric,
 )
 
-from agent.catalog import CATALOG, HISTOGRAMS, MetricSpec
+from agent.catalog import CATALOG, COST_LABELS_MARK, HISTOGRAMS, MetricSpec
 
 READY_TIMEOUT_S = 15.0  # seconds; Prometheus is ready in ~0.4 s, Alertmanager in ~0.6 s
 
@@ -66,6 +66,17 @@ MODELS = (  # (engine, kind, model, model_version)
 )
 
 
+# The cost labels the exporter's engines carry (infercost_engine_cost_info's label_* mark) and who
+# each engine's pod belongs to: two namespaces and two teams
+COST_LABEL_NAMES = ("label_team",)
+ENGINE_OWNERS = {"vllm-0": ("search", "search"), "vllm-1": ("search", "search"), "sglang-0": ("chat", "chat")}
+
+
+def label_names(spec: MetricSpec) -> tuple[str, ...]:
+    """A family's label names, the cost-labels mark replaced by :data:`COST_LABEL_NAMES`."""
+    return tuple(n for k in spec.labels for n in (COST_LABEL_NAMES if k == COST_LABELS_MARK else (k,)))
+
+
 def label_sets(spec: MetricSpec) -> Iterator[dict[str, str]]:
     """Plausible label values for every label set a catalogue family can carry."""
     for node, gpu_model in NODES.items():
@@ -81,7 +92,11 @@ def label_sets(spec: MetricSpec) -> Iterator[dict[str, str]]:
                 yield {k: ({**base, **extra})[k] for k in spec.labels}
         elif spec.source == "engine":
             for engine, kind, _, _ in MODELS:
-                yield {k: {"node": node, "engine": engine, "kind": kind}[k] for k in spec.labels}
+                namespace, team = ENGINE_OWNERS[engine]
+                ident = {"node": node, "engine": engine, "kind": kind, "engine_namespace": namespace,
+                         "engine_pod": f"{engine}-0", "engine_role": "both", "engine_group": "",
+                         "engine_group_leader": "true", "label_team": team}  # fmt: skip
+                yield {k: ident[k] for k in label_names(spec)}
         elif spec.source in ("model", "deploy"):
             for engine, _, model, version in MODELS:
                 labels = {"node": node, "engine": engine, "model": model, "model_version": version}
@@ -130,14 +145,15 @@ class CatalogueCollector:
         for spec in CATALOG:
             fam: GaugeMetricFamily | CounterMetricFamily
             if spec.kind == "counter":
-                fam = CounterMetricFamily(spec.full_name, spec.help, labels=spec.labels)
+                fam = CounterMetricFamily(spec.full_name, spec.help, labels=label_names(spec))
             else:
-                fam = GaugeMetricFamily(spec.full_name, spec.help, labels=spec.labels)
+                fam = GaugeMetricFamily(spec.full_name, spec.help, labels=label_names(spec))
             for labels in label_sets(spec):
                 rate = _rate(spec, labels)
                 value = rate * elapsed if spec.kind == "counter" else rate
+                value = 1.0 if spec.name == "engine_cost_info" else value  # an info series joins by × 1
                 value = self.overrides.get(spec.full_name, value)
-                fam.add_metric([labels[k] for k in spec.labels], value)
+                fam.add_metric([labels[k] for k in label_names(spec)], value)
             yield fam
         yield from self._histograms(elapsed)
 

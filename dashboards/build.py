@@ -44,7 +44,15 @@ F_ENGINE = 'node=~"$node", engine=~"$engine"'
 F_MODEL = 'node=~"$node", engine=~"$engine", model=~"$model", model_version=~"$model_version"'
 DEPLOYS_FILTER = 'node=~"$node", engine=~"$engine", model=~"$model"'
 Q_CLUSTERS = f"label_values({CLUSTER_USD_PER_1M}1h, cluster)"
-Q_ENGINES = 'label_values(infercost_engine_up{node=~"$node"}, engine)'
+# Engines of the chosen namespaces and teams (infercost_engine_cost_info): every panel filters on
+# $engine, so picking a namespace or a team narrows them all; a node without a team cost label
+# matches the "All" value (.*) as well
+F_OWNER = 'node=~"$node", engine_namespace=~"$namespace", label_team=~"$team"'
+Q_NAMESPACES = 'label_values(infercost_engine_cost_info{node=~"$node"}, engine_namespace)'
+Q_TEAMS = (
+    'label_values(infercost_engine_cost_info{node=~"$node", engine_namespace=~"$namespace"}, label_team)'
+)
+Q_ENGINES = f"label_values(infercost_engine_cost_info{{{F_OWNER}}}, engine)"
 Q_MODELS = 'label_values(infercost_generation_tokens_total{node=~"$node", engine=~"$engine"}, model)'
 Q_VERSIONS = (
     'label_values(infercost_generation_tokens_total{node=~"$node", engine=~"$engine", model=~"$model"}, '
@@ -285,6 +293,8 @@ def _templating(cluster: bool) -> dict[str, Any]:
             _datasource_var(),
             *([_cluster_var()] if cluster else []),
             _query_var("node", "Node", "label_values(infercost_gpu_info, node)"),
+            _query_var("namespace", "Namespace", Q_NAMESPACES),
+            _query_var("team", "Team", Q_TEAMS),
             _query_var("engine", "Engine", Q_ENGINES),
             _query_var("model", "Model", Q_MODELS),
             _query_var("model_version", "Model version", Q_VERSIONS),
@@ -401,6 +411,15 @@ def dashboard(
 def _sum_rate(metric: str, filters: str, by: str, window: str = "$__rate_interval") -> str:
     grouping = f"sum by ({by}) " if by else "sum "
     return f"{grouping}(rate({metric}{{{filters}}}[{window}]))"
+
+
+def _by_owner(metric: str, filters: str, label: str) -> str:
+    """Σ rate of a model-version counter per hour by one label of its engine's cost identity."""
+    info = f"max by (node, engine, {label}) (infercost_engine_cost_info{{{F_OWNER}}})"
+    return (
+        f"sum by ({label}) (rate({metric}{{{filters}}}[$__rate_interval])\n"
+        f"  * on (node, engine) group_left ({label}) {info}) * 3600"
+    )
 
 
 def _per_1m(cost: str, tokens: str, filters: str, by: str, window: str) -> str:
@@ -761,6 +780,16 @@ def fleet() -> dict[str, Any]:
             "Cost per hour by model and version",
             [(f"{_sum_rate('infercost_cost_usd_total', m, mv)} * 3600", by_mv)],
             USD,
+        ),
+        *(
+            timeseries(
+                f"Cost per hour by {what}",
+                [(_by_owner("infercost_cost_usd_total", m, label), f"{{{{{label}}}}}")],
+                USD,
+                desc=f"Each engine's dollars under its {what} (infercost_engine_cost_info; the agent's "
+                "/api/v1/cost answers the same by any cost label).",
+            )
+            for what, label in (("namespace", "engine_namespace"), ("team", "label_team"))
         ),
         timeseries(
             "Idle GPU cost per hour by node",

@@ -39,6 +39,8 @@ SUBSTITUTIONS = {
     "$cluster": ".*",
     "$node": ".*",
     "$engine": ".*",
+    "$namespace": ".*",
+    "$team": ".*",
     "$model": ".*",
     "$model_version": ".*",
     # the comparison dashboard: two versions the catalogue exporter serves, and a load band that

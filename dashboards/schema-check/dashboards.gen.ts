@@ -97,6 +97,64 @@ export const infercost_fleet: Checked = {
         }
       },
       {
+        "name": "namespace",
+        "label": "Namespace",
+        "type": "query",
+        "datasource": {
+          "type": "prometheus",
+          "uid": "${datasource}"
+        },
+        "query": {
+          "qryType": 1,
+          "query": "label_values(infercost_engine_cost_info{node=~\"$node\"}, engine_namespace)",
+          "refId": "PrometheusVariableQueryEditor-VariableQuery"
+        },
+        "refresh": 2,
+        "includeAll": true,
+        "allValue": ".*",
+        "multi": true,
+        "sort": 1,
+        "hide": 0,
+        "current": {
+          "selected": true,
+          "text": [
+            "All"
+          ],
+          "value": [
+            "$__all"
+          ]
+        }
+      },
+      {
+        "name": "team",
+        "label": "Team",
+        "type": "query",
+        "datasource": {
+          "type": "prometheus",
+          "uid": "${datasource}"
+        },
+        "query": {
+          "qryType": 1,
+          "query": "label_values(infercost_engine_cost_info{node=~\"$node\", engine_namespace=~\"$namespace\"}, label_team)",
+          "refId": "PrometheusVariableQueryEditor-VariableQuery"
+        },
+        "refresh": 2,
+        "includeAll": true,
+        "allValue": ".*",
+        "multi": true,
+        "sort": 1,
+        "hide": 0,
+        "current": {
+          "selected": true,
+          "text": [
+            "All"
+          ],
+          "value": [
+            "$__all"
+          ]
+        }
+      },
+      {
         "name": "engine",
         "label": "Engine",
         "type": "query",
@@ -106,7 +164,7 @@ export const infercost_fleet: Checked = {
         },
         "query": {
           "qryType": 1,
-          "query": "label_values(infercost_engine_up{node=~\"$node\"}, engine)",
+          "query": "label_values(infercost_engine_cost_info{node=~\"$node\", engine_namespace=~\"$namespace\", label_team=~\"$team\"}, engine)",
           "refId": "PrometheusVariableQueryEditor-VariableQuery"
         },
         "refresh": 2,
@@ -895,6 +953,138 @@ export const infercost_fleet: Checked = {
     },
     {
       "type": "timeseries",
+      "title": "Cost per hour by namespace",
+      "description": "Each engine's dollars under its namespace (infercost_engine_cost_info; the agent's /api/v1/cost answers the same by any cost label).",
+      "datasource": {
+        "type": "prometheus",
+        "uid": "${datasource}"
+      },
+      "targets": [
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "A",
+          "expr": "sum by (engine_namespace) (rate(infercost_cost_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval])\n  * on (node, engine) group_left (engine_namespace) max by (node, engine, engine_namespace) (infercost_engine_cost_info{node=~\"$node\", engine_namespace=~\"$namespace\", label_team=~\"$team\"})) * 3600",
+          "legendFormat": "{{engine_namespace}}",
+          "range": true
+        }
+      ],
+      "fieldConfig": {
+        "defaults": {
+          "unit": "currencyUSD",
+          "thresholds": {
+            "mode": "absolute",
+            "steps": [
+              {
+                "value": null,
+                "color": "text"
+              }
+            ]
+          },
+          "custom": {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 10,
+            "spanNulls": false,
+            "thresholdsStyle": {
+              "mode": "off"
+            }
+          }
+        },
+        "overrides": []
+      },
+      "options": {
+        "legend": {
+          "displayMode": "table",
+          "placement": "bottom",
+          "calcs": [
+            "mean",
+            "lastNotNull"
+          ]
+        },
+        "tooltip": {
+          "mode": "multi",
+          "sort": "desc"
+        }
+      },
+      "id": 12,
+      "gridPos": {
+        "h": 8,
+        "w": 12,
+        "x": 0,
+        "y": 29
+      }
+    },
+    {
+      "type": "timeseries",
+      "title": "Cost per hour by team",
+      "description": "Each engine's dollars under its team (infercost_engine_cost_info; the agent's /api/v1/cost answers the same by any cost label).",
+      "datasource": {
+        "type": "prometheus",
+        "uid": "${datasource}"
+      },
+      "targets": [
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "A",
+          "expr": "sum by (label_team) (rate(infercost_cost_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval])\n  * on (node, engine) group_left (label_team) max by (node, engine, label_team) (infercost_engine_cost_info{node=~\"$node\", engine_namespace=~\"$namespace\", label_team=~\"$team\"})) * 3600",
+          "legendFormat": "{{label_team}}",
+          "range": true
+        }
+      ],
+      "fieldConfig": {
+        "defaults": {
+          "unit": "currencyUSD",
+          "thresholds": {
+            "mode": "absolute",
+            "steps": [
+              {
+                "value": null,
+                "color": "text"
+              }
+            ]
+          },
+          "custom": {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 10,
+            "spanNulls": false,
+            "thresholdsStyle": {
+              "mode": "off"
+            }
+          }
+        },
+        "overrides": []
+      },
+      "options": {
+        "legend": {
+          "displayMode": "table",
+          "placement": "bottom",
+          "calcs": [
+            "mean",
+            "lastNotNull"
+          ]
+        },
+        "tooltip": {
+          "mode": "multi",
+          "sort": "desc"
+        }
+      },
+      "id": 13,
+      "gridPos": {
+        "h": 8,
+        "w": 12,
+        "x": 12,
+        "y": 29
+      }
+    },
+    {
+      "type": "timeseries",
       "title": "Idle GPU cost per hour by node",
       "description": "",
       "datasource": {
@@ -951,12 +1141,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 12,
+      "id": 14,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 0,
-        "y": 29
+        "y": 37
       }
     },
     {
@@ -1023,12 +1213,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 13,
+      "id": 15,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 12,
-        "y": 29
+        "y": 37
       }
     },
     {
@@ -1036,12 +1226,12 @@ export const infercost_fleet: Checked = {
       "title": "Where the dollars went",
       "collapsed": false,
       "panels": [],
-      "id": 14,
+      "id": 16,
       "gridPos": {
         "h": 1,
         "w": 24,
         "x": 0,
-        "y": 37
+        "y": 45
       }
     },
     {
@@ -1112,12 +1302,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 15,
+      "id": 17,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 0,
-        "y": 38
+        "y": 46
       }
     },
     {
@@ -1188,12 +1378,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 16,
+      "id": 18,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 12,
-        "y": 38
+        "y": 46
       }
     },
     {
@@ -1243,12 +1433,12 @@ export const infercost_fleet: Checked = {
         "colorMode": "none",
         "graphMode": "none"
       },
-      "id": 17,
+      "id": 19,
       "gridPos": {
         "h": 4,
         "w": 6,
         "x": 0,
-        "y": 46
+        "y": 54
       }
     },
     {
@@ -1309,12 +1499,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 18,
+      "id": 20,
       "gridPos": {
         "h": 8,
         "w": 18,
         "x": 6,
-        "y": 46
+        "y": 54
       }
     },
     {
@@ -1395,12 +1585,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 19,
+      "id": 21,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 0,
-        "y": 54
+        "y": 62
       }
     },
     {
@@ -1461,12 +1651,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 20,
+      "id": 22,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 12,
-        "y": 54
+        "y": 62
       }
     },
     {
@@ -1474,12 +1664,12 @@ export const infercost_fleet: Checked = {
       "title": "Where GPU time goes",
       "collapsed": false,
       "panels": [],
-      "id": 21,
+      "id": 23,
       "gridPos": {
         "h": 1,
         "w": 24,
         "x": 0,
-        "y": 62
+        "y": 70
       }
     },
     {
@@ -1531,12 +1721,12 @@ export const infercost_fleet: Checked = {
         "colorMode": "none",
         "graphMode": "none"
       },
-      "id": 22,
+      "id": 24,
       "gridPos": {
         "h": 4,
         "w": 6,
         "x": 0,
-        "y": 63
+        "y": 71
       }
     },
     {
@@ -1599,12 +1789,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 23,
+      "id": 25,
       "gridPos": {
         "h": 8,
         "w": 9,
         "x": 6,
-        "y": 63
+        "y": 71
       }
     },
     {
@@ -1665,12 +1855,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 24,
+      "id": 26,
       "gridPos": {
         "h": 8,
         "w": 9,
         "x": 15,
-        "y": 63
+        "y": 71
       }
     },
     {
@@ -1733,12 +1923,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 25,
+      "id": 27,
       "gridPos": {
         "h": 8,
         "w": 24,
         "x": 0,
-        "y": 71
+        "y": 79
       }
     },
     {
@@ -1746,12 +1936,12 @@ export const infercost_fleet: Checked = {
       "title": "Latency",
       "collapsed": false,
       "panels": [],
-      "id": 26,
+      "id": 28,
       "gridPos": {
         "h": 1,
         "w": 24,
         "x": 0,
-        "y": 79
+        "y": 87
       }
     },
     {
@@ -1823,12 +2013,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 27,
+      "id": 29,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 0,
-        "y": 80
+        "y": 88
       }
     },
     {
@@ -1900,12 +2090,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 28,
+      "id": 30,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 8,
-        "y": 80
+        "y": 88
       }
     },
     {
@@ -1977,12 +2167,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 29,
+      "id": 31,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 16,
-        "y": 80
+        "y": 88
       }
     },
     {
@@ -1990,12 +2180,12 @@ export const infercost_fleet: Checked = {
       "title": "Throughput",
       "collapsed": false,
       "panels": [],
-      "id": 30,
+      "id": 32,
       "gridPos": {
         "h": 1,
         "w": 24,
         "x": 0,
-        "y": 88
+        "y": 96
       }
     },
     {
@@ -2057,12 +2247,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 31,
+      "id": 33,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 0,
-        "y": 89
+        "y": 97
       }
     },
     {
@@ -2124,12 +2314,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 32,
+      "id": 34,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 12,
-        "y": 89
+        "y": 97
       }
     },
     {
@@ -2137,12 +2327,12 @@ export const infercost_fleet: Checked = {
       "title": "GPUs",
       "collapsed": false,
       "panels": [],
-      "id": 33,
+      "id": 35,
       "gridPos": {
         "h": 1,
         "w": 24,
         "x": 0,
-        "y": 97
+        "y": 105
       }
     },
     {
@@ -2209,12 +2399,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 34,
+      "id": 36,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 0,
-        "y": 98
+        "y": 106
       }
     },
     {
@@ -2277,12 +2467,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 35,
+      "id": 37,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 8,
-        "y": 98
+        "y": 106
       }
     },
     {
@@ -2344,12 +2534,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 36,
+      "id": 38,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 16,
-        "y": 98
+        "y": 106
       }
     },
     {
@@ -2411,12 +2601,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 37,
+      "id": 39,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 0,
-        "y": 106
+        "y": 114
       }
     },
     {
@@ -2493,12 +2683,12 @@ export const infercost_fleet: Checked = {
           "sort": "desc"
         }
       },
-      "id": 38,
+      "id": 40,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 12,
-        "y": 106
+        "y": 114
       }
     },
     {
@@ -2506,12 +2696,12 @@ export const infercost_fleet: Checked = {
       "title": "Alerts and delivery",
       "collapsed": false,
       "panels": [],
-      "id": 39,
+      "id": 41,
       "gridPos": {
         "h": 1,
         "w": 24,
         "x": 0,
-        "y": 114
+        "y": 122
       }
     },
     {
@@ -2574,12 +2764,12 @@ export const infercost_fleet: Checked = {
           }
         }
       ],
-      "id": 40,
+      "id": 42,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 0,
-        "y": 115
+        "y": 123
       }
     },
     {
@@ -2633,12 +2823,12 @@ export const infercost_fleet: Checked = {
           }
         }
       ],
-      "id": 41,
+      "id": 43,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 12,
-        "y": 115
+        "y": 123
       }
     }
   ]
@@ -2704,6 +2894,64 @@ export const infercost_node: Checked = {
         }
       },
       {
+        "name": "namespace",
+        "label": "Namespace",
+        "type": "query",
+        "datasource": {
+          "type": "prometheus",
+          "uid": "${datasource}"
+        },
+        "query": {
+          "qryType": 1,
+          "query": "label_values(infercost_engine_cost_info{node=~\"$node\"}, engine_namespace)",
+          "refId": "PrometheusVariableQueryEditor-VariableQuery"
+        },
+        "refresh": 2,
+        "includeAll": true,
+        "allValue": ".*",
+        "multi": true,
+        "sort": 1,
+        "hide": 0,
+        "current": {
+          "selected": true,
+          "text": [
+            "All"
+          ],
+          "value": [
+            "$__all"
+          ]
+        }
+      },
+      {
+        "name": "team",
+        "label": "Team",
+        "type": "query",
+        "datasource": {
+          "type": "prometheus",
+          "uid": "${datasource}"
+        },
+        "query": {
+          "qryType": 1,
+          "query": "label_values(infercost_engine_cost_info{node=~\"$node\", engine_namespace=~\"$namespace\"}, label_team)",
+          "refId": "PrometheusVariableQueryEditor-VariableQuery"
+        },
+        "refresh": 2,
+        "includeAll": true,
+        "allValue": ".*",
+        "multi": true,
+        "sort": 1,
+        "hide": 0,
+        "current": {
+          "selected": true,
+          "text": [
+            "All"
+          ],
+          "value": [
+            "$__all"
+          ]
+        }
+      },
+      {
         "name": "engine",
         "label": "Engine",
         "type": "query",
@@ -2713,7 +2961,7 @@ export const infercost_node: Checked = {
         },
         "query": {
           "qryType": 1,
-          "query": "label_values(infercost_engine_up{node=~\"$node\"}, engine)",
+          "query": "label_values(infercost_engine_cost_info{node=~\"$node\", engine_namespace=~\"$namespace\", label_team=~\"$team\"}, engine)",
           "refId": "PrometheusVariableQueryEditor-VariableQuery"
         },
         "refresh": 2,

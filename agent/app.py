@@ -317,6 +317,7 @@ async def _wire_history(
     detect_store = await asyncio.to_thread(Store, path, cfg.store.retention_days, clock)
     try:
         hooks.pipeline = build_pipeline(eff, detect_store, clock, rules=rules, sinks=sinks)
+        hooks.rules_reload = rules is None  # rules handed in are not the files' to reload
     except BaseException:
         detect_store.close()
         raise

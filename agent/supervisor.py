@@ -36,9 +36,11 @@ import contextlib
 import logging
 import math
 import os
+import signal
 import sqlite3
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -56,10 +58,11 @@ from agent.sources.discovery import VersionReader
 from agent.sources.engines.scraper import EngineScraper
 from agent.sources.nvml.backend import NvmlBackend
 from agent.sources.nvml.sampler import NvmlSampler
-from agent.sources.prices import PriceBook
+from agent.sources.prices import PriceBook, load_price_book
 
 if TYPE_CHECKING:
     from agent.detect.pipeline import Pipeline
+    from agent.detect.rules import RuleSet
     from agent.detect.scoring import AnomalyScorer
     from agent.sources.kube.source import KubeEngines as EngineSource
     from agent.store import GpuCostSpan, ModelSpan, Store
@@ -96,6 +99,43 @@ HISTORY_RETRY_MIN_SECONDS = 1.0
 HISTORY_RETRY_MAX_SECONDS = 300.0
 
 
+# Why 5 s: an edited price book or rule file takes effect within one default scrape interval, and a
+# stat of a handful of files costs microseconds. Kubernetes swaps a mounted ConfigMap's files by
+# symlink, which the inode in the signature catches.
+CONFIG_POLL_SECONDS = 5.0
+
+
+class ConfigWatch:
+    """The price book and rule files a running agent reloads: on SIGHUP and when one changes (its
+    inode, modification time or size; a rule folder's listing too)."""
+
+    def __init__(self, book: Path | None, rules_dirs: Sequence[Path], rules: bool) -> None:
+        self.book = book  # None: the bundled example book, not watched
+        self.rules_dirs = tuple(rules_dirs) if rules else ()  # empty: the bundled rules, not watched
+
+    @property
+    def watched(self) -> bool:
+        """Whether anything is reloaded at all."""
+        return self.book is not None or bool(self.rules_dirs)
+
+    def signature(self) -> tuple[tuple[str, int, int, int], ...]:
+        """What identifies the files' current contents (missing files included, as -1)."""
+        paths: list[Path] = [] if self.book is None else [self.book]
+        for d in self.rules_dirs:
+            paths.append(d)
+            if d.is_dir():
+                paths.extend(sorted(f for f in d.iterdir() if f.suffix in (".yaml", ".yml")))
+        out = []
+        for p in paths:
+            try:
+                st = p.stat()
+            except OSError:
+                out.append((str(p), -1, -1, -1))
+                continue
+            out.append((str(p), st.st_ino, st.st_mtime_ns, -1 if p.is_dir() else st.st_size))
+        return tuple(out)
+
+
 class StartupError(Exception):
     """A problem at start-up that the operator fixes (busy port, state dir held by another agent);
     the message says what and how. ``cli.py`` turns it into exit code 2."""
@@ -113,6 +153,7 @@ class Hooks:
     history_note: str | None = None  # why history is off or degraded, for /healthz
     history_expected: bool = False  # history was asked for: without a store, store_up is 0
     history_temporary: bool = False  # the store is a private temporary one (state_dir takes no writes)
+    rules_reload: bool = True  # the rules came from alerts.rules_dirs (False: handed in, not reloaded)
     nvml_expected: bool = False  # nvml.backend auto/real but no backend: export nvml_up 0
     recovered_files: int = 0  # damaged SQLite files moved aside at start
     engine_source: EngineSource | None = None  # engines that come and go (Kubernetes discovery)
@@ -335,6 +376,13 @@ class Agent:
         self._long_tick_seconds = LONG_TICK_INTERVALS * interval  # seconds
         self._held: dict[tuple[str, ...], ModelSpan] = {}  # series → its windows while its engine is down
         self._dropping = False  # minutes are being dropped from the buffer (logged once per outage)
+        rules = self.hooks.pipeline is not None and self.hooks.rules_reload
+        self.watch = ConfigWatch(cfg.prices.book, cfg.alerts.rules_dirs, rules)
+        self._watch_sig = self.watch.signature()  # the files as loaded at start
+        self.reload_ok = True  # the last load (start, SIGHUP or change) succeeded
+        self.reloads = 0  # reloads tried, ever
+        self._reload_wanted = asyncio.Event()  # set by SIGHUP
+        self._new_rules: RuleSet | None = None  # a reloaded rule set, taken between two detections
         if self.hooks.nvml_expected and backend is None:
             self.ledger.observe_nvml(NvmlRound(timestamp=clock.now(), up=False, error="no NVML driver"))
         if self.hooks.pipeline is not None:  # every loaded rule exported, at 0 until it fires
@@ -451,6 +499,7 @@ class Agent:
             otlp = otlp_exporter(self.snapshot, exp.otlp, self.cfg.node)
         self.started.set()
         timeout = aiohttp.ClientTimeout(total=None)
+        hup = self._on_sighup()
         try:
             async with aiohttp.ClientSession(timeout=timeout) as session:
                 scrapers = [EngineScraper(e, session, self.clock, self.cfg.limits) for e in self.engines]
@@ -471,7 +520,10 @@ class Agent:
                         tg.create_task(self.hooks.engine_source.run(stop))
                     for task in self.hooks.tasks:
                         tg.create_task(task(stop))
+                    tg.create_task(self._watch_config(stop))
         finally:
+            if hup:
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
             if self._detect_task is not None and not self._detect_task.done():
                 await asyncio.wait({self._detect_task}, timeout=30)
             self._last_history_write()
@@ -494,6 +546,97 @@ class Agent:
         if self.hooks.store is not None:
             with contextlib.suppress(sqlite3.Error, OSError):
                 self.hooks.store.close()
+
+    # ------------------------------------------------------------------ config reload
+    def _on_sighup(self) -> bool:
+        """SIGHUP asks for a reload (never the default: the process ending); False where the loop
+        cannot take signals (not the main thread)."""
+        try:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.request_reload)
+        except (ValueError, RuntimeError, NotImplementedError):
+            return False
+        return True
+
+    def request_reload(self) -> None:
+        """Reload the price book and rule files now (what SIGHUP does)."""
+        self._reload_wanted.set()
+
+    async def _watch_config(self, stop: asyncio.Event) -> None:
+        """Reload on SIGHUP, and when a watched file changes (polled every CONFIG_POLL_SECONDS)."""
+        while not stop.is_set():
+            waits = [
+                asyncio.ensure_future(self.clock.sleep(CONFIG_POLL_SECONDS)),
+                asyncio.ensure_future(self._reload_wanted.wait()),
+                asyncio.ensure_future(stop.wait()),
+            ]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for t in waits:
+                if not t.done():
+                    t.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await t
+            if stop.is_set():
+                return
+            asked = self._reload_wanted.is_set()
+            self._reload_wanted.clear()
+            try:
+                sig = await asyncio.to_thread(self.watch.signature)
+                if asked or (self.watch.watched and sig != self._watch_sig):
+                    self._watch_sig = sig
+                    await self.reload("SIGHUP" if asked else "a change")
+            except Exception:
+                logger.exception("config reload failed unexpectedly; the last good version is kept")
+
+    async def reload(self, why: str = "a request") -> bool:
+        """Load the price book and rule files again; take them only if all of them load, else keep
+        the last good ones (one log line, ``infercost_config_reload_success`` 0). True on success."""
+        from agent.config import ConfigError
+        from agent.detect.rules import RuleError, load_rules
+
+        self.reloads += 1
+        book, rules = self.book, None
+        try:
+            if self.watch.book is not None:
+                book = await asyncio.to_thread(load_price_book, self.watch.book, self.clock.now())
+            if self.watch.rules_dirs:
+                rules = await asyncio.to_thread(load_rules, self.watch.rules_dirs)
+        except (ConfigError, RuleError) as err:
+            self.reload_ok = False
+            logger.error(
+                "config reload after %s failed, the last good price book and rules are kept: %s",
+                why,
+                str(err).replace("\n", "; "),
+                extra={"subject": f"reload {self.reloads}"},  # each attempt its line (the log's limit)
+            )
+            self._snapshot = self._publish()
+            return False
+        self.book = book
+        self.joiner.prices = book.table()
+        if rules is not None:
+            self._new_rules = rules
+            self._take_rules()
+        self.reload_ok = True
+        logger.info(
+            "config reloaded after %s: %s%s",
+            why,
+            f"price book {self.watch.book}" if self.watch.book is not None else "bundled price book",
+            f", {len(rules.rules)} rules from {', '.join(map(str, self.watch.rules_dirs))}" if rules else "",
+        )
+        self._snapshot = self._publish()
+        return True
+
+    def _take_rules(self) -> None:
+        """Hand a reloaded rule set to the pipeline between two detections (a detection runs in a
+        worker thread: its rules never change under it)."""
+        pipeline = self.hooks.pipeline
+        rules = self._new_rules
+        if pipeline is None or rules is None:
+            return
+        if self._detect_task is not None and not self._detect_task.done():
+            return  # taken when that detection ends, before the next starts
+        self._new_rules = None
+        pipeline.replace_rules(rules)
+        self.ledger.declare_alert_rules((r.id, r.severity) for r in rules)
 
     # ------------------------------------------------------------------ loops
     async def _every(
@@ -709,6 +852,7 @@ class Agent:
             store_files_recovered_total=self.hooks.recovered_files,
             kube_engines_over_cap=src.over_cap if src is not None else None,
             store_dropped_seconds_total=self._buffer.dropped_minutes * MINUTE,
+            config_reload_success=self.reload_ok,
             gpu_pods=gpu_pods,
             budgets=tuple((b.scope, b.name, b.monthly_usd) for b in self.cfg.budgets),
         )
@@ -720,6 +864,7 @@ class Agent:
         is in the store; one detection at a time (a slow one is caught up by the next)."""
         if self.hooks.pipeline is None:
             return
+        self._take_rules()
         slot = math.floor(tick_end / self.cfg.intervals.window_seconds)
         if slot <= self._detected_slot or (self._detect_task is not None and not self._detect_task.done()):
             return

@@ -228,13 +228,15 @@ def parse(text: str, where: str = "measures.csv") -> tuple[Measure, ...]:
     if tuple(reader.fieldnames or ()) != COLUMNS:
         raise MeasureError(f"{where}: header must be {','.join(COLUMNS)}")
     out = []
+    lines: dict[str, int] = {}
     for row in reader:
         line = reader.line_num
         try:
             out.append(_measure(row))
         except (MeasureError, ValueError) as err:
             raise MeasureError(f"{where}:{line} ({row.get('name')}): {err}") from None
-    _check_table(out, where)
+        lines.setdefault(out[-1].name, line)
+    _check_table(out, where, lines)
     return tuple(out)
 
 
@@ -278,7 +280,7 @@ def _measure(row: dict[str, str]) -> Measure:
     )
 
 
-def _check_table(rows: Sequence[Measure], where: str) -> None:
+def _check_table(rows: Sequence[Measure], where: str, lines: dict[str, int]) -> None:
     names = [m.name for m in rows]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
@@ -296,8 +298,8 @@ def _check_table(rows: Sequence[Measure], where: str) -> None:
         for n in m.formula.inputs if m.formula else ():
             if (m.source, n) not in declared:
                 raise MeasureError(
-                    f"{where} ({m.name}): reads {n!r}, which no {m.source} row stores; fix: add a row "
-                    "with since set that stores it"
+                    f"{where}:{lines.get(m.name, 0)} ({m.name}): reads {n!r}, which no {m.source} row "
+                    "stores; fix: add a row with since set that stores it"
                 )
 
 

@@ -71,9 +71,7 @@ from typing import TYPE_CHECKING, Any
 from agent.clock import Clock, SystemClock
 from agent.measures import MEASURES
 from agent.records import (
-    BOUND_SUMS,
     MINUTE,
-    SPLIT_SUMS,
     DeployEvent,
     Kind,
     MinuteRecord,
@@ -339,6 +337,11 @@ _GPU_GAUGES: tuple[tuple[str, Callable[[Any], Any]], ...] = tuple(
     for m in MEASURES
     if m.source == "gpu" and m.aggregation == "mean" and m.since is not None and m.window
 )
+
+
+# One bucket of hourly_model_sums: (node, engine, model, model_version), bucket start, sums by name.
+HourSums = tuple[tuple[str, str, str, str], float, dict[str, float]]
+IDLE_GPU_SECONDS = "idle_gpu_seconds"  # the GPU-seconds of a bucket's minutes without tokens
 
 
 class StoreError(Exception):
@@ -714,24 +717,29 @@ class Store:
         return None if row is None or row[0] is None else (float(row[0]), float(row[1]))
 
     def hourly_model_sums(
-        self, start: float, end: float, bucket_seconds: float = 3600.0
-    ) -> list[tuple[Any, ...]]:
+        self,
+        start: float,
+        end: float,
+        bucket_seconds: float = 3600.0,
+        names: Sequence[str] | None = None,
+    ) -> list[HourSums]:
         """Model minutes in [start, end) summed in SQL per series and bucket of ``bucket_seconds``
         counted from ``start`` (read-only; the weekly report reads weeks without loading minutes).
 
-        Rows: (node, engine, model, model_version, bucket start, seconds, prompt_tokens,
-        generation_tokens, cost_usd, idle_usd, gpu_seconds, idle GPU-seconds (minutes without
-        tokens), gpu_util_s, gpu_util_w, running_s, running_w, roofline_s, roofline_w, then the
-        sums of :data:`SPLIT_SUMS` in their order, then those of :data:`BOUND_SUMS`)."""
+        Each row: the series (node, engine, model, model_version), the bucket's start and its sums
+        by name (:class:`agent.records.MinuteRecord` names: ``gpu_util.s``, …) — every model column,
+        or the ``names`` asked for — plus :data:`IDLE_GPU_SECONDS` (the GPU-seconds of the minutes
+        without tokens)."""
+        t = TABLES["model"]
+        wanted = t.cols if names is None else tuple(n.replace(".", "_") for n in names)
+        unknown = set(wanted) - set(t.cols)
+        if unknown:
+            raise ValueError(f"no such model_minutes columns: {sorted(unknown)}")
         sql = (
             "SELECT node, engine, model, model_version, "
             "? + CAST((minute - ?) / ? AS INTEGER) * ? AS bucket, "
-            "SUM(seconds), SUM(prompt_tokens), SUM(generation_tokens), SUM(cost_usd), SUM(idle_usd), "
-            "SUM(gpu_seconds), "
             "SUM(CASE WHEN generation_tokens + prompt_tokens > 0 THEN 0 ELSE gpu_seconds END), "
-            "SUM(gpu_util_s), SUM(gpu_util_w), SUM(running_s), SUM(running_w), "
-            "SUM(roofline_s), SUM(roofline_w), "
-            + ", ".join(f"SUM({c})" for c in (*SPLIT_SUMS, *BOUND_SUMS))
+            + ", ".join(f"SUM({c})" for c in wanted)
             + " "
             # "+minute": a sequential scan in primary-key order beats the minute index here (the
             # index visits rows in time order, each a separate b-tree lookup): measured 1.4 s vs
@@ -740,7 +748,13 @@ class Store:
             "GROUP BY node, engine, model, model_version, bucket"
         )
         b = float(bucket_seconds)
-        return [tuple(r) for r in self._db.execute(sql, (start, start, b, b, start, end))]
+        sum_names = [_sum_name(c) for c in wanted]
+        out: list[HourSums] = []
+        for row in self._db.execute(sql, (start, start, b, b, start, end)):
+            sums = {IDLE_GPU_SECONDS: float(row[5] or 0.0)}
+            sums.update((n, float(v or 0.0)) for n, v in zip(sum_names, row[6:], strict=True))
+            out.append(((str(row[0]), str(row[1]), str(row[2]), str(row[3])), float(row[4]), sums))
+        return out
 
     # -- deploys and alert state ----------------------------------------------------------------
 

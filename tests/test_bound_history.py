@@ -88,10 +88,10 @@ def test_store_keeps_the_bound_split_and_reads_it_back(tmp_path: Path) -> None:
     assert all(b.sums[c] == 0.0 for c in BOUND_SUMS)
     w2 = window_from_record(b)  # the minute without: absent, not zero
     assert w2.bound_gpu_seconds is None and w2.bound_usd is None
-    # the hourly SQL sums the report reads: BOUND_SUMS after SPLIT_SUMS (row[31:39])
-    (row,) = st.hourly_model_sums(T0, T0 + 3600)
-    assert row[8] == pytest.approx(0.10)  # the cost of both minutes
-    assert row[31:39] == pytest.approx((30.0, 18.0, 6.0, 6.0, 0.025, 0.015, 0.005, 0.005))
+    # the hourly SQL sums the report reads, by name
+    ((_, _, sums),) = st.hourly_model_sums(T0, T0 + 3600)
+    assert sums["cost_usd"] == pytest.approx(0.10)  # the cost of both minutes
+    assert [sums[c] for c in BOUND_SUMS] == pytest.approx((30.0, 18.0, 6.0, 6.0, 0.025, 0.015, 0.005, 0.005))
     st.close()
 
 

@@ -21,7 +21,7 @@ from oldstore import old_store
 from agent.clock import ManualClock
 from agent.detect.evaluator import RuleEvaluator
 from agent.detect.rules import load_rules
-from agent.records import SIGNALS, MinuteRecord, split_sums, window_from_record
+from agent.records import SIGNALS, SPLIT_SUMS, MinuteRecord, split_sums, window_from_record
 from agent.samples import CostWindow, UsageWindow
 from agent.store import MIGRATIONS, Store
 
@@ -97,10 +97,10 @@ def test_store_keeps_the_split_and_reads_it_back(tmp_path: Path) -> None:
     w2 = window_from_record(recs[1])  # the minute without: absent, not zero
     assert w2.prompt_usd is None and w2.usage_usd is None and w2.floor_usd_per_1m_output is None
     assert w2.prefix_cache_saved_usd is None and w2.output_usd == pytest.approx(0.05)
-    # the hourly SQL sums the report reads: both minutes, in SPLIT_SUMS order after roofline
-    (row,) = st.hourly_model_sums(T0, T0 + 3600)
-    assert row[8] == pytest.approx(0.10)  # cost
-    assert row[18:31] == pytest.approx(
+    # the hourly SQL sums the report reads, by name: both minutes
+    ((_, _, sums),) = st.hourly_model_sums(T0, T0 + 3600)
+    assert sums["cost_usd"] == pytest.approx(0.10)  # cost
+    assert [sums[c] for c in SPLIT_SUMS] == pytest.approx(
         (0.0125, 0.05, 12_000, 6_000, 0.03, 0.05, 0.0041667, 0.012, 0.05, 6_000, 0.003, 0.05, 6_000), rel=1e-4
     )
     st.close()

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.cost.bound import BOUNDS
-from agent.records import BOUND_SUMS, SPLIT_SUMS, DeployEvent, bound_sums, split_sums
+from agent.records import BOUND_SUMS, SPLIT_SUMS, DeployEvent, mean_of, model_sums
 from agent.report.budget import BudgetLine
 from agent.samples import CostWindow
 
@@ -879,57 +879,66 @@ def find_savings(
 # ---------------------------------------------------------------------------------------------
 
 
+# The sums an hour row is built from (store names, as agent.records.model_sums names them).
+HOUR_SUMS = (
+    "seconds",
+    "prompt_tokens",
+    "generation_tokens",
+    "cost_usd",
+    "idle_usd",
+    "gpu_seconds",
+    "gpu_util.s",
+    "gpu_util.w",
+    "running.s",
+    "running.w",
+    "roofline.s",
+    "roofline.w",
+    *SPLIT_SUMS,
+    *BOUND_SUMS,
+)
+IDLE_GPU_SECONDS = "idle_gpu_seconds"  # GPU-seconds of the minutes without tokens (as the store's)
+
+
+def hour_row(key: SeriesKey, hour: float, s: Mapping[str, float]) -> HourRow:
+    """One hour of one series from its sums, by name (the store's or :func:`rows_from_windows`')."""
+    node, engine, model, version = key
+    return HourRow(
+        node,
+        engine,
+        model,
+        version or "unknown",
+        hour=hour,
+        seconds=s.get("seconds", 0.0),
+        prompt_tokens=s.get("prompt_tokens", 0.0),
+        output_tokens=s.get("generation_tokens", 0.0),
+        cost_usd=s.get("cost_usd", 0.0),
+        idle_usd=s.get("idle_usd", 0.0),
+        gpu_seconds=s.get("gpu_seconds", 0.0),
+        idle_gpu_seconds=s.get(IDLE_GPU_SECONDS),
+        gpu_util_ratio=mean_of(s, "gpu_util"),
+        requests_running=mean_of(s, "running"),
+        roofline_ratio=mean_of(s, "roofline"),
+        split=split_from_sums(s),
+        bound=bound_from_sums(s),
+    )
+
+
 def rows_from_windows(windows: Iterable[CostWindow], end: float) -> list[HourRow]:
     """Hourly rows of the two weeks before ``end`` from cost windows (a window belongs to the
     hour bucket holding its start, as a store row belongs to its minute)."""
     first = end - 2 * WEEK_SECONDS
-    acc: dict[tuple[SeriesKey, int], list[float]] = {}
-    splits: dict[tuple[SeriesKey, int], DollarSplit] = {}
-    bounds: dict[tuple[SeriesKey, int], BoundSplit] = {}
+    acc: dict[tuple[SeriesKey, int], dict[str, float]] = {}
     for w in windows:
         u = w.usage
         if not first <= u.start < end:
             continue
         i = int((u.start - first) // HOUR_SECONDS)
-        secs = u.end - u.start
-        key = ((u.node, u.engine, u.model, u.model_version), i)
-        a = acc.setdefault(key, [0.0] * 13)
-        splits[key] = splits.get(key, DollarSplit()) + split_from_sums(split_sums(w))
-        bounds[key] = bounds.get(key, BoundSplit()) + bound_from_sums(bound_sums(w))
-        a[0] += secs
-        a[1] += u.prompt_tokens
-        a[2] += u.generation_tokens
-        a[3] += w.cost_usd
-        a[4] += w.idle_usd
-        a[5] += u.gpu_seconds
+        sums = acc.setdefault(((u.node, u.engine, u.model, u.model_version), i), {IDLE_GPU_SECONDS: 0.0})
+        for k, v in model_sums(w).items():
+            sums[k] = sums.get(k, 0.0) + v
         if u.generation_tokens + u.prompt_tokens <= 0:
-            a[6] += u.gpu_seconds
-        for j, v in ((7, u.gpu_util_ratio), (9, u.requests_running)):
-            if v is not None:
-                a[j] += v * secs
-                a[j + 1] += secs
-        if w.roofline_ratio is not None:
-            a[11] += w.roofline_ratio * secs
-            a[12] += secs
-    return [
-        HourRow(
-            *key,
-            hour=first + i * HOUR_SECONDS,
-            seconds=a[0],
-            prompt_tokens=a[1],
-            output_tokens=a[2],
-            cost_usd=a[3],
-            idle_usd=a[4],
-            gpu_seconds=a[5],
-            idle_gpu_seconds=a[6],
-            gpu_util_ratio=a[7] / a[8] if a[8] > 0 else None,
-            requests_running=a[9] / a[10] if a[10] > 0 else None,
-            roofline_ratio=a[11] / a[12] if a[12] > 0 else None,
-            split=splits[(key, i)],
-            bound=bounds[(key, i)],
-        )
-        for (key, i), a in acc.items()
-    ]
+            sums[IDLE_GPU_SECONDS] += u.gpu_seconds
+    return [hour_row(key, first + i * HOUR_SECONDS, s) for (key, i), s in acc.items()]
 
 
 def build_from_windows(windows: Iterable[CostWindow], end: float) -> WeeklyReport:
@@ -938,37 +947,9 @@ def build_from_windows(windows: Iterable[CostWindow], end: float) -> WeeklyRepor
     return assemble(rows_from_windows(windows, end), end=end, source="local store")
 
 
-_BOUND_AT = 14 + len(SPLIT_SUMS)  # where BOUND_SUMS start in a store row's numbers
-
-
-def rows_from_store_sums(sums: Iterable[Sequence[object]]) -> list[HourRow]:
-    """HourRows from :meth:`agent.store.Store.hourly_model_sums` tuples."""
-    out = []
-    for s in sums:
-        node, engine, model, version = (str(x) for x in s[:4])
-        v = [float(x or 0.0) for x in s[4:]]  # type: ignore[arg-type]
-        out.append(
-            HourRow(
-                node,
-                engine,
-                model,
-                version or "unknown",
-                hour=v[0],
-                seconds=v[1],
-                prompt_tokens=v[2],
-                output_tokens=v[3],
-                cost_usd=v[4],
-                idle_usd=v[5],
-                gpu_seconds=v[6],
-                idle_gpu_seconds=v[7],
-                gpu_util_ratio=v[8] / v[9] if v[9] > 0 else None,
-                requests_running=v[10] / v[11] if v[11] > 0 else None,
-                roofline_ratio=v[12] / v[13] if v[13] > 0 else None,
-                split=DollarSplit(*v[14 : 14 + len(SPLIT_SUMS)]) if len(v) > 14 else None,
-                bound=BoundSplit(*v[_BOUND_AT : _BOUND_AT + len(BOUND_SUMS)]) if len(v) > _BOUND_AT else None,
-            )
-        )
-    return out
+def rows_from_store_sums(sums: Iterable[tuple[SeriesKey, float, Mapping[str, float]]]) -> list[HourRow]:
+    """HourRows from :meth:`agent.store.Store.hourly_model_sums` buckets (sums by name)."""
+    return [hour_row(key, hour, s) for key, hour, s in sums]
 
 
 def build_from_store(path: Path, end: float, tz: str = "UTC") -> WeeklyReport:
@@ -984,7 +965,7 @@ def build_from_store(path: Path, end: float, tz: str = "UTC") -> WeeklyReport:
     except (StoreError, sqlite3.Error) as err:
         raise ReportError(f"{path}: cannot open the store: {err}") from None
     try:
-        sums = store.hourly_model_sums(end - 2 * WEEK_SECONDS, end, HOUR_SECONDS)
+        sums = store.hourly_model_sums(end - 2 * WEEK_SECONDS, end, HOUR_SECONDS, HOUR_SUMS)
         deploys = store.deploys(end - WEEK_SECONDS)
         # per-GPU idle (GPUs no engine uses included), as the Prometheus path reads it; an older
         # store without GPU dollars falls back to the model rows

@@ -108,6 +108,7 @@ class _GpmState:
 
     supported: bool
     previous: Any = None  # an nvmlGpmSample_t from the last round, or None
+    request: Any = None  # the device's nvmlGpmMetricsGet_t, filled once (metric ids), reused each round
 
 
 class NvmlBackend:
@@ -456,36 +457,56 @@ class NvmlBackend:
             if previous is not None:
                 self._free_sample(previous)
             return {}
-        ids = self._ids
-        wanted = ids.activity if parent is not None else ids.activity + ids.throughput
+        if state.request is None:
+            ids = self._ids
+            state.request = self._gpm_request(
+                ids.activity if parent is not None else ids.activity + ids.throughput
+            )
         try:
-            values = self._call(key, "gpm_metrics", lambda: self._gpm_metrics(previous, current, wanted))
+            values = self._call(
+                key, "gpm_metrics", lambda: self._gpm_metrics(state.request, previous, current)
+            )
         finally:
             self._free_sample(previous)
         return values or {}
 
-    def _gpm_metrics(self, older: Any, newer: Any, wanted: tuple[int, ...]) -> dict[int, float]:
-        """Run nvmlGpmMetricsGet over two samples; metric id → ratio (percentages) or bytes/s
-        (MiB/s metrics); metrics that failed are left out."""
+    def _gpm_request(self, wanted: tuple[int, ...]) -> Any:
+        """An nvmlGpmMetricsGet_t asking for ``wanted`` (metric ids); a round sets its two samples.
+        Prepared once per device: pynvml's structures answer every attribute through a Python
+        ``__getattribute__``, which made building one per round most of the sampler's own time."""
         lib = self._lib
-        throughput = set(self._ids.throughput)
         mg = lib.c_nvmlGpmMetricsGet_t()
         mg.version = lib.NVML_GPM_METRICS_GET_VERSION
         mg.numMetrics = len(wanted)
+        metrics = mg.metrics
+        for i, metric in enumerate(wanted):
+            metrics[i].metricId = metric
+        return mg
+
+    def _gpm_metrics(self, mg: Any, older: Any, newer: Any) -> dict[int, float]:
+        """Run nvmlGpmMetricsGet over two samples; metric id → ratio (percentages) or bytes/s
+        (MiB/s metrics); metrics that failed are left out."""
+        lib = self._lib
+        throughput = self._ids.throughput
+        success = lib.NVML_SUCCESS
         mg.sample1 = older
         mg.sample2 = newer
-        for i, metric in enumerate(wanted):
-            mg.metrics[i].metricId = metric
         lib.nvmlGpmMetricsGet(mg)
         out: dict[int, float] = {}
-        for i in range(len(wanted)):
-            m = mg.metrics[i]
-            if m.nvmlReturn != lib.NVML_SUCCESS:
+        # the fields read past pynvml's structure __getattribute__ (a bytes-to-str conversion none
+        # of these numeric fields needs, at several times the cost of the read)
+        field = object.__getattribute__
+        metrics = field(mg, "metrics")
+        for i in range(field(mg, "numMetrics")):
+            m = metrics[i]
+            if field(m, "nvmlReturn") != success:
                 continue
-            if int(m.metricId) in throughput:
-                out[int(m.metricId)] = max(0.0, float(m.value) * MIB)
+            metric = int(field(m, "metricId"))
+            value = float(field(m, "value"))
+            if metric in throughput:
+                out[metric] = max(0.0, value * MIB)
             else:
-                out[int(m.metricId)] = min(1.0, max(0.0, float(m.value) * PERCENT))
+                out[metric] = min(1.0, max(0.0, value * PERCENT))
         return out
 
 

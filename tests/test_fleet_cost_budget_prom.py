@@ -8,6 +8,8 @@ fleet report's budget section must say the same to the cent.
 from __future__ import annotations
 
 import datetime as dt
+import json
+import logging
 import math
 import subprocess
 import threading
@@ -20,6 +22,7 @@ from pathlib import Path
 import pytest
 from promstack import Prometheus, binary, test_copy_of_rules
 
+from agent.cli import main
 from agent.config import load_config
 from agent.report.budget import budget_markdown, budgets_from_prometheus, forecast
 from agent.report.prom import PromApi, http_fetcher
@@ -73,6 +76,16 @@ class Exposition(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
+def root_logger_restored() -> Iterator[None]:
+    """``main`` configures the root logger (as the command does); later tests get it back as it was."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+@pytest.fixture
 def agent_budgets(tmp_path: Path) -> Iterator[tuple[str, dict[str, float]]]:
     """An agent exposition with budgets: search at 90 % of its forecast (the alert fires), chat at
     twice its forecast (it does not)."""
@@ -102,7 +115,7 @@ def agent_budgets(tmp_path: Path) -> Iterator[tuple[str, dict[str, float]]]:
 
 @pytest.mark.slow
 def test_month_to_date_forecast_alert_and_report_agree(
-    tmp_path: Path, agent_budgets: tuple[str, dict[str, float]]
+    tmp_path: Path, agent_budgets: tuple[str, dict[str, float]], root_logger_restored: None
 ) -> None:
     target, budgets = agent_budgets
     data = hourly(time.time())
@@ -148,5 +161,15 @@ def test_month_to_date_forecast_alert_and_report_agree(
         assert lines[0].over and not lines[1].over
         text = "\n".join(budget_markdown(lines))
         assert f"| team | search | ${budgets['search']:,.2f} |" in text and "(over)" in text
+        # and through `infercost report --prometheus`: the JSON and Markdown reports carry the section
+        out = tmp_path / "fleet.json"
+        argv = ["report", "--prometheus", prom.url, "--end", f"{at:.3f}"]
+        assert main([*argv, "--format", "json", "--output", str(out)]) == 0
+        assert [(b["name"], b["over"]) for b in json.loads(out.read_text())["budgets"]] == [
+            ("search", True),
+            ("chat", False),
+        ]
+        assert main([*argv, "--format", "md", "--output", str(tmp_path / "fleet.md")]) == 0
+        assert "## Budgets (this month)" in (tmp_path / "fleet.md").read_text()
     finally:
         prom.close()

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.detect.forest import FEATURE_NAMES, STATE_FILE, ForestDetector, features
+from agent.detect.forest import FEATURE_NAMES, STATE_FILE, ForestDetector, features, history_seconds
 from agent.samples import CostWindow
 from infercost_sim.samples import ENGINE, priced_windows
 from infercost_sim.workload import DAY, HOUR, simulate_node
@@ -95,22 +95,35 @@ def test_features_order_and_absence(week: SimulatedHistory) -> None:
     assert g is not None and np.isnan(g[FEATURE_NAMES.index("log10_ttft_p99_seconds")])
 
 
+def _hour(sim: SimulatedHistory, day: int, hour: float) -> list[CostWindow]:
+    a = sim.start + day * DAY + hour * HOUR
+    return [w for w in sim.windows if a <= w.usage.start < a + HOUR]
+
+
+def _share_above_one(det: ForestDetector, windows: list[CostWindow]) -> float:
+    """The share of the judged minutes scoring above 1: what the cost_anomaly rule reads over an hour
+    (it fires above half). Single minutes of a drawn request population are noisy; an hour is not."""
+    scores = [s for s in det.score_many(windows) if s is not None]
+    assert len(scores) >= 0.5 * len(windows)
+    return sum(s > 1.0 for s in scores) / len(scores)
+
+
 def test_night_and_weekend_troughs_are_normal(week: SimulatedHistory, fitted: ForestDetector) -> None:
     # Day 6 (Sunday) was not trained on. Its 04:00 trough costs far more per token than a weekday peak...
     trough, peak = _at(week, 6, 4), _at(week, 3, 14)
     assert trough.usd_per_1m_output is not None and peak.usd_per_1m_output is not None
     assert trough.usd_per_1m_output > 2.0 * peak.usd_per_1m_output
-    # ...and yet the forest, which knows the load and the hour, does not call it anomalous.
-    scores = fitted.score_many([_at(week, 6, h) for h in (1, 3, 4, 5, 23)])
-    assert all(s is not None and s < 1.0 for s in scores), scores
+    # ...and yet the forest, which knows the load and the hour, does not call its hours anomalous
+    shares = [_share_above_one(fitted, _hour(week, 6, h)) for h in (1, 3, 4, 5, 23)]
+    assert all(s < 0.2 for s in shares), shares
 
 
 def test_injected_regression_scores_above_one(week: SimulatedHistory, fitted: ForestDetector) -> None:
     for day, hour in ((6, 15), (6, 4), (5, 11)):
-        w = _at(week, day, hour)
-        normal, bad = fitted.score(w), fitted.score(_regressed(w, 1.5))
-        assert normal is not None and bad is not None
-        assert normal < 1.0 < bad, (day, hour, normal, bad)
+        ws = _hour(week, day, hour)
+        normal = _share_above_one(fitted, ws)
+        bad = _share_above_one(fitted, [_regressed(w, 1.5) for w in ws])
+        assert normal < 0.2 and bad > 0.8, (day, hour, normal, bad)
 
 
 def test_no_forest_or_no_tokens_means_no_score(week: SimulatedHistory, fitted: ForestDetector) -> None:
@@ -226,6 +239,27 @@ def test_minimum_history_is_time_not_rows(week: SimulatedHistory) -> None:
     assert 570 <= len(day2) <= 580
     assert ForestDetector(None).fit(day2) == [(week.engine, week.model)]
     assert ForestDetector(None).fit(day2[: len(day2) // 2]) == []
+    # the same history as one-minute rows 5 minutes apart (a store's minutes of history imported at
+    # 5-minute steps): its time counts, not its rows
+    rows = [
+        dataclasses.replace(w, usage=dataclasses.replace(w.usage, end=w.usage.start + 60.0))
+        for w in coarse
+        if w.usage.end <= week.start + 2 * DAY + 900  # the first row counts its own minute only
+    ]
+    assert ForestDetector(None).fit(rows) == [(week.engine, week.model)]
+    assert ForestDetector(None).fit(rows[: len(rows) // 2]) == []
+    # a silence longer than a history step counts nothing: two days with a day's hole in the middle
+    holed = [w for w in rows if not week.start + 0.5 * DAY <= w.usage.start < week.start + 1.5 * DAY]
+    assert ForestDetector(None).fit(holed) == []
+
+
+def test_history_seconds_counts_steps_up_to_a_coarse_history_step() -> None:
+    ends = np.array([60.0, 360.0, 660.0, 5000.0, 5060.0])
+    secs = np.full(5, 60.0)
+    # 60 (the first) + 300 + 300 (5-minute steps) + 60 (after a silence: its own minute) + 60
+    assert history_seconds(ends, secs) == pytest.approx(780.0)
+    assert history_seconds(ends[::-1], secs) == pytest.approx(780.0)  # in any order
+    assert history_seconds(np.array([]), np.array([])) == 0.0
 
 
 def _with_mix(w: CostWindow, prompt_factor: float) -> CostWindow:
@@ -301,8 +335,9 @@ def test_an_ended_regression_is_never_learnt_and_a_lasting_one_only_once_it_has_
         assert kept <= len(week.windows) - ended_rows - 30 * 60
         assert all(s is not None and s > 1.0 for s in scores), scores
     else:
-        # 40 h: the new normal, learnt (its minutes kept, normal and regressed alike)
-        assert kept >= len(week.windows) - ended_rows - 60
+        # 40 h: the new normal, learnt (its minutes kept, normal and regressed alike; less the few
+        # percent of a week of drawn requests the previous forest scores above its cut anyway)
+        assert kept >= 0.97 * (len(week.windows) - ended_rows)
 
 
 def test_a_mix_inside_the_range_with_little_training_time_near_it_is_not_judged(
@@ -363,21 +398,17 @@ def _with_joules_residual(fitted: ForestDetector, w: CostWindow, scales: float) 
 
 
 def test_a_group_gives_no_verdict_on_a_point_inside_its_usual_spread(
-    week: SimulatedHistory, fitted: ForestDetector, monkeypatch: pytest.MonkeyPatch
+    week: SimulatedHistory, fitted: ForestDetector
 ) -> None:
-    from agent.detect import forest as f
-
     for day, hour in ((6, 15), (6, 4), (5, 11)):
-        w = _at(week, day, hour)
+        # a typical minute of the hour (its median score): a drawn population's single minutes vary
+        ws = [w for w in _hour(week, day, hour) if fitted.score(w) is not None]
+        w = sorted(ws, key=lambda x: fitted.score(x) or 0.0)[len(ws) // 2]
         # ~2 % more energy per token (0.3 of the usual spread): the dead band's atom at 0 made the
         # cost group's forest isolate it as fast as a real regression
         near = _with_joules_residual(fitted, w, 0.3)
         s = fitted.score(near)
         assert s is not None and s < 1.0, (day, hour, s)
-        with monkeypatch.context() as m:
-            m.setattr(f, "GROUP_GATE", 0.0)
-            ungated = fitted.score(near)
-        assert ungated is not None and ungated > 1.0, (day, hour, ungated)
         # past the usual spread it is judged as before
         far = fitted.score(_with_joules_residual(fitted, w, 1.5))
         assert far is not None and far > 1.0, (day, hour, far)

@@ -10,13 +10,15 @@ faster minute is rare too, but not a regression), and a request mix outside ever
 training week is not judged at all (score None) until a refit has seen it.
 
 Fitting: on the trailing ``training_days`` (default 7) of the model's windows, across versions,
-once at least ``min_training_seconds`` (2 days) of them have tokens, whatever their step
-(a version's own few hours could not cover the week's cycle). A new fit happens daily and once a
-newly deployed version has ``version_settle_seconds`` of data; until then the new version is
-scored by the forest of the version before it, which is what catches a regression at the
-deploy. Windows the current forest scores anomalous are left out of the next training set (so a
-regression is not learnt as normal), unless they are a change that has gone on, up to the fit,
-for ``max_clean_fraction`` of the training window (then it is the new normal and is learnt).
+once at least ``min_training_seconds`` (2 days) of time is covered by windows with tokens,
+whatever their step (:func:`history_seconds`: history at 5-minute steps stored as one-minute rows
+counts its 5 minutes; a version's own few hours could not cover the week's cycle). A new fit
+happens daily and once a newly deployed version has ``version_settle_seconds`` of data; until
+then the new version is scored by the forest of the version before it, which is what catches a
+regression at the deploy. Windows the current forest scores anomalous are left out of the next
+training set (so a regression is not learnt as normal), unless they are a change that has gone
+on, up to the fit, for ``max_clean_fraction`` of the training window (then it is the new normal
+and is learnt).
 
 Score: normalised so that 0 is the training median and 1 the training ``quantile``; > 1 is
 anomalous. An isolation forest alone saturates (every point past the edge of its training data
@@ -142,9 +144,26 @@ FEATURE_GROUPS: tuple[tuple[int, ...], ...] = (
 # quantile, which grows with the regression (log10 2 = 0.30 against log10 1.2 = 0.08).
 MAGNITUDE_OUTCOMES: tuple[int, ...] = (0, 1, 4, 9)
 MIN_TRAINING_ROWS = 200  # why: fewer rows than a tree's 256 samples make every tree the same
+# The longest step between two windows that still counts as history covered: history imported at
+# coarse steps (Prometheus recording rules, exports at 5-minute steps) can arrive as one-minute rows
+# 5 minutes apart, and those 5 minutes are history, not a gap. Why 10 minutes: twice the coarsest
+# step history is imported at; a longer silence is an outage or an idle model, not covered time.
+MAX_HISTORY_STEP_SECONDS = 600.0
 POLY_DEGREE = 3  # cubic in log traffic: enough for the batch-size curve, too little to chase noise
 
 _EPOCH_MONDAY = 345600.0  # seconds: 1970-01-05 00:00 UTC was a Monday
+
+
+def history_seconds(ends: np.ndarray, durations: np.ndarray) -> float:
+    """Seconds of time a model's windows cover: each window's own seconds, or the step from the
+    window before it where that is longer, up to :data:`MAX_HISTORY_STEP_SECONDS` (so history at
+    coarse steps counts its time, not its rows; a long silence counts nothing)."""
+    if len(ends) == 0:
+        return 0.0
+    order = np.argsort(ends)
+    e, d = ends[order], durations[order]
+    steps = np.diff(e, prepend=e[0] - d[0])
+    return float(np.where(steps <= MAX_HISTORY_STEP_SECONDS, np.maximum(d, steps), d).sum())
 
 
 def features(window: CostWindow) -> np.ndarray | None:
@@ -366,7 +385,7 @@ class ForestDetector:
             rows = [f for _, f in usable]
             ends = np.array([w.usage.end for w, _ in usable])
             secs = np.array([w.usage.duration for w, _ in usable])
-            covered = sum(w.usage.duration for w, _ in usable)
+            covered = history_seconds(ends, secs)
             if covered < self.min_training_seconds or len(rows) < MIN_TRAINING_ROWS:
                 logger.debug(
                     "forest %s/%s: %.1f h of usable windows, need %.1f h",

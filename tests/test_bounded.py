@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
+import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -23,7 +24,9 @@ from agent.config import (
     NvmlConfig,
     PrometheusExporterConfig,
 )
+from agent.sources.engines.parser import PageRefused, ParseError
 from agent.sources.engines.scraper import MAX_SKIPPED_SCRAPES, EngineScraper
+from agent.sources.engines.vllm import ADAPTER
 from agent.sources.prices import parse_price_book
 
 
@@ -151,7 +154,7 @@ async def test_a_histogram_over_the_bucket_limit_is_refused_and_the_rest_goes_on
         assert states["at-limit"] == (True, None)  # 999 bounds and +Inf: 1,000 buckets
         up, why = states["hostile"]
         assert not up and why is not None
-        assert "100001 buckets" in why and "limits.max_histogram_buckets" in why
+        assert "more than 1000 buckets" in why and "limits.max_histogram_buckets" in why
 
 
 async def test_a_page_over_its_cpu_budget_is_refused_named_and_read_less_often() -> None:
@@ -179,3 +182,16 @@ async def test_a_page_over_its_cpu_budget_is_refused_named_and_read_less_often()
         ok = EngineScraper(EngineConfig(name="costly", kind="vllm", url=costly.url), session, clock)
         reading = await ok.scrape()
         assert reading.up and len(reading.models) == 64 and ok.cpu_seconds > 0
+
+
+def test_the_parser_stops_at_the_bucket_limit_without_reading_the_rest() -> None:
+    """A page whose histogram passes the limit is refused at the bucket past it: a malformed line
+    further down (which a whole read would report) is never reached."""
+    page = vllm_page(["m"], 1.0, buckets=2000) + 'vllm:num_requests_running{model_name="m" 1\n'
+    with pytest.raises(PageRefused, match=r'model_name="m"\} has more than 1000 buckets'):
+        ADAPTER.read(page, max_buckets=1000)
+    with pytest.raises(ParseError):  # read whole, the bad line is found
+        ADAPTER.read(page, max_buckets=5000)
+    # two series of 600 buckets each: 1,200 bucket lines of the family, each series within the limit
+    two = vllm_page(["a", "b"], 1.0, buckets=599)
+    assert {m.model for m in ADAPTER.read(two, max_buckets=1000).models} == {"a", "b"}

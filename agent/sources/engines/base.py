@@ -47,7 +47,7 @@ from typing import Any
 
 from agent.cost.counters import CREATED, STARTED
 from agent.samples import Histogram, ModelSignals
-from agent.sources.engines.parser import Page, Sample, parser_for
+from agent.sources.engines.parser import Page, PageRefused, Sample, parser_for
 
 logger = logging.getLogger(__name__)
 
@@ -55,11 +55,6 @@ DEFAULT_MODEL = "default"  # model name when neither the page nor the config nam
 OTHER_MODEL = "other"  # the models beyond an engine's max_models, folded together
 DEFAULT_MAX_MODELS = 64  # models per engine (config: engines[].max_models)
 DEFAULT_MAX_BUCKETS = 1000  # buckets of one histogram per model (config: limits.max_histogram_buckets)
-
-
-class PageRefused(ValueError):
-    """A page that parses but is refused whole (a histogram over the bucket limit); the message
-    names the series and the limit."""
 
 
 # Why 1e15: an engine producing 100,000 tokens/s (far beyond one node today) takes 300 years to
@@ -196,7 +191,7 @@ class Adapter:
         """Parse a page (OpenMetrics text when ``openmetrics``) and map it with its checks;
         raises ParseError on a malformed wanted line, PageRefused on a histogram of more than
         ``max_buckets`` buckets."""
-        page, duplicates = parser_for(self.families).read(text, openmetrics)
+        page, duplicates = parser_for(self.families).read(text, openmetrics, max_buckets)
         return _Mapping(self, page, default_model, max_models, duplicates, max_buckets).run()
 
     def parse(

@@ -70,6 +70,11 @@ class ParseError(ValueError):
     """A wanted line of the page is not valid exposition text (the message quotes it, truncated)."""
 
 
+class PageRefused(ValueError):
+    """A page that parses but is refused whole (a histogram over the bucket limit); the message
+    names the series and the limit."""
+
+
 class Sample(NamedTuple):
     """One sample line: name (canonical spelling), labels, value and the optional timestamp.
 
@@ -208,11 +213,13 @@ class FamilyParser:
         """Samples of the wanted families, by canonical name (see :meth:`read`)."""
         return self.read(text, openmetrics).page
 
-    def read(self, text: str, openmetrics: bool = False) -> Parsed:
+    def read(self, text: str, openmetrics: bool = False, max_buckets: int | None = None) -> Parsed:
         """Samples of the wanted families, by canonical name, and the series left out.
 
         ``openmetrics``: the page is OpenMetrics text (``application/openmetrics-text``):
-        timestamps are in seconds and nothing after ``# EOF`` is read.
+        timestamps are in seconds and nothing after ``# EOF`` is read. ``max_buckets``: a histogram
+        series (one label set but ``le``) with more buckets raises :class:`PageRefused` as soon as
+        its next bucket is read, so a hostile page is never read (or held) whole.
         """
         text = f"\n{text}\n"
         if openmetrics:
@@ -220,7 +227,10 @@ class FamilyParser:
         series: dict[str, dict[frozenset[tuple[str, str]], int]] = {}  # name -> labels -> last sample
         made: list[Sample] = []  # in page order
         clashes: set[tuple[str, frozenset[tuple[str, str]]]] = set()  # series repeated with other values
-        for name, rest, qname, qrest in self._line_re.findall(text):
+        bucket_lines: dict[str, int] = {}  # name -> bucket samples (cheap: counted per name)
+        buckets: dict[str, dict[frozenset[tuple[str, str]], int]] = {}  # name -> series -> buckets
+        for line in self._line_re.finditer(text):
+            name, rest, qname, qrest = line.groups()
             if not name:  # {"name", labels} value: read as name{labels} value
                 name = self._unquoted[qname]
                 rest = qrest[1:] if qrest[0] == "}" else "{" + qrest[1:]
@@ -229,8 +239,13 @@ class FamilyParser:
                 continue
             per = series.setdefault(name, {})
             key = frozenset(sample.labels.items())
-            if key in per and _differ(made[per[key]].value, sample.value):
-                clashes.add((name, key))
+            if key in per:
+                if _differ(made[per[key]].value, sample.value):
+                    clashes.add((name, key))
+            elif max_buckets is not None and "le" in sample.labels:
+                n = bucket_lines[name] = bucket_lines.get(name, 0) + 1
+                if n > max_buckets:  # only then per series (a real page never gets here)
+                    _count_bucket(buckets, per, name, key, max_buckets)
             per[key] = len(made)
             made.append(sample)
         out: Page = {name: [made[i] for i in per.values()] for name, per in series.items()}
@@ -266,6 +281,36 @@ class FamilyParser:
                 logger.debug("both %s and %s on one page: reading %s", canonical, escaped, canonical)
                 continue
             out[canonical] = [s._replace(name=canonical) for s in samples]
+
+
+def _count_bucket(
+    buckets: dict[str, dict[frozenset[tuple[str, str]], int]],
+    per: dict[frozenset[tuple[str, str]], int],
+    name: str,
+    key: frozenset[tuple[str, str]],
+    most: int,
+) -> None:
+    """Count one more bucket (``key``) of its histogram series (``name``'s samples so far in
+    ``per``, counted once when the name first passes ``most`` bucket lines); PageRefused past
+    ``most`` in one series."""
+
+    def series_of(k: frozenset[tuple[str, str]]) -> frozenset[tuple[str, str]]:
+        return frozenset(kv for kv in k if kv[0] != "le")
+
+    counts = buckets.get(name)
+    if counts is None:
+        counts = buckets[name] = {}
+        for k in per:
+            if any(kv[0] == "le" for kv in k):
+                of = series_of(k)
+                counts[of] = counts.get(of, 0) + 1
+    of = series_of(key)
+    n = counts[of] = counts.get(of, 0) + 1
+    if n > most:
+        labels = ",".join(f'{k}="{v[:60]}"' for k, v in sorted(of))
+        raise PageRefused(
+            f"histogram {name}{{{labels[:200]}}} has more than {most} buckets (limits.max_histogram_buckets)"
+        )
 
 
 def _differ(before: float, value: float) -> bool:

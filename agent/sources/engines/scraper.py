@@ -91,6 +91,7 @@ class EngineScraper:
         """One scrape; never raises (see the module docstring)."""
         t0 = time.perf_counter()
         size = 0
+        skipped = 0  # scrapes this one's CPU cost makes the next ones skip
         try:
             if self._skip:
                 self._skip -= 1
@@ -110,11 +111,21 @@ class EngineScraper:
                 )
             finally:
                 self.cpu_seconds = time.thread_time() - cpu0
-            self._check_budget()
+                skipped = self._note_cost()
+            if skipped:
+                raise ScrapeFailed(
+                    f"page refused: reading it cost {self.cpu_seconds:.2f} s of CPU, over the budget of "
+                    f"{self.limits.scrape_cpu_seconds:g} s (limits.scrape_cpu_seconds)"
+                )
         except asyncio.CancelledError:
             raise
         except Exception as err:
             reason = self._reason(err)
+            if skipped:  # refused for its cost, or for something else and costly too
+                if "limits.scrape_cpu_seconds" not in reason:
+                    reason += f"; reading it cost {self.cpu_seconds:.2f} s of CPU (limits.scrape_cpu_seconds)"
+                reason += f"; the next {skipped} scrape(s) skipped"
+                self._skip_reason = reason
             self._note(reason)
             return EngineScrape(
                 engine=self.cfg.name,
@@ -163,20 +174,15 @@ class EngineScraper:
                 chunks.append(chunk)
             return b"".join(chunks), media.startswith("application/openmetrics-text")
 
-    def _check_budget(self) -> None:
-        """Refuse a page that cost more CPU than ``limits.scrape_cpu_seconds`` to read, and skip
-        the next scrapes (see MAX_SKIPPED_SCRAPES)."""
-        budget = self.limits.scrape_cpu_seconds
-        if self.cpu_seconds <= budget:
+    def _note_cost(self) -> int:
+        """After a page costing more CPU than ``limits.scrape_cpu_seconds`` (refused or not), the
+        next scrapes are skipped (see MAX_SKIPPED_SCRAPES); returns how many (0: within budget)."""
+        if self.cpu_seconds <= self.limits.scrape_cpu_seconds:
             self._over_budget = 0
-            return
+            return 0
         self._over_budget += 1
         self._skip = min(MAX_SKIPPED_SCRAPES, 2 ** (self._over_budget - 1))
-        self._skip_reason = (
-            f"page refused: reading it cost {self.cpu_seconds:.2f} s of CPU, over the budget of "
-            f"{budget:g} s (limits.scrape_cpu_seconds); the next {self._skip} scrape(s) skipped"
-        )
-        raise ScrapeFailed(self._skip_reason)
+        return self._skip
 
     @staticmethod
     def _decode(body: bytes) -> str:

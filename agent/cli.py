@@ -220,6 +220,7 @@ BENCHMARKS = (
     "startup",
     "bound",
     "efficiency",
+    "explain",
 )
 
 
@@ -321,6 +322,14 @@ def _run_bench(args: argparse.Namespace) -> int:
         from infercost_bench.efficiency import run as run_efficiency
 
         run_efficiency(quick=args.quick)
+    elif args.what == "explain":
+        from infercost_bench.explain import run as run_explain_bench
+        from infercost_bench.explain import run_quick as run_explain_quick
+
+        if args.quick:
+            run_explain_quick()
+        else:
+            run_explain_bench(workers=args.workers)
     return EXIT_OK
 
 

@@ -221,6 +221,7 @@ BENCHMARKS = (
     "bound",
     "efficiency",
     "explain",
+    "hostile",
 )
 
 
@@ -322,6 +323,10 @@ def _run_bench(args: argparse.Namespace) -> int:
         from infercost_bench.efficiency import run as run_efficiency
 
         run_efficiency(quick=args.quick)
+    elif args.what == "hostile":
+        from infercost_bench.hostile import run as run_hostile
+
+        return run_hostile(quick=args.quick)
     elif args.what == "explain":
         from infercost_bench.explain import run as run_explain_bench
         from infercost_bench.explain import run_quick as run_explain_quick
@@ -485,7 +490,11 @@ def _add_bench(add: _Add) -> None:
         "--weeks", type=int, default=None, help="detection: weeks of history (default 2; --quick: 4)"
     )
     b.add_argument("--seeds", type=int, default=5, help="detection: seeds per traffic model")
-    b.add_argument("--quick", action="store_true", help="detection: one seed per traffic model (CI)")
+    b.add_argument(
+        "--quick",
+        action="store_true",
+        help="detection: one seed per traffic model (CI); hostile: 2 minutes of hostile pages, not 10",
+    )
     b.add_argument("--workers", type=int, default=2, help="detection: worker processes")
     b.add_argument("--series", type=int, default=24, help="report: model-version series in the store")
     b.add_argument("--days", type=float, default=35.0, help="report, startup: days of history in the store")

@@ -134,7 +134,7 @@ def test_month_to_date_forecast_alert_and_report_agree(
     rules = test_copy_of_rules(RULES, tmp_path / "rules.yml", alert_for="0s")
     prom = Prometheus(tmp_path / "prom", [target], [rules], data_dir=blocks)
     try:
-        prom.wait_for('ALERTS{alertname="InfercostBudgetForecastOverrun", alertstate="firing"}', timeout=60)
+        prom.wait_for('ALERTS{alertname="InfercostBudgetForecastOverrun", alertstate="firing"}', timeout=120)
         # the records at one evaluation: the time it ran, then what the method gives then
         [stamp] = prom.query('timestamp(budget_scope:infercost_cost_usd:forecast_month{name="search"})')
         at = float(stamp["value"][1])

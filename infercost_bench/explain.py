@@ -38,6 +38,7 @@ from agent.cost.explain import Split, factors_of, split
 from agent.cost.window import WindowJoiner
 from agent.detect.explain import total
 from agent.records import MINUTE
+from agent.samples import CostWindow
 from agent.store import Store
 from infercost_bench.detection import HELD_OUT_SEED, QUICK_SEED
 from infercost_sim.samples import ENGINE, engine_config, price_book_of, ticks
@@ -140,10 +141,11 @@ def run_node(job: tuple[str, int, int, float, float | None]) -> NodeResult:
     clock = ManualClock(sim.start)
     store = Store(IN_MEMORY, retention_days=60.0, clock=clock)
     joiner = WindowJoiner(sim.node, [engine_config(sim).cost_spec()], price_book_of(sim).table())
-    pending = []
-    for tick in ticks(sim):
-        joiner.add_round(tick.nvml)
-        pending.extend(joiner.close_tick(tick.t, {ENGINE: tick.scrape}, {ENGINE: tick.version}).windows)
+    pending: list[CostWindow] = []
+    for reading in ticks(sim):
+        joiner.add_round(reading.nvml)
+        made = joiner.close_tick(reading.t, {ENGINE: reading.scrape}, {ENGINE: reading.version})
+        pending.extend(made.windows)
         if len(pending) >= 2000:
             store.write_windows(pending)
             pending = []
@@ -271,7 +273,7 @@ def run(
     """Simulate, split and print the attribution table and the targets (see the module docstring)."""
     t0 = time.perf_counter()
     jobs = [
-        (g, s, n, weeks)
+        (g, s, n, weeks, tick_seconds)
         for g in GENERATORS
         for s in range(first_seed, first_seed + seeds)
         for n in range(NODES)
@@ -298,16 +300,16 @@ def run(
     for r in rows:
         if not r.moved:
             continue
-        gaps = "/".join("—" if g is None else f"{g:+.1%}" for g in r.closure_gaps)
+        shown = "/".join("—" if g is None else f"{g:+.1%}" for g in r.closure_gaps)
         implied = "(shown)" if r.implied is None else " or ".join(r.implied)
         print_fn(
             f"{r.generator:<6} {r.seed:>4} {r.node[-8:]:<12} {r.kind:<16} {r.total_usd_per_1m:>+8.3f} "
-            f"{r.change:>+7.1%} {implied:<22} {_fmt_share(r.implied_share):>6}  {r.named:<24} {gaps:>15}"
+            f"{r.change:>+7.1%} {implied:<22} {_fmt_share(r.implied_share):>6}  {r.named:<24} {shown:>15}"
         )
     summary: dict[str, Any] = {"seconds": 0.0, "models": {}}
     for g in GENERATORS:
         mine = [r for r in rows if r.generator == g]
-        per_seed = []
+        per_seed: list[tuple[int, int, float | None, float]] = []
         for s in range(first_seed, first_seed + seeds):
             scored = [r for r in mine if r.seed == s and r.moved and r.implied is not None]
             hit = sum(1 for r in scored if (r.implied_share or 0.0) >= TARGET_SHARE)

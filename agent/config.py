@@ -201,11 +201,6 @@ class EngineConfig(_Frozen):
             priority_classes=dict(self.priority_classes),
         )
 
-    def cost_labels(self, names: tuple[str, ...]) -> dict[str, str]:
-        """Exported name (``label_team``) → value for each of ``names`` (cost label keys), "" when
-        this engine has none."""
-        return {cost_label_name(n): self.labels.get(n, "") for n in names}
-
 
 class PricesConfig(_Frozen):
     """Where prices come from and how a GPU shared by engines is split."""

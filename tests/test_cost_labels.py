@@ -97,6 +97,7 @@ def test_pod_labels_give_namespace_cost_labels_role_and_multi_node_group() -> No
         annotations=SCRAPE,
         labels={
             "team": "search\u2066-infra",
+            "app.kubernetes.io/part-of": "p" * 300,  # whoever deploys it writes this
             "llm-d.ai/role": "Prefill",
             "leaderworkerset.sigs.k8s.io/group-key": "g1",
             "leaderworkerset.sigs.k8s.io/worker-index": "0",
@@ -117,7 +118,7 @@ def test_pod_labels_give_namespace_cost_labels_role_and_multi_node_group() -> No
     assert a is not None and b is not None and c is not None
     assert (a.namespace, a.cost_labels, a.role, a.group, a.group_leader) == (
         "search",
-        (("team", "search-infra"),),
+        (("team", "search-infra"), ("app.kubernetes.io/part-of", "p" * MAX_LABEL_VALUE_CHARS)),
         "prefill",
         "g1",
         True,

@@ -19,7 +19,10 @@ rates of the same Prometheus (the join), not to the cent of a history window.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
+import io
+import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -29,6 +32,7 @@ from netutil import async_wait_until
 from promstack import Prometheus, test_copy_of_rules
 
 from agent.app import build_agent
+from agent.cli import build_parser
 from agent.clock import AcceleratedClock
 from agent.config import (
     Config,
@@ -240,6 +244,18 @@ async def test_api_report_and_rules_agree_by_namespace_and_team_across_a_price_c
         # moving a 1-hour rate of a minutes-old series by a share of a scrape interval over its age
         fleet = float(prom.query("sum(rate(infercost_gpu_cost_usd_total[1h]))", at)[0]["value"][1])
         assert sum(teams.values()) == pytest.approx(fleet, rel=0.05)
+
+        # `infercost query` for the fleet, through the same Prometheus (the test's minutes of data)
+        args = ["query", "--prometheus", prom.url, "--window", "15m", "--aggregate", "team,namespace"]
+        out = io.StringIO()
+        parsed = build_parser().parse_args(args)  # main() would also set up the process's logging
+        with contextlib.redirect_stdout(out):
+            assert await asyncio.to_thread(parsed.func, parsed) == 0
+        fleet_q = json.loads(out.getvalue())
+        keys = {(it["key"]["team"], it["key"]["namespace"]) for it in fleet_q["items"]}
+        assert keys == {("alpha", "search"), ("beta", "chat"), ("alpha", "chat"), ("__idle__", "__idle__")}
+        raw = float(prom.query("sum(increase(infercost_gpu_cost_usd_total[15m]))")[0]["value"][1])
+        assert sum(it["costUsd"] for it in fleet_q["items"]) == pytest.approx(raw, rel=0.05)
     finally:
         prom.close()
 

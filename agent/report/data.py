@@ -37,6 +37,7 @@ from pathlib import Path
 from agent.cost.bound import BOUNDS
 from agent.records import BOUND_SUMS, SPLIT_SUMS, DeployEvent, mean_of, model_sums
 from agent.report.budget import BudgetLine
+from agent.report.waterfall import Waterfall, week_over_week
 from agent.samples import CostWindow
 
 logger = logging.getLogger(__name__)
@@ -475,6 +476,7 @@ class WeeklyReport:
     timezone: str = "UTC"
     group_by: str = ""  # the property costs are grouped by (namespace, team, …; report --group-by)
     groups: tuple[GroupRow, ...] = ()  # by dollars, largest first
+    waterfalls: tuple[Waterfall, ...] = ()  # week over week by factor (agent.report.waterfall)
 
     @property
     def output_tokens(self) -> float:
@@ -793,6 +795,7 @@ def assemble(
         deploys=tuple(d for d in deploys if start <= d.at < end),
         day_starts=days,
         timezone=tz,
+        waterfalls=week_over_week(this_rows, last_rows),
     )
 
 

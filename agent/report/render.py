@@ -37,6 +37,7 @@ from agent.report.data import (
     WhereDollarsWent,
     WhereGpuTimeWent,
 )
+from agent.report.waterfall import markdown as waterfall_markdown
 
 CSV_COLUMNS = (
     "model",
@@ -217,6 +218,7 @@ def render_markdown(r: WeeklyReport) -> str:
             f"{usd(m.last_usd_per_1m_output, 4)} | "
             f"{change(m.change_ratio)} | {_baseline(m)} | {_like(m)} |"
         )
+    out += waterfall_markdown(r.waterfalls, esc)
     out += ["", f"## Top regressions (≥ {REGRESSION_RATIO:g} × baseline)", ""]
     if r.regressions:
         for m in r.regressions:

@@ -54,6 +54,9 @@ QUERY_SECONDS = 10.0
 # Why 10,000: groups are at most series × identities, a few hundred on a node; more is a runaway
 # label, and a page of 10,000 items is already more than a person or a dashboard reads.
 MAX_ITEMS = 10_000
+# Why a day: beyond it a window holds a large share of a 35-day store's rows, and a scan in
+# primary-key order reads them faster than the minute index does (agent.store.hourly_model_sums)
+SCAN_AFTER_SECONDS = 86400.0
 MAX_AGGREGATE = 8  # properties per request (why: each multiplies the items; OpenCost UIs use 1–2)
 _DURATION = re.compile(r"^(\d{1,6})(m|h|d|w)$")
 _UNIT_SECONDS = {"m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -276,10 +279,13 @@ def read_sums(
         )
     else:
         info = "NULL"
+    # a long window reads most rows: a sequential scan in primary-key order ("+minute" keeps SQLite
+    # off the minute index) beats visiting them through the index, as the store's own weekly sums do
+    col = "+m.minute" if end - start > SCAN_AFTER_SECONDS else "m.minute"
     sql = (
         f"SELECT m.node, m.engine, m.model, m.model_version, {info} AS info, "
         + ", ".join(f"SUM(m.{c})" for c in _SUMS)
-        + " FROM model_minutes m WHERE m.minute >= ? AND m.minute < ? GROUP BY 1, 2, 3, 4, 5"
+        + f" FROM model_minutes m WHERE {col} >= ? AND {col} < ? GROUP BY 1, 2, 3, 4, 5"
     )
     done = _deadline(db, seconds)
     try:

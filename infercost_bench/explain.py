@@ -241,7 +241,7 @@ def canary(seconds: float = 50.0, speed: float = 120.0) -> tuple[str | None, str
         if line:
             head = line.split(": ", 1)[1] if ": " in line else ""
             first = head.split(", ")[0]
-            return line, first.rsplit(" ", 1)[0].split(" (")[0] if first else None
+            return line, first.split(" (")[0].rsplit(" ", 1)[0] if first else None
     return None, None
 
 
@@ -353,7 +353,10 @@ def run(
     if skipped:
         print_fn("not compared: " + ", ".join(f"{k} {v}" for k, v in sorted(skipped.items())))
     if demo_seconds:
-        line, named = canary(demo_seconds)
+        try:
+            line, named = canary(demo_seconds)
+        except Exception as err:  # the table above stands; say why the canary has no line
+            line, named = f"the demo did not run ({type(err).__name__}: {err})", None
         ok = named == "step efficiency"
         print_fn(
             f"demo canary: {line or 'no cost alert'}; names {named or 'nothing'} first "

@@ -18,6 +18,10 @@ The model (DESIGN.md "Cost model", reference figures):
   capped by ``max_num_seqs`` and by the KV cache. Above that the excess waits (and gives up after
   the client's patience); the running set relaxes towards its target with the time constant
   ``S`` (an exact exponential step, so coarse ticks stay stable on an accelerated clock).
+- The gauges (requests running and waiting, KV cache in use) are one instant of drawn requests: an
+  M/M/∞ population per queue whose arrival rate and mean lifetime are the fluid's (Little's law),
+  advanced by its exact step, so a scrape reads what a real engine shows at that moment (a few
+  sequences at night: ±50 %), and consecutive scrapes are correlated over the requests' lifetimes.
 - Latencies of completed requests are sampled (queue wait from Little's law on the queue,
   prefill, per-step time with jitter) into vLLM's real histogram buckets.
 """
@@ -401,6 +405,8 @@ class SimEngine:
         self._rng = np.random.default_rng([seed, 0])
         self._tick_s = tick_seconds
         self._hist_rng = np.random.default_rng([seed, 1])
+        self._gauge_rng = np.random.default_rng([seed, 2])  # the drawn requests the gauges read
+        self._present: dict[str, int] = {}  # requests of each drawn population (running, waiting)
         self._pending_requests: list[
             tuple[int, float, float, float]
         ] = []  # (n, wait s, step s, prefill s/token)
@@ -559,6 +565,23 @@ class SimEngine:
         self._carry[key] = total - whole
         return int(whole)
 
+    def _instant(self, name: str, rate: float, lifetime: float, dt: float) -> int:
+        """Advance the drawn population ``name`` by ``dt`` seconds (arrivals/s ``rate``, mean
+        lifetime ``lifetime`` s; the exact M/M/∞ step of :mod:`infercost_sim.population`) and read it."""
+        n = self._present.get(name, 0)
+        if lifetime <= 0 or rate <= 0:
+            stay = math.exp(-dt / lifetime) if lifetime > 0 else 0.0
+            n = int(self._gauge_rng.binomial(n, stay))
+        else:
+            stay = math.exp(-dt / lifetime)
+            arrived = int(self._gauge_rng.poisson(rate * dt))
+            still = lifetime * (1.0 - stay) / dt
+            n = int(self._gauge_rng.binomial(n, stay)) + int(
+                self._gauge_rng.binomial(arrived, min(1.0, still))
+            )
+        self._present[name] = n
+        return n
+
     def _stochastic_round(self, x: float) -> int:
         whole = math.floor(x)
         return int(whole + (1 if self._rng.random() < x - whole else 0))
@@ -628,9 +651,25 @@ class SimEngine:
         self.finished_total["abort"] += n_abort
 
         # gauges and GPU load
-        self._running_gauge = min(dep.max_num_seqs, self._stochastic_round(r1))
-        self._waiting_gauge = self._stochastic_round(w1)
-        kv_used = r1 * self.mean_context_tokens * dep.model.kv_bytes_per_token
+        # the dynamics' stream draws what it drew when the gauges were rounded means (two uniforms), so
+        # that the engine's traffic and counters are the same draw whatever the gauges read
+        self._rng.random(2)
+        # the gauges: one instant of the drawn requests (an M/M/∞ population with the fluid's mean:
+        # lifetime the request's time in the engine, arrivals Little's law's), not the fluid mean
+        life = self._service_seconds(r_avg, prefill_share)  # seconds a request decodes
+        self._running_gauge = min(dep.max_num_seqs, self._instant("running", r_avg / life, life, dt))
+        wait_s = w_avg / lam if lam > 0 and w_avg >= _QUEUE_EPS else 0.0  # seconds a request waits
+        self._waiting_gauge = self._instant("waiting", lam, wait_s, dt)
+        # a full batch with a queue behind it stays full: a freed slot is refilled from the queue at
+        # the next step (the scheduler admits waiting requests first)
+        free = max(0, math.floor(r_cap) - self._running_gauge)
+        moved = min(free, self._waiting_gauge)
+        if moved:
+            self._running_gauge += moved
+            self._waiting_gauge -= moved
+            self._present["running"] = self._present.get("running", 0) + moved
+            self._present["waiting"] = self._present.get("waiting", 0) - moved
+        kv_used = self._running_gauge * self.mean_context_tokens * dep.model.kv_bytes_per_token
         self.kv_cache_usage_ratio = min(1.0, kv_used / dep.kv_pool_bytes)
         busy = 1.0 - math.exp(-r_avg)  # P(at least one request in the engine), Poisson occupancy
         self.util_gpu_ratio = min(1.0, busy * _BUSY_OVERHEAD)

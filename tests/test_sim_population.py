@@ -87,3 +87,29 @@ def test_the_scrapes_carry_instants_counters_per_rank_and_the_cached_prompt_coun
     )
     # a 15 s scrape's instant differs from the next one's (drawn requests come and go)
     assert len(set(running.tolist())) > 10
+
+
+def test_the_demo_engines_gauges_are_instants_of_drawn_requests() -> None:
+    from agent.hardware import H100_SXM
+    from infercost_sim.engine import LLAMA_8B, Deployment, SimEngine, Traffic
+
+    t0 = 1_700_006_400.0
+    # long answers (≈ 17 s in the engine each) at 0.2 requests/s: a few sequences at a time
+    flat = Traffic(
+        peak_rps=0.2, trough_ratio=1.0, weekend_ratio=1.0, noise_sigma=0.0, output_mean_tokens=3000.0,
+        max_output_tokens=8192,
+    )  # fmt: skip
+    engine = SimEngine(Deployment(LLAMA_8B, H100_SXM), flat, start=t0, seed=9)
+    engine.advance_to(t0 + 600)  # past the start-up transient
+    instants, fluid = [], []
+    for k in range(1, 2 * 720 + 1):  # two hours of 5 s scrapes
+        engine.advance_to(t0 + 600 + 5.0 * k)
+        instants.append(engine.state().requests_running)
+        fluid.append(engine.running)
+    x = np.array(instants, dtype=float)
+    # a count of requests, not a mean; its mean is the fluid's (Little's law), its spread Poisson's
+    assert (x == np.round(x)).all()
+    assert x.mean() == pytest.approx(np.mean(fluid), rel=0.1)
+    assert x.var() == pytest.approx(x.mean(), rel=0.3)
+    d = x - x.mean()
+    assert float((d[:-1] * d[1:]).mean() / d.var()) > 0.3  # consecutive 5 s readings: the same requests

@@ -23,6 +23,7 @@ import contextlib
 import datetime as dt
 import io
 import json
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -43,7 +44,8 @@ from agent.config import (
     PrometheusExporterConfig,
 )
 from agent.report.data import build_from_store
-from agent.report.groups import groups_from_store
+from agent.report.groups import groups_from_prometheus, groups_from_store
+from agent.report.prom import PromApi, http_fetcher
 from agent.sources.prices import parse_price_book
 from agent.store import Store
 from infercost_sim.engine import LLAMA_70B_FP8, MISTRAL_7B, QWEN_14B
@@ -256,6 +258,13 @@ async def test_api_report_and_rules_agree_by_namespace_and_team_across_a_price_c
         assert keys == {("alpha", "search"), ("beta", "chat"), ("alpha", "chat"), ("__idle__", "__idle__")}
         raw = float(prom.query("sum(increase(infercost_gpu_cost_usd_total[15m]))")[0]["value"][1])
         assert sum(it["costUsd"] for it in fleet_q["items"]) == pytest.approx(raw, rel=0.05)
+        # and the fleet report's --group-by team, from the same rows
+        now = time.time()
+        fleet_groups = groups_from_prometheus(
+            PromApi(prom.url, http_fetcher()), now - 900, now, "team", False
+        )
+        assert {g.group for g in fleet_groups} == {"alpha", "beta", "__idle__"}
+        assert sum(g.cost_usd for g in fleet_groups) == pytest.approx(raw, rel=0.05)
     finally:
         prom.close()
 

@@ -567,6 +567,41 @@ def dollar_panels_node(m: str, by_model: str) -> list[Panel]:
 BYTES_PER_S = Scale("Bps", min=0)  # link throughput: its share of the peak is judged by the bound split
 
 
+FACTOR = Scale("suffix: ×", min=0)  # how many times the ideal a factor costs (1 = none of it)
+
+
+def factor_panels_node(m: str, by_model: str) -> list[Panel]:
+    """Why cost per token moves (docs/cost-model.md, the factor waterfall): each factor from its own
+    series, ratios of rates (``infercost explain`` splits a change into them)."""
+
+    def r(metric: str) -> str:
+        return f"rate({metric}{m}[$__rate_interval])"
+
+    cost = r("infercost_cost_usd_total")
+    return [
+        row("Why cost per token moves (factors)"),
+        timeseries(
+            "Price: $ per allocated GPU-hour",
+            [(f"{cost} / {r('infercost_gpu_seconds_total')} * 3600", by_model)],
+            USD,
+            w=12,
+        ),
+        timeseries(
+            "Idle, mix and step efficiency (× the ideal)",
+            [
+                (f"{cost} / {r('infercost_usage_cost_usd_total')}", "idle (allocated ÷ busy) " + by_model),
+                (
+                    f"{cost} / ({cost} - {r('infercost_prompt_cost_usd_total')})",
+                    "mix (busy ÷ decode) " + by_model,
+                ),
+                (f"1 / infercost_roofline_efficiency_ratio{m}", "step ÷ roofline step " + by_model),
+            ],
+            FACTOR,
+            w=12,
+        ),
+    ]
+
+
 def bound_panels_node(m: str, g: str, by_model: str, by_gpu: str) -> list[Panel]:
     """Where GPU time goes on one node (agent/cost/bound.py): each model version's GPU time and
     dollars by what bound them, and the GPM readings the split is made from."""
@@ -926,6 +961,7 @@ def node() -> dict[str, Any]:
             USD,
         ),
         *dollar_panels_node(m, by_model),
+        *factor_panels_node(m, by_model),
         *bound_panels_node(m, g, by_model, by_gpu),
         row("Throughput and latency"),
         timeseries(

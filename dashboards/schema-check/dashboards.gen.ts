@@ -3907,7 +3907,7 @@ export const infercost_node: Checked = {
     },
     {
       "type": "row",
-      "title": "Where GPU time goes",
+      "title": "Why cost per token moves (factors)",
       "collapsed": false,
       "panels": [],
       "id": 14,
@@ -3916,6 +3916,172 @@ export const infercost_node: Checked = {
         "w": 24,
         "x": 0,
         "y": 30
+      }
+    },
+    {
+      "type": "timeseries",
+      "title": "Price: $ per allocated GPU-hour",
+      "description": "",
+      "datasource": {
+        "type": "prometheus",
+        "uid": "${datasource}"
+      },
+      "targets": [
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "A",
+          "expr": "rate(infercost_cost_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval]) / rate(infercost_gpu_seconds_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval]) * 3600",
+          "legendFormat": "{{engine}} {{model}} {{model_version}}",
+          "range": true
+        }
+      ],
+      "fieldConfig": {
+        "defaults": {
+          "unit": "currencyUSD",
+          "thresholds": {
+            "mode": "absolute",
+            "steps": [
+              {
+                "value": null,
+                "color": "text"
+              }
+            ]
+          },
+          "custom": {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 10,
+            "spanNulls": false,
+            "thresholdsStyle": {
+              "mode": "off"
+            }
+          }
+        },
+        "overrides": []
+      },
+      "options": {
+        "legend": {
+          "displayMode": "table",
+          "placement": "bottom",
+          "calcs": [
+            "mean",
+            "lastNotNull"
+          ]
+        },
+        "tooltip": {
+          "mode": "multi",
+          "sort": "desc"
+        }
+      },
+      "id": 15,
+      "gridPos": {
+        "h": 8,
+        "w": 12,
+        "x": 0,
+        "y": 31
+      }
+    },
+    {
+      "type": "timeseries",
+      "title": "Idle, mix and step efficiency (× the ideal)",
+      "description": "",
+      "datasource": {
+        "type": "prometheus",
+        "uid": "${datasource}"
+      },
+      "targets": [
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "A",
+          "expr": "rate(infercost_cost_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval]) / rate(infercost_usage_cost_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval])",
+          "legendFormat": "idle (allocated ÷ busy) {{engine}} {{model}} {{model_version}}",
+          "range": true
+        },
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "B",
+          "expr": "rate(infercost_cost_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval]) / (rate(infercost_cost_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval]) - rate(infercost_prompt_cost_usd_total{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}[$__rate_interval]))",
+          "legendFormat": "mix (busy ÷ decode) {{engine}} {{model}} {{model_version}}",
+          "range": true
+        },
+        {
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}"
+          },
+          "refId": "C",
+          "expr": "1 / infercost_roofline_efficiency_ratio{node=~\"$node\", engine=~\"$engine\", model=~\"$model\", model_version=~\"$model_version\"}",
+          "legendFormat": "step ÷ roofline step {{engine}} {{model}} {{model_version}}",
+          "range": true
+        }
+      ],
+      "fieldConfig": {
+        "defaults": {
+          "unit": "suffix: ×",
+          "thresholds": {
+            "mode": "absolute",
+            "steps": [
+              {
+                "value": null,
+                "color": "text"
+              }
+            ]
+          },
+          "min": 0,
+          "custom": {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 10,
+            "spanNulls": false,
+            "thresholdsStyle": {
+              "mode": "off"
+            }
+          }
+        },
+        "overrides": []
+      },
+      "options": {
+        "legend": {
+          "displayMode": "table",
+          "placement": "bottom",
+          "calcs": [
+            "mean",
+            "lastNotNull"
+          ]
+        },
+        "tooltip": {
+          "mode": "multi",
+          "sort": "desc"
+        }
+      },
+      "id": 16,
+      "gridPos": {
+        "h": 8,
+        "w": 12,
+        "x": 12,
+        "y": 31
+      }
+    },
+    {
+      "type": "row",
+      "title": "Where GPU time goes",
+      "collapsed": false,
+      "panels": [],
+      "id": 17,
+      "gridPos": {
+        "h": 1,
+        "w": 24,
+        "x": 0,
+        "y": 39
       }
     },
     {
@@ -3978,12 +4144,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 15,
+      "id": 18,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 0,
-        "y": 31
+        "y": 40
       }
     },
     {
@@ -4044,12 +4210,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 16,
+      "id": 19,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 12,
-        "y": 31
+        "y": 40
       }
     },
     {
@@ -4122,12 +4288,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 17,
+      "id": 20,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 0,
-        "y": 39
+        "y": 48
       }
     },
     {
@@ -4219,12 +4385,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 18,
+      "id": 21,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 12,
-        "y": 39
+        "y": 48
       }
     },
     {
@@ -4232,12 +4398,12 @@ export const infercost_node: Checked = {
       "title": "Throughput and latency",
       "collapsed": false,
       "panels": [],
-      "id": 19,
+      "id": 22,
       "gridPos": {
         "h": 1,
         "w": 24,
         "x": 0,
-        "y": 47
+        "y": 56
       }
     },
     {
@@ -4309,12 +4475,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 20,
+      "id": 23,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 0,
-        "y": 48
+        "y": 57
       }
     },
     {
@@ -4386,12 +4552,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 21,
+      "id": 24,
       "gridPos": {
         "h": 8,
         "w": 12,
         "x": 12,
-        "y": 48
+        "y": 57
       }
     },
     {
@@ -4453,12 +4619,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 22,
+      "id": 25,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 0,
-        "y": 56
+        "y": 65
       }
     },
     {
@@ -4525,12 +4691,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 23,
+      "id": 26,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 8,
-        "y": 56
+        "y": 65
       }
     },
     {
@@ -4596,12 +4762,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 24,
+      "id": 27,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 16,
-        "y": 56
+        "y": 65
       }
     },
     {
@@ -4609,12 +4775,12 @@ export const infercost_node: Checked = {
       "title": "GPUs",
       "collapsed": false,
       "panels": [],
-      "id": 25,
+      "id": 28,
       "gridPos": {
         "h": 1,
         "w": 24,
         "x": 0,
-        "y": 64
+        "y": 73
       }
     },
     {
@@ -4681,12 +4847,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 26,
+      "id": 29,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 0,
-        "y": 65
+        "y": 74
       }
     },
     {
@@ -4759,12 +4925,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 27,
+      "id": 30,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 8,
-        "y": 65
+        "y": 74
       }
     },
     {
@@ -4827,12 +4993,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 28,
+      "id": 31,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 16,
-        "y": 65
+        "y": 74
       }
     },
     {
@@ -4904,12 +5070,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 29,
+      "id": 32,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 0,
-        "y": 73
+        "y": 82
       }
     },
     {
@@ -4972,12 +5138,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 30,
+      "id": 33,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 8,
-        "y": 73
+        "y": 82
       }
     },
     {
@@ -5038,12 +5204,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 31,
+      "id": 34,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 16,
-        "y": 73
+        "y": 82
       }
     },
     {
@@ -5051,12 +5217,12 @@ export const infercost_node: Checked = {
       "title": "Models on the GPUs",
       "collapsed": false,
       "panels": [],
-      "id": 32,
+      "id": 35,
       "gridPos": {
         "h": 1,
         "w": 24,
         "x": 0,
-        "y": 81
+        "y": 90
       }
     },
     {
@@ -5118,12 +5284,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 33,
+      "id": 36,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 0,
-        "y": 82
+        "y": 91
       }
     },
     {
@@ -5200,12 +5366,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 34,
+      "id": 37,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 8,
-        "y": 82
+        "y": 91
       }
     },
     {
@@ -5267,12 +5433,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 35,
+      "id": 38,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 16,
-        "y": 82
+        "y": 91
       }
     },
     {
@@ -5280,12 +5446,12 @@ export const infercost_node: Checked = {
       "title": "Engines and delivery",
       "collapsed": false,
       "panels": [],
-      "id": 36,
+      "id": 39,
       "gridPos": {
         "h": 1,
         "w": 24,
         "x": 0,
-        "y": 90
+        "y": 99
       }
     },
     {
@@ -5366,12 +5532,12 @@ export const infercost_node: Checked = {
           }
         }
       ],
-      "id": 37,
+      "id": 40,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 0,
-        "y": 91
+        "y": 100
       }
     },
     {
@@ -5433,12 +5599,12 @@ export const infercost_node: Checked = {
           "sort": "desc"
         }
       },
-      "id": 38,
+      "id": 41,
       "gridPos": {
         "h": 8,
         "w": 8,
         "x": 8,
-        "y": 91
+        "y": 100
       }
     },
     {
@@ -5501,12 +5667,12 @@ export const infercost_node: Checked = {
           }
         }
       ],
-      "id": 39,
+      "id": 42,
       "gridPos": {
         "h": 8,
         "w": 4,
         "x": 16,
-        "y": 91
+        "y": 100
       }
     },
     {
@@ -5560,12 +5726,12 @@ export const infercost_node: Checked = {
           }
         }
       ],
-      "id": 40,
+      "id": 43,
       "gridPos": {
         "h": 8,
         "w": 4,
         "x": 20,
-        "y": 91
+        "y": 100
       }
     }
   ]

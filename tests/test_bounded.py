@@ -195,3 +195,68 @@ def test_the_parser_stops_at_the_bucket_limit_without_reading_the_rest() -> None
     # two series of 600 buckets each: 1,200 bucket lines of the family, each series within the limit
     two = vllm_page(["a", "b"], 1.0, buckets=599)
     assert {m.model for m in ADAPTER.read(two, max_buckets=1000).models} == {"a", "b"}
+
+
+class Streamer:
+    """An engine on 127.0.0.1 whose page is ``body`` bytes sent with ``headers``, in 64 kB writes."""
+
+    def __init__(self, body: bytes, headers: dict[str, str]) -> None:
+        self.body, self.headers = body, headers
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def _page(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers=self.headers)
+        await resp.prepare(request)
+        try:
+            for i in range(0, len(self.body), 65536):
+                await resp.write(self.body[i : i + 65536])
+        except (ConnectionError, RuntimeError):  # the agent hung up: what it was meant to do
+            pass
+        return resp
+
+    async def __aenter__(self) -> Streamer:
+        app = web.Application()
+        app.router.add_get("/metrics", self._page)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}/metrics"
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+
+async def test_a_compressed_page_is_refused_unexpanded_and_an_oversized_one_not_kept() -> None:
+    import gc
+    import gzip
+    import tracemalloc
+
+    bomb = gzip.compress(b"0" * (64 * 1024 * 1024), 9)  # 64 MiB of text in about 64 kB
+    big = b'vllm:num_requests_running{model_name="h"} 1\n' * 300_000  # 13 MB, over max_bytes
+    async with (
+        Streamer(bomb, {"Content-Type": "text/plain", "Content-Encoding": "gzip"}) as zipped,
+        Streamer(big, {"Content-Type": "text/plain"}) as huge,
+        aiohttp.ClientSession() as session,
+    ):
+        clock = ManualClock()
+        z = EngineScraper(EngineConfig(name="z", kind="vllm", url=zipped.url), session, clock)
+        h = EngineScraper(
+            EngineConfig(name="h", kind="vllm", url=huge.url, timeout_seconds=30), session, clock
+        )
+        gc.disable()  # what is freed must be freed by reference counts, not by a later cyclic GC
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for _ in range(3):
+                rz, rh = await z.scrape(), await h.scrape()
+                assert not rz.up and rz.error is not None and "compressed body" in rz.error
+                assert not rh.up and rh.error is not None and "max_bytes" in rh.error
+            held = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+            gc.enable()
+        assert held < 4 * 1024 * 1024, held  # bytes: not one 8 MiB page (of the three read) kept

@@ -153,11 +153,21 @@ class EngineScraper:
     async def _fetch(self) -> tuple[bytes, bool]:
         """The body, and whether it is OpenMetrics text (by its content type)."""
         # redirects are never followed: a page may not send the agent to another host (SSRF)
+        # identity only, never inflated: a compressed body is one the page's size cap cannot bound
+        # before it is expanded (a gzip bomb of a few kB is gigabytes of text)
         async with self.session.get(
-            self.cfg.url, headers={"Accept": ACCEPT_HEADER}, allow_redirects=False
+            self.cfg.url,
+            headers={"Accept": ACCEPT_HEADER, "Accept-Encoding": "identity"},
+            allow_redirects=False,
+            auto_decompress=False,
         ) as resp:
             if resp.status != 200:
                 raise ScrapeFailed(f"HTTP {resp.status}")
+            coding = resp.headers.get("Content-Encoding", "identity").strip().lower()
+            if coding not in ("", "identity"):
+                raise ScrapeFailed(
+                    f"compressed body (Content-Encoding {coding[:40]!r}) though identity was asked"
+                )
             ctype = resp.headers.get("Content-Type")
             media = (ctype or "").strip().lower()
             if ctype is not None and not media.startswith(ACCEPTED_TYPES):
@@ -167,11 +177,17 @@ class EngineScraper:
                 raise ScrapeFailed(f"page too large: {declared} bytes > max_bytes {self.cfg.max_bytes}")
             chunks: list[bytes] = []
             size = 0
-            async for chunk in resp.content.iter_chunked(CHUNK_BYTES):
-                size += len(chunk)
-                if size > self.cfg.max_bytes:
-                    raise ScrapeFailed(f"page too large: over max_bytes {self.cfg.max_bytes}")
-                chunks.append(chunk)
+            try:
+                async for chunk in resp.content.iter_chunked(CHUNK_BYTES):
+                    size += len(chunk)
+                    if size > self.cfg.max_bytes:
+                        raise ScrapeFailed(f"page too large: over max_bytes {self.cfg.max_bytes}")
+                    chunks.append(chunk)
+            except BaseException:
+                # the exception's traceback holds this frame, and through wait_for's task a reference
+                # cycle holds the traceback: only the cyclic GC, some time later, would free the page
+                chunks.clear()
+                raise
             return b"".join(chunks), media.startswith("application/openmetrics-text")
 
     def _note_cost(self) -> int:

@@ -15,15 +15,16 @@ figure, error the median of ``|figure − truth| ÷ truth`` over the busy window
   instant (running requests and KV cache at the end of its last one-second tick). Truth per second:
   ``Deployment.step_seconds`` at the tick's mean batch, the roofline from ``step_bytes``.
 - **azure**: the Azure-trace model (:mod:`infercost_sim.azure`; ten-minute segments every hour of one
-  day of three nodes). Its state is per minute (a steady state each minute), so a scrape inside a
-  minute reads that minute's gauges as they are at that instant, and counters and the inter-token
-  histogram grown by the share of the minute gone by: the signals are built as
-  :func:`infercost_sim.samples.ticks` builds them (with the prefix-cache hits the model counts), not
-  through page text. Truth per minute: its ITL median less the prefill share its counters record
-  (``prefill seconds ÷ (60 × replicas)``), against the roofline at the minute's batch and context.
-  Its law ignores the real context length, so at long contexts its truth can exceed 1: such windows
-  are counted apart, not scored. Its prefill rate is drawn without regard to the GPU, so on some
-  nodes it prefills faster than the GPU's peak FLOPS allow: a line per node says so.
+  day of three nodes). Its state is per minute (a steady state each minute); its requests are drawn
+  per rank (:func:`infercost_sim.samples.draw_readings`, as the detection benchmark's scrapes read
+  them), so a scrape reads the gauges as one instant of them, the counters as far as they went, and
+  the inter-token histogram grown by the share of the minute gone by (with the prefix-cache hits the
+  model counts), not through page text. Truth per scrape: the minute's ITL median less the prefill
+  share its counters record (``prefill seconds ÷ (60 × replicas)``), against the roofline at the
+  drawn batch of that instant and the minute's context.
+  Its law is bounded by the memory at the real context and its prefill by the GPU's tensor cores (so
+  its truth stays ≤ 1; windows above 1 would be counted apart, not scored); a line per node gives
+  its prefill rate against the GPU's peak.
 
 Both simulators write their ITL sums as the mean of a log-normal around the step, a little above it,
 so even an exact estimator reads slightly low against them.
@@ -56,7 +57,7 @@ from agent.sources.engines.registry import ADAPTERS
 from agent.sources.prices import parse_price_book
 from infercost_sim.engine import ITL_BUCKETS, SimEngine
 from infercost_sim.node import DEFAULT_ENGINES, build_engine, engine_config
-from infercost_sim.samples import ITL_SIGMA, _cumulative_hist
+from infercost_sim.samples import ITL_SIGMA, _cumulative_hist, draw_readings
 from infercost_sim.samples import engine_config as node_engine_config
 from infercost_sim.server import VllmCollector
 from infercost_sim.workload import DAY, DEFAULT_START, MINUTE, WEEK, SimulatedNode, simulate_node
@@ -203,58 +204,59 @@ def _core(segment_every: float) -> dict[int, list[_Point]]:
 
 
 def _azure_readings(sim: SimulatedNode) -> list[_Reading]:
-    """The node's signals every :data:`SCRAPE_S` seconds (see the module docstring)."""
+    """The node's signals every :data:`SCRAPE_S` seconds (see the module docstring): the requests
+    drawn per rank (:func:`infercost_sim.samples.draw_readings`), gauges one instant at the scrape."""
     tr, drv, p = sim.trace, sim.drivers, sim.physics
     ranks = p.replicas
+    rd = draw_readings(sim, SCRAPE_S)
     itl_n = np.maximum(tr.generation_tokens - tr.finished, 0.0)
     itl_cum = _cumulative_hist(ITL_BUCKETS, itl_n, tr.itl_median, ITL_SIGMA)  # minutes × buckets
     itl_minute = np.diff(np.vstack([np.zeros(itl_cum.shape[1]), itl_cum]), axis=0)
     itl_sum = itl_n * tr.itl_median * np.exp(ITL_SIGMA**2 / 2)
     le = (*ITL_BUCKETS, float("inf"))
     rank_series = [f"vllm:generation_tokens_total,engine={r}" for r in range(ranks)]
-    counters = {
-        "prompt": tr.prompt_tokens,
-        "gen": tr.generation_tokens,
-        "cached": tr.prompt_tokens * p.prefix_cache_hit_ratio,
-        "decode": tr.decode_seconds,
-        "prefill": tr.prefill_seconds,
-        "itl_sum": itl_sum,
-    }
-    before = {k: 0.0 for k in counters}
-    hist_before = np.zeros(itl_cum.shape[1])
     bandwidth = p.gpu.hbm_bandwidth_bytes_per_s
     out: list[_Reading] = []
     per_minute = int(MINUTE // SCRAPE_S)
+    hist_before = np.zeros(itl_cum.shape[1])
+    itl_before = 0.0
+    gen_ranks = rd.generation.tolist()
+    gen_prev = 0.0
     for m in range(sim.minutes):
-        b = float(tr.running[m]) / ranks
         ctx = float(drv.prompt_tokens[m]) + float(drv.output_tokens[m]) / 2.0
         share = float(tr.prefill_seconds[m]) / (MINUTE * ranks)
         pure = float(tr.itl_median[m]) * (1.0 - share)
-        roof = (p.model.weight_bytes + max(1.0, b) * ctx * p.model.kv_bytes_per_token) / bandwidth
-        step_tokens = float(tr.generation_tokens[m]) / per_minute
         for j in range(1, per_minute + 1):
+            k = m * per_minute + j - 1
             q = j / per_minute
-            now = {k: before[k] + q * float(v[m]) for k, v in counters.items()}
             buckets = np.cumsum(hist_before + q * itl_minute[m]).tolist()
-            gen = now["gen"]
+            parts = gen_ranks[k]
+            gen = float(sum(parts))
+            prompt = float(rd.prompt[k])
+            b = float(rd.running[k].mean())  # the drawn batch per replica at this instant
+            roof = (p.model.weight_bytes + max(1.0, b) * ctx * p.model.kv_bytes_per_token) / bandwidth
             signals = ModelSignals(
                 model=p.model.name,
-                prompt_tokens_total=now["prompt"],
+                prompt_tokens_total=prompt,
                 generation_tokens_total=gen,
-                requests_running=float(tr.running[m]),
-                requests_waiting=float(tr.waiting[m]),
-                kv_cache_usage_ratio=float(tr.kv_usage[m]),
-                itl_seconds=Histogram(tuple(zip(le, buckets, strict=True)), now["itl_sum"], buckets[-1]),
-                prefill_seconds_total=now["prefill"],
-                decode_seconds_total=now["decode"],
-                cached_prompt_tokens_total=now["cached"],
+                requests_running=float(rd.running[k].sum()),
+                requests_waiting=float(rd.waiting[k]),
+                kv_cache_usage_ratio=float(rd.kv_usage[k]),
+                itl_seconds=Histogram(
+                    tuple(zip(le, buckets, strict=True)), itl_before + q * float(itl_sum[m]), buckets[-1]
+                ),
+                prefill_seconds_total=float(rd.prefill_seconds[k]),
+                decode_seconds_total=float(rd.decode_seconds[k]),
+                cached_prompt_tokens_total=float(round(prompt * p.prefix_cache_hit_ratio)),
                 kv_capacity_tokens=float(tr.kv_capacity_tokens[m]),
-                counter_parts={"generation_tokens_total": {name: gen / ranks for name in rank_series}},
+                counter_parts={"generation_tokens_total": dict(zip(rank_series, parts, strict=True))},
             )
+            step_tokens = gen - gen_prev
+            gen_prev = gen
             truth = _Truth(step_tokens, step_tokens * roof, step_tokens * pure, b * SCRAPE_S, SCRAPE_S)
             out.append(_Reading(sim.start + m * MINUTE + j * SCRAPE_S, signals, truth))
-        before = {k: before[k] + float(v[m]) for k, v in counters.items()}
         hist_before = hist_before + itl_minute[m]
+        itl_before += float(itl_sum[m])
     return out
 
 

@@ -85,3 +85,24 @@ def test_money_axes_show_cents_not_tenths_of_cents(tmp_path: Path) -> None:
     assert labels and not [
         x for x in labels if re.fullmatch(r"\$[0-9,]+\.\d{3,}", x) and float(x[1:].replace(",", "")) >= 0.1
     ]
+
+
+def test_a_relabelling_storm_is_read_minute_by_minute_to_the_same_sums(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agent.sinks import api
+
+    path = _store(tmp_path)
+    db = api.open_read_only(path)
+    try:
+        cut = api.read_sums(db, T - WEEK, T)
+        monkeypatch.setattr(api, "MAX_SEGMENTS", 0)  # beyond it: one identity lookup per minute
+        each = api.read_sums(db, T - WEEK, T)
+    finally:
+        db.close()
+
+    def by_team(rows: list[api.MinuteSums]) -> dict[str, float]:
+        return {it.key["team"]: it.cost_usd for it in api.allocate(rows, 0.0, ("team",), "allocation", False)}
+
+    assert by_team(each) == pytest.approx(by_team(cut))
+    assert by_team(cut) == pytest.approx({"search": 2 * 168 + 84, "chat": 2 * 168 + 84})

@@ -26,6 +26,7 @@ TLS and authentication.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import datetime as dt
 import math
 import re
@@ -48,15 +49,19 @@ IDLE = "__idle__"
 UNALLOCATED = "__unallocated__"
 # Properties of a minute every engine has; anything else is a cost label key.
 BUILTIN = ("node", "engine", "pod", "namespace", "role", "group", "model_name", "model_version")
-# Why 10 s: a 35-day window of a busy node is a few million minute rows, read in seconds; a query
-# still running after that is starving the node's tick of the disk and is stopped (503).
-QUERY_SECONDS = 10.0
+# Why 30 s: a 35-day window of a busy node is a few million minute rows, seconds of SQLite work even
+# on a loaded node; a query still running after that is starving the node's tick of the disk and
+# is stopped (503, "ask for a shorter window")
+QUERY_SECONDS = 30.0
 # Why 10,000: groups are at most series × identities, a few hundred on a node; more is a runaway
 # label, and a page of 10,000 items is already more than a person or a dashboard reads.
 MAX_ITEMS = 10_000
 # Why a day: beyond it a window holds a large share of a 35-day store's rows, and a scan in
 # primary-key order reads them faster than the minute index does (agent.store.hourly_model_sums)
 SCAN_AFTER_SECONDS = 86400.0
+# Why 256: engines change identity at a rollout that relabels them, a few times a week; more cuts
+# inside one window is a relabelling loop, read with one identity lookup per minute instead
+MAX_SEGMENTS = 256
 MAX_AGGREGATE = 8  # properties per request (why: each multiplies the items; OpenCost UIs use 1–2)
 _DURATION = re.compile(r"^(\d{1,6})(m|h|d|w)$")
 _UNIT_SECONDS = {"m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -268,28 +273,60 @@ def _deadline(db: sqlite3.Connection, seconds: float) -> Callable[[], None]:
     return lambda: db.set_progress_handler(None, 0)
 
 
+def _identities(db: sqlite3.Connection) -> dict[tuple[str, str], list[tuple[float, str]]]:
+    """(node, engine) → its kept identities as (since, info), oldest first (a handful each)."""
+    out: dict[tuple[str, str], list[tuple[float, str]]] = {}
+    if not has_table(db):
+        return out
+    for node, engine, since, info in db.execute(
+        f"SELECT node, engine, since, info FROM {TABLE} ORDER BY since"
+    ):
+        out.setdefault((str(node), str(engine)), []).append((float(since), str(info)))
+    return out
+
+
+def _identity_at(kept: Sequence[tuple[float, str]], t: float) -> str | None:
+    """The identity in effect at ``t``: the latest kept at or before it."""
+    i = bisect.bisect_right([since for since, _ in kept], t) - 1
+    return kept[i][1] if i >= 0 else None
+
+
 def read_sums(
     db: sqlite3.Connection, start: float, end: float, seconds: float = QUERY_SECONDS
 ) -> list[MinuteSums]:
-    """Model minutes in [start, end) summed per series and the engine identity of each minute."""
-    if has_table(db):
-        info = (
-            f"(SELECT l.info FROM {TABLE} l WHERE l.node = m.node AND l.engine = m.engine "
+    """Model minutes in [start, end) summed per series and the engine identity of each minute.
+
+    One scan: the window is cut at every identity change inside it (a handful; at most
+    :data:`MAX_SEGMENTS`) and the minutes summed per series and piece, inside which every engine
+    keeps one identity; the pieces then take their engines' identities in Python."""
+    kept = _identities(db)
+    cuts = sorted({since for rows in kept.values() for since, _ in rows if start < since < end})
+    if len(cuts) > MAX_SEGMENTS:  # a relabelling storm: correct, slower (one lookup per minute)
+        cuts = []
+        info_sql = (
+            f"(SELECT l.since FROM {TABLE} l WHERE l.node = m.node AND l.engine = m.engine "
             "AND l.since <= m.minute ORDER BY l.since DESC LIMIT 1)"
         )
-    else:
-        info = "NULL"
+    elif cuts:
+        info_sql = " ".join(["CASE", *("WHEN m.minute < ? THEN ?" for _ in cuts), "ELSE ? END"])
+    else:  # one piece: the whole window
+        info_sql = "?"
     # a long window reads most rows: a sequential scan in primary-key order ("+minute" keeps SQLite
     # off the minute index) beats visiting them through the index, as the store's own weekly sums do
     col = "+m.minute" if end - start > SCAN_AFTER_SECONDS else "m.minute"
     sql = (
-        f"SELECT m.node, m.engine, m.model, m.model_version, {info} AS info, "
+        f"SELECT m.node, m.engine, m.model, m.model_version, {info_sql} AS at, "
         + ", ".join(f"SUM(m.{c})" for c in _SUMS)
         + f" FROM model_minutes m WHERE {col} >= ? AND {col} < ? GROUP BY 1, 2, 3, 4, 5"
     )
+    # each piece is named by its first instant (the window's start, else the cut it starts at)
+    starts = [start, *cuts]
+    params: list[float] = [v for i, c in enumerate(cuts) for v in (c, starts[i])]
+    if not info_sql.startswith("(SELECT"):
+        params.append(starts[-1])
     done = _deadline(db, seconds)
     try:
-        rows = db.execute(sql, (start, end)).fetchall()
+        rows = db.execute(sql, (*params, start, end)).fetchall()
     except sqlite3.OperationalError as err:
         if "interrupt" in str(err):
             raise QueryTooLong from None
@@ -297,16 +334,18 @@ def read_sums(
     finally:
         done()
     out = []
-    for node, engine, model, version, text, *sums in rows:
+    for node, engine, model, version, at, *sums in rows:
         vals = {c: float(v or 0.0) for c, v in zip(_SUMS, sums, strict=True)}
-        out.append(MinuteSums(str(node), str(engine), str(model), str(version), parse_info(text), **vals))
+        ident = None if at is None else _identity_at(kept.get((str(node), str(engine)), ()), float(at))
+        out.append(MinuteSums(str(node), str(engine), str(model), str(version), parse_info(ident), **vals))
     return out
 
 
 def read_unallocated(db: sqlite3.Connection, start: float, end: float) -> float:
     """Dollars of GPUs no engine used, over minutes in [start, end)."""
+    col = "+minute" if end - start > SCAN_AFTER_SECONDS else "minute"  # as read_sums
     row = db.execute(
-        "SELECT SUM(unallocated_usd) FROM gpu_minutes WHERE minute >= ? AND minute < ?", (start, end)
+        f"SELECT SUM(unallocated_usd) FROM gpu_minutes WHERE {col} >= ? AND {col} < ?", (start, end)
     ).fetchone()
     return float(row[0] or 0.0)
 

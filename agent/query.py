@@ -59,7 +59,7 @@ def add_arguments(q: argparse.ArgumentParser) -> None:
 
 def run_query(args: argparse.Namespace) -> int:
     """Answer one query and print it; exit 2 on a bad parameter or an unreadable source."""
-    from agent.config import ConfigError, load_config
+    from agent.config import MAX_RETENTION_DAYS, ConfigError, load_config
     from agent.sinks.api import BadRequest, QueryTooLong, answer, oldest_minute, open_read_only, parse_query
 
     params = {"window": args.window, "aggregate": args.aggregate, "costBasis": args.cost_basis}
@@ -73,7 +73,10 @@ def run_query(args: argparse.Namespace) -> int:
     now = time.time()
     try:
         if args.prometheus:
-            body = prometheus_answer(_prom_api(args), parse_query(params, now, retention, share))
+            # Prometheus keeps its own retention: an empty stretch reads as no dollars, not clamped
+            body = prometheus_answer(
+                _prom_api(args), parse_query(params, now, MAX_RETENTION_DAYS * 86400.0, share)
+            )
         else:
             state = args.state_dir or cfg.state_dir
             path = state / "history.sqlite"

@@ -111,7 +111,7 @@ class HostileServer:
             name = request.match_info["name"]
             self.requests[name] = self.requests.get(name, 0) + 1
             n = self.requests[name]
-            if name == "good" or not self.armed:
+            if name not in HOSTILE or not self.armed:
                 return web.Response(text=_vllm([name], self.tokens()), content_type="text/plain")
             if name == "churn":
                 return web.Response(text=_vllm([f"churn-{n}"], 100.0 * n), content_type="text/plain")
@@ -161,7 +161,7 @@ class Daemon:
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
+    def start(self, engines: tuple[str, ...] = ("good", *HOSTILE), extra: str = "") -> None:
         import bcrypt
 
         t = self.tmp
@@ -169,10 +169,10 @@ class Daemon:
         (t / "web.yml").write_text(f"basic_auth_users:\n  {USER}: '{hashed}'\n")
         self.book = t / "book.yaml"
         self.book.write_text("gpus:\n  - {match: H100, usd_per_hour: 2.5}\n")
-        engines = "".join(
+        listed = "".join(
             f"  - {{name: {n}, kind: vllm, url: 'http://127.0.0.1:{self.engines_port}/{n}/metrics', "
             f"gpus: [{i}], timeout_seconds: 2}}\n"
-            for i, n in enumerate(("good", *HOSTILE))
+            for i, n in enumerate(engines)
         )
         (t / "node.yaml").write_text(
             f"node: hostile-node\nstate_dir: {t / 'state'}\nnvml: {{backend: fake, fake_count: 16}}\n"
@@ -181,12 +181,14 @@ class Daemon:
             f"exporters: {{prometheus: {{port: {self.port}, web_config_file: {t / 'web.yml'}}}}}\n"
             f"limits: {{series_ttl_seconds: {SERIES_TTL_SECONDS}, "
             f"scrape_cpu_seconds: {CPU_BUDGET_SECONDS}}}\n"
-            f"engines:\n{engines}"
+            f"{extra}engines:\n{listed}"
         )
         self.log = t / "daemon.log"
         self._log = self.log.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent.cli", "run", "--config", str(t / "node.yaml")], stderr=self._log
+            [sys.executable, "-m", "agent.cli", "run", "--config", str(t / "node.yaml")],
+            stdout=self._log,
+            stderr=self._log,
         )
 
     @property
@@ -331,8 +333,12 @@ def hostile_pages(d: Daemon, server: HostileServer, seconds: float) -> list[bool
     server.armed = True
     most_rss, most_churn, worst_ms = steady, 0, 0.0
     live = int(SERIES_TTL_SECONDS / SCRAPE_SECONDS) + 2
+    marks: list[float] = []  # RSS at each quarter of the run: a plateau or a climb
     while time.monotonic() - t0 < seconds:
-        most_rss = max(most_rss, status_mb(d.pid, "VmRSS") or 0.0)
+        rss = status_mb(d.pid, "VmRSS") or 0.0
+        most_rss = max(most_rss, rss)
+        if (time.monotonic() - t0) >= len(marks) * seconds / 4:
+            marks.append(rss)
         t_get = time.perf_counter()
         churn = {
             lb.get("model")
@@ -350,7 +356,7 @@ def hostile_pages(d: Daemon, server: HostileServer, seconds: float) -> list[bool
     print(
         f"RSS, all pages   {'pass' if rss_ok else 'FAIL'}  steady {steady:.1f} MB, at most {most_rss:.1f} MB "
         f"over {seconds / 60:.0f} min of every hostile page at once (target <= steady + "
-        f"{RSS_HEADROOM_MB:.0f} MB); "
+        f"{RSS_HEADROOM_MB:.0f} MB; at each quarter {', '.join(f'{m:.0f}' for m in marks)} MB); "
         f"agent CPU {cpu / (time.monotonic() - t0) * 100:.1f} % of a core; slowest /metrics {worst_ms:.0f} ms"
     )
     results.append(rss_ok)
@@ -368,7 +374,7 @@ def hostile_pages(d: Daemon, server: HostileServer, seconds: float) -> list[bool
         "costly": "limits.scrape_cpu_seconds",
         "silent": "timeout",
         "huge": "max_bytes",
-        "gzip": "",  # inflated by the client: over max_bytes, or not text
+        "gzip": "compressed body",
         "garbage": "",  # not UTF-8 or binary
     }
     for name, why in expect.items():
@@ -386,7 +392,8 @@ def hostile_pages(d: Daemon, server: HostileServer, seconds: float) -> list[bool
     in_log = len(invisible.findall(d.log.read_text(errors="replace")))
     bidi_ok = bool(bidi) and in_log == 0
     print(
-        f"page bidi        {'pass' if bidi_ok else 'FAIL'}  read (model label on /metrics as sent: {bidi!r}); "
+        f"page bidi        {'pass' if bidi_ok else 'FAIL'}  read (model label on /metrics as sent: "
+        f"{bidi!r}); "
         f"invisible characters in the daemon's log: {in_log}"
     )
     results.append(bidi_ok)
@@ -412,6 +419,7 @@ def config_reload(d: Daemon) -> bool:
     lines = d.log_lines("config reload after a change failed")
     d.book.write_text(good.replace("2.5", "2.75"))
     back = _wait(lambda: gauge() == 1.0, 30)
+    _wait(lambda: {v for _, v in d.series("infercost_gpu_price_usd_per_hour")} == {2.75}, 10)  # next tick
     price = {v for _, v in d.series("infercost_gpu_price_usd_per_hour")}
     passed = refused and back and lines == 1
     print(
@@ -430,13 +438,18 @@ def check_cases(tmp: Path) -> list[bool]:
         "    threshold: 1\n    for: 99999999999999999999d\n    severity: warning\n    summary: x\n"
     )
     future = tmp / "future.yaml"
-    future.write_text("gpus:\n  - {match: H100, usd_per_hour: 2.0, from: '2999-01-01'}\n")
+    future.write_text("gpus:\n  - {match: H100, usd_per_hour: 2.0, effective_from: '2999-01-01'}\n")
     out = []
     for what, cfg, want_rc, want in (
         ("check duration", f"alerts: {{rules_dirs: [{rules}]}}\nstate_dir: {tmp / 's1'}\n", 2, "at most"),
-        ("check future", f"prices: {{book: {future}}}\nstate_dir: {tmp / 's2'}\n", 0, "warning"),
+        (
+            "check future",
+            f"prices: {{book: {future}}}\nstate_dir: {tmp / 's2'}\n",
+            0,
+            "no gpu price is in effect",
+        ),
     ):
-        path = tmp / f"{what.split()[1]}.yaml"
+        path = tmp / f"config-{what.split()[1]}.yaml"
         path.write_text(cfg + "exporters: {prometheus: {port: 0}}\n")
         r = subprocess.run(
             [sys.executable, "-m", "agent.cli", "check", "--config", str(path)],
@@ -444,10 +457,138 @@ def check_cases(tmp: Path) -> list[bool]:
             text=True,
         )
         text = (r.stdout + r.stderr).strip().replace("\n", " | ")
-        good = r.returncode == want_rc and want in text
-        print(f"{what:<16} {'pass' if good else 'FAIL'}  exit {r.returncode}: {text[:170]}")
+        good = r.returncode == want_rc and want in text.lower()
+        said = text[-170:] if r.returncode else text[text.lower().find(want) :][:170]  # the line that counts
+        print(f"{what:<16} {'pass' if good else 'FAIL'}  exit {r.returncode}: {said}")
         out.append(good)
     return out
+
+
+# ------------------------------------------------------------------------------------------ pods
+PODS = 5_000
+MAX_ENGINES = 256  # the default kubernetes.max_engines
+KUBE_NODE = "gpu-node-1"
+LOG_LINE_BYTES = 300  # an upper bound for one discovery line naming one pod (with its prefix)
+
+
+class KubeServer:
+    """The tests' local Kubernetes API server (list + watch) in a thread of the bench."""
+
+    def __init__(self) -> None:
+        root = Path(__file__).resolve().parents[1]
+        if str(root) not in sys.path:
+            sys.path.insert(0, str(root))
+        from tests.kubeapi import FakeKubeApi, pod, write_kubeconfig
+
+        self.pod, self.write_kubeconfig = pod, write_kubeconfig
+        self.api = FakeKubeApi()
+        self._loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def serve() -> None:
+            self._loop.run_until_complete(self.api.start())
+            ready.set()
+            self._loop.run_forever()
+
+        threading.Thread(target=serve, daemon=True).start()
+        ready.wait(30)
+
+    def engine_pod(self, i: int, port: int, ip: str = "127.0.0.1") -> dict[str, Any]:
+        path = "/silent/metrics" if i % 6 == 0 else f"/pod-{i}/metrics"  # every sixth never answers
+        return self.pod(
+            f"engine-{i:05d}",
+            node=KUBE_NODE,
+            ip=ip,
+            ports=(("metrics", port),),
+            annotations={
+                "infercost.io/scrape": "true",
+                "infercost.io/engine": "vllm",
+                "infercost.io/path": path,
+            },
+            rv=str(10_000 + i),
+        )
+
+    def put(self, obj: dict[str, Any]) -> None:
+        self._loop.call_soon_threadsafe(self.api.put, obj)
+
+    def emit(self, obj: dict[str, Any]) -> None:
+        self._loop.call_soon_threadsafe(self.api.emit, "ADDED", obj)
+
+
+def pods_case(tmp: Path, server: HostileServer, how: str) -> bool:
+    """5,000 engine pods on the node, listed at start (``list``) or arriving by watch (``watch``),
+    one of them at the cloud metadata address: the cap filled, the rest counted, the log bounded,
+    /metrics and /healthz answering throughout, the static engine advancing."""
+    kube = KubeServer()
+    work = tmp / f"pods-{how}"
+    work.mkdir()
+    kubeconfig = kube.write_kubeconfig(work / "kubeconfig", kube.api.url)
+    pods = [kube.engine_pod(i, server.port) for i in range(1, PODS)]
+    pods.append(kube.engine_pod(PODS, server.port, ip="169.254.169.254"))  # the metadata service
+    if how == "list":
+        for p in pods:
+            kube.put(p)
+    d = Daemon(work, server.port)
+    d.start(
+        engines=("good",),
+        extra=(
+            f"kubernetes: {{enabled: true, node_name: {KUBE_NODE}, kubeconfig: {kubeconfig}, "
+            "allow_loopback: true, pod_resources_socket: null}\n"
+        ),
+    )
+    worst = {"/metrics": 0.0, "/healthz": 0.0}
+    failed = 0
+    try:
+        if not _wait(lambda: d.get("/healthz", 2)[0] in (200, 503), 90):
+            print(f"pods by {how:<6} FAIL  the daemon did not come up")
+            return False
+        t0 = time.monotonic()
+        if how == "watch":
+            for p in pods:
+                kube.emit(p)
+        good0 = sum(
+            v for lb, v in d.series("infercost_generation_tokens_total") if lb.get("engine") == "good"
+        )
+        over = None
+        while time.monotonic() - t0 < 180:
+            for path in worst:
+                status, _, seconds = d.get(path, timeout=10)
+                worst[path] = max(worst[path], seconds)
+                failed += status not in (200, 503)
+            got = d.series("infercost_kube_engines_over_cap")
+            over = got[0][1] if got else None
+            if over == PODS - 1 - MAX_ENGINES:  # the metadata-address pod is no engine
+                break
+            time.sleep(0.5)
+        took = time.monotonic() - t0
+        time.sleep(3.0)
+        taken = {lb.get("engine") for lb, _ in d.series("infercost_engine_up")} - {"good"}
+        good1 = sum(
+            v for lb, v in d.series("infercost_generation_tokens_total") if lb.get("engine") == "good"
+        )
+        log = d.log.read_text(errors="replace")
+        refused = sum("169.254.169.254" in line for line in log.splitlines())
+    finally:
+        d.stop()
+    log_bytes = len(log.encode())
+    passed = (
+        len(taken) == MAX_ENGINES
+        and over == PODS - 1 - MAX_ENGINES
+        and failed == 0
+        and good1 > good0
+        and refused >= 1
+        and log_bytes <= (MAX_ENGINES + 50) * LOG_LINE_BYTES
+    )
+    print(
+        f"pods by {how:<8} {'pass' if passed else 'FAIL'}  {PODS} pods: {len(taken)} taken in (cap "
+        f"{MAX_ENGINES}), {over:.0f} counted over the cap, in {took:.1f} s; slowest /metrics "
+        f"{worst['/metrics'] * 1000:.0f} ms, /healthz {worst['/healthz'] * 1000:.0f} ms, {failed} failed; "
+        f"static engine {good0:.0f} -> {good1:.0f} tokens; metadata-address pod refused "
+        f"({refused} log line(s)); log {log_bytes / 1024:.0f} kB"
+        if over is not None
+        else f"pods by {how:<8} FAIL  no infercost_kube_engines_over_cap on /metrics after {took:.0f} s"
+    )
+    return passed
 
 
 def run(quick: bool = False) -> int:
@@ -476,6 +617,8 @@ def run(quick: bool = False) -> int:
             d.stop()
         log_kb = d.log.stat().st_size / 1024
         print(f"daemon log       {log_kb:.0f} kB over the whole run")
+        for how in ("list", "watch"):
+            results.append(pods_case(tmp, server, how))
         results += check_cases(tmp)
     passed = sum(results)
     print(f"{passed} of {len(results)} checks passed")

@@ -101,6 +101,7 @@ class EngineScraper:
             cpu0 = time.thread_time()  # the parse runs on this thread alone, between two awaits
             try:
                 text = self._decode(body)
+                del body  # the text is what is read: the bytes need not stay as well
                 adapter = self._adapter_for(text)
                 reading = adapter.read(
                     text,
@@ -150,7 +151,7 @@ class EngineScraper:
             dropped_series=reading.dropped_series,
         )
 
-    async def _fetch(self) -> tuple[bytes, bool]:
+    async def _fetch(self) -> tuple[bytearray, bool]:
         """The body, and whether it is OpenMetrics text (by its content type)."""
         # redirects are never followed: a page may not send the agent to another host (SSRF)
         # identity only, never inflated: a compressed body is one the page's size cap cannot bound
@@ -175,20 +176,18 @@ class EngineScraper:
             declared = resp.content_length
             if declared is not None and declared > self.cfg.max_bytes:
                 raise ScrapeFailed(f"page too large: {declared} bytes > max_bytes {self.cfg.max_bytes}")
-            chunks: list[bytes] = []
-            size = 0
+            body = bytearray()  # grown in place: the page is held once, never as chunks and a copy
             try:
                 async for chunk in resp.content.iter_chunked(CHUNK_BYTES):
-                    size += len(chunk)
-                    if size > self.cfg.max_bytes:
+                    if len(body) + len(chunk) > self.cfg.max_bytes:
                         raise ScrapeFailed(f"page too large: over max_bytes {self.cfg.max_bytes}")
-                    chunks.append(chunk)
+                    body += chunk
             except BaseException:
                 # the exception's traceback holds this frame, and through wait_for's task a reference
                 # cycle holds the traceback: only the cyclic GC, some time later, would free the page
-                chunks.clear()
+                body.clear()
                 raise
-            return b"".join(chunks), media.startswith("application/openmetrics-text")
+            return body, media.startswith("application/openmetrics-text")
 
     def _note_cost(self) -> int:
         """After a page costing more CPU than ``limits.scrape_cpu_seconds`` (refused or not), the
@@ -201,7 +200,7 @@ class EngineScraper:
         return self._skip
 
     @staticmethod
-    def _decode(body: bytes) -> str:
+    def _decode(body: bytes | bytearray) -> str:
         # A few NUL bytes are text (the OpenMetrics suite has one in a HELP line; in a label value
         # the adapter removes it); a compressed body, or one with more than 8 NULs making up over
         # 1 % of it (protobuf, a core dump), is not.

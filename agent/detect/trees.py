@@ -24,6 +24,11 @@ import numpy as np
 
 LEAF = -1  # feature / child index of a leaf
 CHUNK_ROWS = 512  # rows scored together
+# Stored narrow: the daemon holds two ensembles per series for the day between fits (at 64-bit
+# indices ~1.1 MB each). A tree of max_samples rows has under 2 · max_samples nodes, far inside
+# int32; the feature columns are the forest's few features, inside int16. The walk widens to int64.
+NODE_DTYPE = np.int32
+FEATURE_DTYPE = np.int16
 
 
 def average_path_length(n: np.ndarray) -> np.ndarray:
@@ -41,10 +46,12 @@ def average_path_length(n: np.ndarray) -> np.ndarray:
 class TreeEnsemble:
     """The fitted trees of one isolation forest (arrays of shape trees × nodes, padded)."""
 
-    feature: np.ndarray  # int64: column of the input compared at each node; LEAF at leaves and padding
+    feature: (
+        np.ndarray
+    )  # FEATURE_DTYPE: column of the input compared at each node; LEAF at leaves and padding
     threshold: np.ndarray  # float64: go left when x[feature] <= threshold
-    left: np.ndarray  # int64: left child's node index; LEAF at leaves
-    right: np.ndarray  # int64: right child's node index; LEAF at leaves
+    left: np.ndarray  # NODE_DTYPE: left child's node index; LEAF at leaves
+    right: np.ndarray  # NODE_DTYPE: right child's node index; LEAF at leaves
     leaf_depth: np.ndarray  # float64: path length + c(samples in the leaf) − 1, at leaves
     denominator: float  # trees × c(max_samples)
     max_depth: int  # levels to walk
@@ -112,10 +119,10 @@ class TreeEnsemble:
         """The inverse of :meth:`arrays`."""
         meta = a["meta"]
         return cls(
-            np.asarray(a["feature"], dtype=np.int64),
+            np.asarray(a["feature"], dtype=FEATURE_DTYPE),
             np.asarray(a["threshold"], dtype=np.float64),
-            np.asarray(a["left"], dtype=np.int64),
-            np.asarray(a["right"], dtype=np.int64),
+            np.asarray(a["left"], dtype=NODE_DTYPE),
+            np.asarray(a["right"], dtype=NODE_DTYPE),
             np.asarray(a["leaf_depth"], dtype=np.float64),
             float(meta[0]),
             int(meta[1]),
@@ -127,10 +134,10 @@ def from_sklearn(forest: Any) -> TreeEnsemble:
     estimators = forest.estimators_
     size = max(e.tree_.node_count for e in estimators)
     t = len(estimators)
-    feature = np.full((t, size), LEAF, dtype=np.int64)
+    feature = np.full((t, size), LEAF, dtype=FEATURE_DTYPE)
     threshold = np.zeros((t, size))
-    left = np.full((t, size), LEAF, dtype=np.int64)
-    right = np.full((t, size), LEAF, dtype=np.int64)
+    left = np.full((t, size), LEAF, dtype=NODE_DTYPE)
+    right = np.full((t, size), LEAF, dtype=NODE_DTYPE)
     leaf_depth = np.zeros((t, size))
     depth_max = 0
     for i, (est, cols) in enumerate(zip(estimators, forest.estimators_features_, strict=True)):

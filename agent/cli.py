@@ -15,6 +15,7 @@ import asyncio
 import datetime as dt
 import importlib.util
 import logging
+import os
 import signal
 import socket
 import sys
@@ -611,6 +612,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``infercost`` command. Exit codes: 0 ok, 2 a user error (named, with the
     fix; no traceback), 1 a failure of the agent itself."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    # numpy's BLAS starts a thread per core (with its buffers) on first use; the forest's matrices are
+    # a few hundred rows, and on a 128-core GPU node those threads would cost more memory than the
+    # daemon. Set before anything imports numpy; an operator's own setting wins.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     args = build_parser().parse_args(argv)
     args.argv = argv
     setup_logging(args.log_level, args.log_format)

@@ -259,7 +259,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 # options that say where a run's figures go or how it logs, not what it measures
-_NOT_FIGURES = {"--write-results": 0, "--results": 1, "--log-level": 1, "--log-format": 1, "--quick": 0}
+_NOT_FIGURES = {
+    "--write-results": 0,
+    "--results": 1,
+    "--log-level": 1,
+    "--log-format": 1,
+    "--quick": 0,
+    "--store": 1,
+}
 
 
 def _bench_options(argv: Sequence[str], what: str) -> list[str]:

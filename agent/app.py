@@ -14,17 +14,10 @@ simulated engines, a rule subset or sinks, and still run the real daemon.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import errno
-import fcntl
 import logging
-import os
-import shutil
-import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal
 
 from agent.clock import Clock, SteadyClock, SystemClock
 from agent.config import Config, EngineConfig
@@ -33,6 +26,8 @@ from agent.snapshot import Snapshot
 from agent.sources.nvml.backend import NvmlBackend
 from agent.sources.nvml.sampler import LoadFn, make_backend
 from agent.sources.prices import PriceBook, load_price_book
+from agent.state import HISTORY_NAME, StateDir, StateDirError, open_recovering, write_problem
+from agent.state import open_state_dir as _open_state_dir
 from agent.supervisor import Agent, Hooks, StartupError
 
 if TYPE_CHECKING:
@@ -43,137 +38,13 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["StartupError", "StateDir", "build_agent", "open_state_dir", "write_problem"]
 
-LOCK_NAME = "agent.lock"
-HISTORY_NAME = "history.sqlite"
-OUTBOX_NAME = "outbox.sqlite"
-# Why 64 KiB: enough to prove the directory takes a write (a full disk or quota refuses it), small
-# enough to cost nothing at start-up.
-PROBE_BYTES = 64 * 1024
-
-
-@dataclass
-class StateDir:
-    """The state directory as the agent will use it."""
-
-    path: Path  # where history.sqlite and outbox.sqlite live (a private temp dir when degraded)
-    configured: Path  # state_dir from the config
-    lock: IO[str] | None = None  # held open for the agent's lifetime (flock)
-    note: str | None = None  # why history is degraded or off, for /healthz
-    temporary: bool = False  # path is a private temp dir, removed at shutdown
-    recovered: list[Path] = field(default_factory=list)  # damaged files moved aside
-
-    def close(self) -> None:
-        """Release the lock; remove a temporary directory."""
-        if self.lock is not None:
-            with contextlib.suppress(OSError):
-                fcntl.flock(self.lock, fcntl.LOCK_UN)
-            self.lock.close()
-            self.lock = None
-        if self.temporary:
-            shutil.rmtree(self.path, ignore_errors=True)
-
-
-def _holder_pid(lock_path: Path) -> str:
-    try:
-        text = lock_path.read_text().strip()
-    except OSError:
-        return "unknown"
-    return text if text.isdigit() else "unknown"
-
-
-def _take_lock(path: Path) -> IO[str] | None:
-    """Lock ``path/agent.lock`` exclusively; None when it cannot even be opened (read-only dir)."""
-    lock_path = path / LOCK_NAME
-    try:
-        fh: IO[str] = lock_path.open("a+")
-    except OSError:
-        if not lock_path.exists():
-            return None
-        try:
-            fh = lock_path.open("r")
-        except OSError:
-            return None
-    try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        fh.close()
-        raise StartupError(
-            f"state_dir {path} is in use by another infercost agent (pid {_holder_pid(lock_path)}); "
-            "fix: stop that agent, or give this one its own state_dir (INFERCOST_STATE_DIR)"
-        ) from None
-    except OSError as err:  # a filesystem without locks (some NFS setups): say so, run unlocked
-        logger.warning("state_dir %s cannot be locked (%s); a second agent would not be refused", path, err)
-        return fh
-    with contextlib.suppress(OSError, ValueError):
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"{os.getpid()}\n")
-        fh.flush()
-    return fh
-
-
-def write_problem(path: Path) -> OSError | None:
-    """None when ``path`` takes a small write; else the error (read-only, full, no permission)."""
-    try:
-        fd, name = tempfile.mkstemp(prefix=".write-probe-", dir=path)
-    except OSError as err:
-        return err
-    try:
-        left = memoryview(b"\0" * PROBE_BYTES)
-        while left:  # a write cut short (a file-size limit, the last blocks of a disk) is retried
-            n = os.write(fd, left)
-            if n <= 0:
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            left = left[n:]
-        os.fsync(fd)
-    except OSError as err:
-        return err
-    finally:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(name)
-    return None
-
 
 def open_state_dir(path: Path, now: float, history: bool = True) -> StateDir:
-    """Create (if needed), lock and check the state directory.
-
-    Raises :class:`StartupError` when it cannot be created or another agent holds it. A directory
-    that exists but takes no writes (read-only, full) gives a private temporary one instead, with a
-    note: the agent then runs without history (baselines absent, absolute rules only)."""
+    """:func:`agent.state.open_state_dir`, its refusal as a start-up error (exit 2)."""
     try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        if not path.is_dir():
-            raise StartupError(
-                f"state_dir {path}: cannot create it ({err.strerror}); fix: create it, writable by the "
-                "agent's user, or set state_dir (or INFERCOST_STATE_DIR) to a writable folder"
-            ) from None
-    if not path.is_dir():
-        raise StartupError(f"state_dir {path} is not a directory; fix: point state_dir at a folder")
-    state = StateDir(path=path, configured=path)
-    state.lock = _take_lock(path)
-    problem = write_problem(path)
-    if problem is not None:
-        why = errno.errorcode.get(problem.errno or 0, "") if problem.errno else ""
-        state.note = (
-            f"state_dir {path} takes no writes ({problem.strerror or problem}{', ' + why if why else ''}): "
-            "running without history (baselines absent, absolute rules only); fix: free space or make "
-            "it writable, then restart the agent"
-        )
-        logger.error("%s", state.note)
-        if history:
-            state.path = Path(tempfile.mkdtemp(prefix="infercost-nohistory-"))
-            state.temporary = True
-        return state
-    if history:
-        from agent.store import recover_if_corrupt
-
-        for name, full in ((HISTORY_NAME, False), (OUTBOX_NAME, True)):
-            moved = recover_if_corrupt(path / name, now, full=full)
-            if moved is not None:
-                state.recovered.append(moved)
-    return state
+        return _open_state_dir(path, now, history)
+    except StateDirError as err:
+        raise StartupError(str(err)) from None
 
 
 async def _find_engines(cfg: Config, backend: NvmlBackend | None, clock: Clock) -> list[EngineConfig]:
@@ -284,7 +155,7 @@ async def _wire_history(
     """The store, the pipeline (own store connection) and the scorer, in ``hooks``."""
     import sqlite3
 
-    from agent.store import Store, is_corrupt, move_aside
+    from agent.store import Store
 
     hooks.history_expected = True
     state = await asyncio.to_thread(open_state_dir, cfg.state_dir, clock.now(), True)
@@ -293,15 +164,13 @@ async def _wire_history(
     hooks.history_temporary = state.temporary
     path = state.path / HISTORY_NAME
     try:
-        try:
-            store = await asyncio.to_thread(Store, path, cfg.store.retention_days, clock)
-        except sqlite3.DatabaseError as err:
-            if not is_corrupt(err):
-                raise
-            dest = move_aside(path, clock.now())
-            logger.error("%s is damaged (%s); moved it to %s and starting a new one", path, err, dest.name)
-            state.recovered.append(dest)
-            store = await asyncio.to_thread(Store, path, cfg.store.retention_days, clock)
+        store = await asyncio.to_thread(
+            open_recovering,
+            path,
+            clock.now(),
+            lambda p: Store(p, cfg.store.retention_days, clock),
+            state.recovered,
+        )
     except (sqlite3.Error, OSError) as err:
         hooks.history_note = f"history store {path} cannot be opened ({err}): running without history"
         logger.error("%s", hooks.history_note)

@@ -58,7 +58,6 @@ the agent writes at most a few rows per second.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import json
 import logging
 import operator
@@ -856,75 +855,3 @@ def _sum_name(col: str) -> str:
 def _drop_empty_gauges(sums: dict[str, float]) -> dict[str, float]:
     """Gauge pairs with no weight are absent (not zero)."""
     return {k: v for k, v in sums.items() if not k.endswith(".s") or sums.get(k[:-2] + ".w")}
-
-
-# -- damaged files ------------------------------------------------------------------------------
-
-# SQLite's primary result codes that mean "this file is damaged", not "this call failed":
-# SQLITE_CORRUPT (11) and SQLITE_NOTADB (26).
-_CORRUPT_CODES = frozenset({11, 26})
-
-
-def is_corrupt(err: BaseException) -> bool:
-    """True when ``err`` says the SQLite file itself is damaged (corrupt or not a database)."""
-    code = getattr(err, "sqlite_errorcode", None)
-    if isinstance(code, int):
-        return (code & 0xFF) in _CORRUPT_CODES
-    msg = str(err).lower()
-    return isinstance(err, sqlite3.DatabaseError) and ("malformed" in msg or "not a database" in msg)
-
-
-def check_sqlite_file(path: Path, full: bool = False) -> str | None:
-    """What is wrong with the SQLite file at ``path`` (None: usable or absent).
-
-    Reads the header and the schema; ``full`` also runs ``PRAGMA quick_check`` (reads every page:
-    for small files such as the outbox)."""
-    if not path.exists():
-        return None
-    try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    except sqlite3.Error as err:
-        return None if not is_corrupt(err) else str(err)
-    try:
-        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        if full:
-            row = db.execute("PRAGMA quick_check").fetchone()
-            if row is not None and row[0] != "ok":
-                return f"quick_check: {row[0]}"
-    except sqlite3.Error as err:
-        return str(err) if is_corrupt(err) else None
-    finally:
-        db.close()
-    return None
-
-
-def move_aside(path: Path, now: float) -> Path:
-    """Rename a damaged file (and its -wal / -shm) to ``<name>.corrupt-<UTC time>``; returns the new
-    path. The file is kept for a person to inspect; the agent starts a new one."""
-    stamp = dt.datetime.fromtimestamp(now, tz=dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    dest = path.with_name(f"{path.name}.corrupt-{stamp}")
-    n = 1
-    while dest.exists():
-        n += 1
-        dest = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
-    path.rename(dest)
-    for suffix in ("-wal", "-shm"):
-        side = path.with_name(path.name + suffix)
-        if side.exists():
-            side.rename(dest.with_name(dest.name + suffix))
-    return dest
-
-
-def recover_if_corrupt(path: Path, now: float, full: bool = False) -> Path | None:
-    """Move ``path`` aside when it is damaged (one ERROR line); returns where it went, or None."""
-    problem = check_sqlite_file(path, full=full)
-    if problem is None:
-        return None
-    dest = move_aside(path, now)
-    logger.error(
-        "%s is damaged (%s); moved it to %s and starting a new one (its history is not used)",
-        path,
-        problem,
-        dest.name,
-    )
-    return dest

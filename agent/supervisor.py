@@ -189,7 +189,7 @@ class HistoryGuard:
             self.error = f"{type(err).__name__}: {err}"
             if self.up:
                 self.up = False
-                from agent.store import is_corrupt
+                from agent.state import is_corrupt
 
                 hint = (
                     " (the file is damaged: it is moved aside at the next start)" if is_corrupt(err) else ""

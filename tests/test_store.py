@@ -16,7 +16,8 @@ from agent.detect.baselines import baseline_of
 from agent.detect.evaluator import RuleEvaluator
 from agent.detect.rules import load_default_rules
 from agent.samples import CostWindow, EngineScrape, GpuSample, NvmlRound, UsageWindow
-from agent.store import MIGRATIONS, Store, StoreError, check_sqlite_file, recover_if_corrupt
+from agent.state import check_sqlite_file, recover_if_corrupt
+from agent.store import MIGRATIONS, Store, StoreError
 
 T0 = 1699833600.0  # Monday 00:00 UTC
 KEY = {"node": "n1", "engine": "vllm-a", "model": "llama", "model_version": "v1"}

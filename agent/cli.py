@@ -305,7 +305,9 @@ def _run_bench(args: argparse.Namespace) -> int:
         seeds = 1 if args.quick else args.seeds
         weeks = args.weeks if args.weeks is not None else QUICK_WEEKS if args.quick else DEFAULT_WEEKS
         first = args.seed if args.seed is not None else QUICK_SEED if args.quick else HELD_OUT_SEED
-        run_detection(seeds=seeds, first_seed=first, weeks=weeks, workers=args.workers)
+        run_detection(
+            seeds=seeds, first_seed=first, weeks=weeks, workers=args.workers, fine_scrape=not args.quick
+        )
     elif args.what == "soak":
         from infercost_bench.soak import run as run_soak
 

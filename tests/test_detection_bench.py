@@ -7,21 +7,27 @@ import pytest
 
 from infercost_bench.detection import (
     DETECTORS,
+    OUTAGE_PAGE_MINUTES,
     PHASES,
     SCORED_RULES,
     NodeRun,
     detector_events,
+    engine_outages,
     format_worst_table,
+    node_grid,
+    outage_pages,
     run_node,
     score_detector,
+    with_blips,
 )
+from infercost_sim.workload import MINUTE, simulate_node
 
 pytestmark = pytest.mark.slow  # two simulated weeks through the join, the store, the forest and the rules
 
 
 @pytest.fixture(scope="module")
 def node_run() -> NodeRun:
-    return run_node(("core", 3, 0, 2.0))
+    return run_node(("core", 3, 0, 2.0, 60.0))
 
 
 def test_every_rule_is_evaluated_by_the_real_pipeline(node_run: NodeRun) -> None:
@@ -56,3 +62,35 @@ def test_cpu_seconds_are_reported_per_phase(node_run: NodeRun) -> None:
     assert all(v >= 0.0 for v in node_run.cpu_seconds.values())
     # two weeks of 1-minute ticks: every phase ran (the forest fitted and scored, the rules stepped)
     assert all(node_run.cpu_seconds[p] > 0.0 for p in PHASES)
+
+
+def test_the_engine_nvml_and_gpu_rules_run_on_the_daemons_whole_history(node_run: NodeRun) -> None:
+    # the store holds the engine scrapes, NVML rounds and GPU dollars as the daemon's does, so the
+    # source rules are evaluated (and can false-alarm) like every other
+    for rule in ("engine_down", "nvml_down", "gpu_lost"):
+        assert rule in node_run.intervals
+    paged, n, delays, false = outage_pages([node_run], 7 * 86400.0)
+    # every engine outage of 5 minutes or more pages, within minutes; no failed scrape of 1–2
+    # minutes (four per graded week) and nothing else pages as an outage
+    assert paged == n and all(d <= OUTAGE_PAGE_MINUTES + 2 for d in delays)
+    assert false == 0
+    assert not node_run.intervals["nvml_down"] and not node_run.intervals["gpu_lost"]
+
+
+def test_blips_are_short_and_outages_are_the_long_engine_gaps() -> None:
+    sim = simulate_node("core", seed=300, weeks=2)
+    blipped = with_blips(sim, np.random.default_rng(0))
+    new = ~blipped.drivers.engine_up & sim.drivers.engine_up
+    runs = np.diff(np.flatnonzero(np.diff(np.concatenate(([0], new.astype(int), [0])))))[::2]
+    assert len(runs) == 4 and all(1 <= r <= 2 for r in runs)  # four blips of 1–2 minutes in week 2
+    for a, b in engine_outages(blipped):
+        assert b - a >= OUTAGE_PAGE_MINUTES * MINUTE
+        m = int((a - sim.start) // MINUTE)
+        assert not blipped.drivers.engine_up[m]
+
+
+def test_the_grid_has_one_15s_node_per_model_and_5_minute_history() -> None:
+    jobs = node_grid(("core", "azure"), [111, 112, 113], 3, 2.0)
+    scrape = [j[4] for j in jobs]
+    assert scrape.count(15.0) == 2 and {j[0] for j in jobs if j[4] == 15.0} == {"core", "azure"}
+    assert scrape.count(300.0) == 6 and scrape.count(60.0) == 10

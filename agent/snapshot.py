@@ -21,7 +21,7 @@ from agent.cost.latency import accumulate
 from agent.cost.model import usd_per_million
 from agent.cost.quantiles import quantile
 from agent.cost.window import TickResult
-from agent.measures import MEASURES
+from agent.measures import BASE_LABELS, MEASURES
 from agent.records import model_sums
 from agent.samples import CostWindow, EngineScrape, GpuSample, Histogram, NvmlRound
 
@@ -627,6 +627,7 @@ class _Source:
     items: Callable[[Snapshot], Iterable[Any]]
     labels: Mapping[str, Label]
     value: Callable[[Any, str], Any] = getattr  # (item, field) → the value
+    base: Callable[[Any, Any], tuple[str, ...]] | None = None  # the source's own labels at once
 
 
 def _node(snap: Snapshot, _: Any) -> str:
@@ -693,6 +694,7 @@ _SOURCES: Mapping[str, _Source] = {
             "pod": _pod(1),
         },
         _gpu_value,
+        lambda s, g: (s.node, g.gpu),
     ),
     "engine": _Source(
         lambda s: s.engines,
@@ -707,6 +709,7 @@ _SOURCES: Mapping[str, _Source] = {
             "engine_group_leader": _info_label(lambda i: "true" if i.group_leader else "false"),
             COST_LABELS_MARK: _cost_labels,
         },
+        base=lambda s, e: (s.node, e.engine),
     ),
     "model": _Source(
         lambda s: s.models,
@@ -718,6 +721,7 @@ _SOURCES: Mapping[str, _Source] = {
             "gpu_model": lambda _, m: m.gpu_model,
             "priority_class": lambda _, m: m.priority_class,
         },
+        base=lambda s, m: (s.node, m.engine, m.model, m.model_version),
     ),
     "deploy": _Source(
         lambda s: sorted(s.deploys.items()),
@@ -739,6 +743,12 @@ _SOURCES: Mapping[str, _Source] = {
 def _series(spec: MetricSpec, snap: Snapshot) -> Series:
     src = _SOURCES[spec.source]
     getters = [src.labels.get(name) for name in spec.labels]
+    if spec.field and spec.field != INFO and spec.labels == BASE_LABELS[spec.source] and src.base:
+        # the common row: the source's own labels and a plain field (the same rule, fewer steps)
+        read, name, base = src.value, spec.field, src.base
+        for item in src.items(snap):
+            yield base(snap, item), read(item, name)
+        return
     for item in src.items(snap):
         labels: list[str] = []
         open_at: int | None = None  # the label filled from the value's keys

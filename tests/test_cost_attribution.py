@@ -609,8 +609,9 @@ def test_decode_efficiency_per_data_parallel_replica_and_from_the_engines_kv_cap
     )  # fmt: skip
     j = WindowJoiner("n1", (spec,), BOOK)
     res = two_ticks(j, {"a": scrape("a", T0, before)}, {"a": scrape("a", T0 + 10, after)})
-    # two replicas, one H100 each (3.35 TB/s): resident KV 0.5 × 100,000 (the engine's figure)
-    ideal = (140e9 + 50_000 * 327_680) / 3.35e12
+    # two replicas, one H100 each (3.35 TB/s): KV in use 0.5 × 100,000 (the engine's figure) over the
+    # 8 sequences read at the instant, times the 4 in decode over the window (40 request-seconds in 10 s)
+    ideal = (140e9 + 50_000 * (40.0 / 10.0) / 8.0 * 327_680) / 3.35e12
     assert res.windows[0].roofline_ratio == pytest.approx(ideal / (40.0 / 428.4))
 
 

@@ -166,7 +166,7 @@ def test_roofline_efficiency_is_decode_time_over_the_resident_kv_ceiling() -> No
     [
         ("vllm", 300.0, 2400.0, 8.0),  # history at 5-minute steps: the counter's mean batch
         ("vllm", 120.0, 960.0, 8.0),  # 2 minutes is already coarse
-        ("vllm", 119.0, 952.0, 16.0),  # a daemon tick: the gauge as read
+        ("vllm", 119.0, 952.0, 8.0),  # a daemon tick too: the counter, not one instant
         ("tgi", 300.0, 2400.0, 16.0),  # engine seconds of decode say nothing of the batch
         ("vllm", 300.0, 0.0, 16.0),  # no decode time in the window: the gauge
     ],

@@ -658,6 +658,74 @@ def _subject(model: str, version: str) -> str:
     return f"{model} {version}"
 
 
+def _model_week(
+    model: str,
+    version: str,
+    rs: list[HourRow],
+    last_rows: Mapping[Key, list[HourRow]],
+    last_by_model: Mapping[str, _Sums],
+    by_engine_model: Mapping[tuple[str, str, str], list[HourRow]],
+    by_model: Mapping[str, list[HourRow]],
+    start: float,
+    days: Sequence[float],
+) -> ModelWeek:
+    """One model version's week: its sums, the week before (its own, else the model's) and the
+    like-load comparison against the first baseline that has one."""
+    t = _Sums()
+    for r in rs:
+        t.add(r)
+    own_last = _Sums()
+    for r in last_rows.get((model, version), []):
+        own_last.add(r)
+    baseline: str | None = None
+    last: float | None = None
+    if own_last.output_tokens > 0:
+        baseline, last = "version", own_last.cost_usd / own_last.output_tokens * 1e6
+    elif last_by_model[model].output_tokens > 0:
+        agg = last_by_model[model]
+        baseline, last = "model", agg.cost_usd / agg.output_tokens * 1e6
+    # like-load baselines, in order of preference
+    candidates: list[tuple[str, list[HourRow]]] = [("version", last_rows.get((model, version), []))]
+    engines = {(r.node, r.engine, r.model) for r in rs}
+    replaced = [r for e in sorted(engines) for r in by_engine_model[e] if r.model_version != version]
+    candidates.append(("replaced", replaced))
+    candidates.append(("model", [r for r in by_model[model] if r.model_version != version]))
+    like, like_kind, like_rows = _Like(None, 0.0, 0.0), None, candidates[0][1]
+    for kind, base_rows in candidates:
+        if not base_rows:
+            continue
+        got = like_load(rs, base_rows)
+        if got.ratio is not None:
+            like, like_kind, like_rows = got, kind, base_rows
+            break
+    if like_kind is None:  # no like-load baseline: chart against the first that has data
+        like_rows = next((b for _, b in candidates if b), [])
+    excess = like.excess_usd if like.ratio is not None else None
+    if excess is None and last is not None:
+        excess = t.cost_usd - t.output_tokens * last / 1e6
+    return ModelWeek(
+        model=model,
+        model_version=version,
+        cost_usd=t.cost_usd,
+        output_tokens=t.output_tokens,
+        prompt_tokens=t.prompt_tokens,
+        idle_usd=t.idle_usd,
+        last_usd_per_1m_output=last,
+        baseline=baseline,
+        like_change_ratio=like.ratio,
+        like_baseline=like_kind,
+        like_share=like.share,
+        excess_usd=excess,
+        idle_gpu_hours=None if t.idle_gpu_seconds is None else t.idle_gpu_seconds / HOUR_SECONDS,
+        gpu_util_ratio=t.util_s / t.util_w if t.util_w > 0 else None,
+        roofline_ratio=t.roof_s / t.roof_w if t.roof_w > 0 else None,
+        trend=_trend(rs, like_rows, start, days),
+        split=t.split,
+        gpu_seconds=t.gpu_seconds,
+        bound=t.bound,
+    )
+
+
 def assemble(
     rows: Iterable[HourRow],
     *,
@@ -696,63 +764,10 @@ def assemble(
     for (model, _), rs in last_rows.items():
         for r in rs:
             last_by_model[model].add(r)
-    models: list[ModelWeek] = []
-    for (model, version), rs in this_rows.items():
-        t = _Sums()
-        for r in rs:
-            t.add(r)
-        own_last = _Sums()
-        for r in last_rows.get((model, version), []):
-            own_last.add(r)
-        baseline: str | None = None
-        last: float | None = None
-        if own_last.output_tokens > 0:
-            baseline, last = "version", own_last.cost_usd / own_last.output_tokens * 1e6
-        elif last_by_model[model].output_tokens > 0:
-            agg = last_by_model[model]
-            baseline, last = "model", agg.cost_usd / agg.output_tokens * 1e6
-        # like-load baselines, in order of preference
-        candidates: list[tuple[str, list[HourRow]]] = [("version", last_rows.get((model, version), []))]
-        engines = {(r.node, r.engine, r.model) for r in rs}
-        replaced = [r for e in sorted(engines) for r in by_engine_model[e] if r.model_version != version]
-        candidates.append(("replaced", replaced))
-        candidates.append(("model", [r for r in by_model[model] if r.model_version != version]))
-        like, like_kind, like_rows = _Like(None, 0.0, 0.0), None, candidates[0][1]
-        for kind, base_rows in candidates:
-            if not base_rows:
-                continue
-            got = like_load(rs, base_rows)
-            if got.ratio is not None:
-                like, like_kind, like_rows = got, kind, base_rows
-                break
-        if like_kind is None:  # no like-load baseline: chart against the first that has data
-            like_rows = next((b for _, b in candidates if b), [])
-        excess = like.excess_usd if like.ratio is not None else None
-        if excess is None and last is not None:
-            excess = t.cost_usd - t.output_tokens * last / 1e6
-        models.append(
-            ModelWeek(
-                model=model,
-                model_version=version,
-                cost_usd=t.cost_usd,
-                output_tokens=t.output_tokens,
-                prompt_tokens=t.prompt_tokens,
-                idle_usd=t.idle_usd,
-                last_usd_per_1m_output=last,
-                baseline=baseline,
-                like_change_ratio=like.ratio,
-                like_baseline=like_kind,
-                like_share=like.share,
-                excess_usd=excess,
-                idle_gpu_hours=None if t.idle_gpu_seconds is None else t.idle_gpu_seconds / HOUR_SECONDS,
-                gpu_util_ratio=t.util_s / t.util_w if t.util_w > 0 else None,
-                roofline_ratio=t.roof_s / t.roof_w if t.roof_w > 0 else None,
-                trend=_trend(rs, like_rows, start, days),
-                split=t.split,
-                gpu_seconds=t.gpu_seconds,
-                bound=t.bound,
-            )
-        )
+    models = [
+        _model_week(model, version, rs, last_rows, last_by_model, by_engine_model, by_model, start, days)
+        for (model, version), rs in this_rows.items()
+    ]
     models.sort(key=lambda m: (-m.cost_usd, m.model, m.model_version))
 
     all_this = [r for rs in this_rows.values() for r in rs]
@@ -797,6 +812,39 @@ def assemble(
         timezone=tz,
         waterfalls=week_over_week(this_rows, last_rows),
     )
+
+
+def _cheaper_versions(this_week: Sequence[HourRow], models: Sequence[ModelWeek]) -> list[Saving]:
+    """A cheaper version of the same model, compared at like load this week."""
+    out: list[Saving] = []
+    by_version: dict[Key, list[HourRow]] = defaultdict(list)
+    for r in this_week:
+        by_version[(r.model, r.model_version)].append(r)
+    for m in models:
+        if m.output_tokens < MIN_OUTPUT_TOKENS:
+            continue
+        best: tuple[float, str, _Like] | None = None
+        for (model, version), rows in by_version.items():
+            if model != m.model or version == m.model_version:
+                continue
+            like = like_load(by_version[(m.model, m.model_version)], rows)
+            if like.ratio is None or like.ratio * CHEAPER_BY_RATIO < 1.0:
+                continue  # not at least 10 % dearer than that version at like load
+            if best is None or like.excess_usd > best[0]:
+                best = (like.excess_usd, version, like)
+        if best is not None and best[0] >= MIN_SAVING_USD:
+            excess, version, like = best
+            out.append(
+                Saving(
+                    "cheaper_version",
+                    _subject(m.model, m.model_version),
+                    excess,
+                    f"version {version} served the same load "
+                    f"{(1 - 1 / (like.ratio or 1.0)) * 100:.0f} % cheaper "
+                    f"per token (like load, {like.share * 100:.0f} % of tokens compared)",
+                )
+            )
+    return out
 
 
 def find_savings(
@@ -845,34 +893,7 @@ def find_savings(
                         f"(${cost:,.2f}); sized to {TARGET_UTIL_RATIO * 100:.0f} % busy",
                     )
                 )
-    # a cheaper version of the same model, compared at like load this week
-    by_version: dict[Key, list[HourRow]] = defaultdict(list)
-    for r in this_week:
-        by_version[(r.model, r.model_version)].append(r)
-    for m in models:
-        if m.output_tokens < MIN_OUTPUT_TOKENS:
-            continue
-        best: tuple[float, str, _Like] | None = None
-        for (model, version), rows in by_version.items():
-            if model != m.model or version == m.model_version:
-                continue
-            like = like_load(by_version[(m.model, m.model_version)], rows)
-            if like.ratio is None or like.ratio * CHEAPER_BY_RATIO < 1.0:
-                continue  # not at least 10 % dearer than that version at like load
-            if best is None or like.excess_usd > best[0]:
-                best = (like.excess_usd, version, like)
-        if best is not None and best[0] >= MIN_SAVING_USD:
-            excess, version, like = best
-            out.append(
-                Saving(
-                    "cheaper_version",
-                    _subject(m.model, m.model_version),
-                    excess,
-                    f"version {version} served the same load "
-                    f"{(1 - 1 / (like.ratio or 1.0)) * 100:.0f} % cheaper "
-                    f"per token (like load, {like.share * 100:.0f} % of tokens compared)",
-                )
-            )
+    out.extend(_cheaper_versions(this_week, models))
     out.sort(key=lambda s: (-s.usd_per_week, s.kind, s.subject))
     return out[:TOP_SAVINGS]
 

@@ -185,27 +185,9 @@ def _declared_ports(pod: Any) -> list[tuple[str, int, str | None]]:
     return out
 
 
-def engine_pod(pod: Any, cfg: KubernetesConfig) -> EnginePod | None:
-    """The engine a selected pod is, None while it is not running with an IP yet.
-
-    Raises :class:`PodRefused` naming what is wrong (bad port, unknown kind, a target outside the
-    pod) so the caller logs it once and skips the pod.
-    """
-    meta_ns = str(_get(pod, "metadata", "namespace") or "")
-    meta_name = str(_get(pod, "metadata", "name") or "")
-    ann: Mapping[str, str] = _get(pod, "metadata", "annotations") or {}
-    ip = _get(pod, "status", "podIP")
-    if _get(pod, "status", "phase") != "Running" or not ip:
-        return None
-    why = address_refusal(str(ip), cfg.allow_loopback)
-    if why is not None:
-        raise PodRefused(f"refused pod IP {str(ip)[:64]!r}: {why}")
-    kind = str(ann.get(ANN + "engine", "auto")).strip().lower()
-    if kind not in KINDS:
-        raise PodRefused(f"annotation {ANN}engine {ann.get(ANN + 'engine')!r} is not one of {sorted(KINDS)}")
-    name = workload_name(pod)
-    if not _NAME.match(name):
-        raise PodRefused(f"engine name {name!r} must match [A-Za-z0-9_.:-]{{1,128}} (set {ANN}name)")
+def _scrape_port(pod: Any, ann: Mapping[str, str], cfg: KubernetesConfig) -> tuple[int, str | None]:
+    """The port to scrape (the annotation's, else the declared ``metrics`` port, else the first
+    declared one) and the container declaring it; raises :class:`PodRefused` naming what is wrong."""
     declared = _declared_ports(pod)
     raw_port = ann.get(ANN + "port")
     container: str | None = None
@@ -229,6 +211,31 @@ def engine_pod(pod: Any, cfg: KubernetesConfig) -> EnginePod | None:
             f"refused scrape target port {port}: the pod declares no such containerPort "
             "(add it to the pod's ports or to kubernetes.allowed_ports)"
         )
+    return port, container
+
+
+def engine_pod(pod: Any, cfg: KubernetesConfig) -> EnginePod | None:
+    """The engine a selected pod is, None while it is not running with an IP yet.
+
+    Raises :class:`PodRefused` naming what is wrong (bad port, unknown kind, a target outside the
+    pod) so the caller logs it once and skips the pod.
+    """
+    meta_ns = str(_get(pod, "metadata", "namespace") or "")
+    meta_name = str(_get(pod, "metadata", "name") or "")
+    ann: Mapping[str, str] = _get(pod, "metadata", "annotations") or {}
+    ip = _get(pod, "status", "podIP")
+    if _get(pod, "status", "phase") != "Running" or not ip:
+        return None
+    why = address_refusal(str(ip), cfg.allow_loopback)
+    if why is not None:
+        raise PodRefused(f"refused pod IP {str(ip)[:64]!r}: {why}")
+    kind = str(ann.get(ANN + "engine", "auto")).strip().lower()
+    if kind not in KINDS:
+        raise PodRefused(f"annotation {ANN}engine {ann.get(ANN + 'engine')!r} is not one of {sorted(KINDS)}")
+    name = workload_name(pod)
+    if not _NAME.match(name):
+        raise PodRefused(f"engine name {name!r} must match [A-Za-z0-9_.:-]{{1,128}} (set {ANN}name)")
+    port, container = _scrape_port(pod, ann, cfg)
     path = str(ann.get(ANN + "path", cfg.default_path)).strip()
     if not _PATH.match(path) or "\\" in path or "#" in path:
         raise PodRefused(f"refused scrape target path {path!r}: it must be an absolute path such as /metrics")

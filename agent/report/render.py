@@ -746,6 +746,33 @@ def _path(points: Sequence[tuple[float, float] | None]) -> tuple[list[str], list
     return paths, dots
 
 
+def _band_polygons(
+    pts: Sequence[tuple[tuple[float, float], tuple[float, float]] | None], half: float
+) -> list[str]:
+    """The shaded band as one polygon per run of slots that have both edges (``pts``: per slot the
+    low and high points, None for a gap), ``half`` a slot's half width in pixels."""
+    out: list[str] = []
+    run: list[tuple[tuple[float, float], tuple[float, float]]] = []
+    for q in [*pts, None]:
+        if q is not None:
+            run.append(q)
+            continue
+        if run:
+            # at least BAND_MIN_PX tall, so a flat baseline (every hour alike) still shows
+            hi_pts = [(b[0], min(b[1], a[1] - BAND_MIN_PX / 2)) for a, b in run]
+            lo_pts = [(a[0], max(a[1], b[1] + BAND_MIN_PX / 2)) for a, b in run]
+            upper = [(hi_pts[0][0] - half, hi_pts[0][1]), *hi_pts, (hi_pts[-1][0] + half, hi_pts[-1][1])]
+            lower = [
+                (lo_pts[-1][0] + half, lo_pts[-1][1]),
+                *reversed(lo_pts),
+                (lo_pts[0][0] - half, lo_pts[0][1]),
+            ]
+            poly = " ".join(f"{x:.1f},{y:.1f}" for x, y in upper + lower)
+            out.append(f'<polygon points="{poly}" fill="{BAND}" fill-opacity="0.45" stroke="none"/>')
+            run = []
+    return out
+
+
 def line_chart(
     title: str,
     lines: Sequence[tuple[Sequence[float | None], str, str]],
@@ -798,25 +825,7 @@ def line_chart(
             (xy(i, a), xy(i, b)) if a is not None and b is not None else None
             for i, (a, b) in enumerate(zip(lo, hi, strict=True))
         ]
-        run: list[tuple[tuple[float, float], tuple[float, float]]] = []
-        for q in [*pts, None]:
-            if q is not None:
-                run.append(q)
-                continue
-            if run:
-                half = pw / x_slots / 2
-                # at least BAND_MIN_PX tall, so a flat baseline (every hour alike) still shows
-                hi_pts = [(b[0], min(b[1], a[1] - BAND_MIN_PX / 2)) for a, b in run]
-                lo_pts = [(a[0], max(a[1], b[1] + BAND_MIN_PX / 2)) for a, b in run]
-                upper = [(hi_pts[0][0] - half, hi_pts[0][1]), *hi_pts, (hi_pts[-1][0] + half, hi_pts[-1][1])]
-                lower = [
-                    (lo_pts[-1][0] + half, lo_pts[-1][1]),
-                    *reversed(lo_pts),
-                    (lo_pts[0][0] - half, lo_pts[0][1]),
-                ]
-                poly = " ".join(f"{x:.1f},{y:.1f}" for x, y in upper + lower)
-                p.append(f'<polygon points="{poly}" fill="{BAND}" fill-opacity="0.45" stroke="none"/>')
-                run = []
+        p.extend(_band_polygons(pts, pw / x_slots / 2))
     for frac, label in markers:
         x = PAD_L + frac * pw
         p.append(

@@ -387,11 +387,15 @@ def run(node: Node, ticks: list[TickPlan]) -> Truth:
     return truth
 
 
-# Found and not yet explained: under some PYTHONHASHSEED values (set iteration order differs per
-# process) this finds a MIG node whose engine sits on an instance that is down, with $ per 1M output
-# under the cost floor in a 1-second window (seen twice: in a full CI run and once locally). Not strict,
-# so it runs and reports every time; the next step is to pin that example (PYTHONHASHSEED sweep).
-@pytest.mark.xfail(strict=False, reason="a MIG instance down: $/1M below the floor under some hash seeds")
+# Found by a wider search (random seeds, 800 examples) and fixed: an engine restarted without a start
+# time, its token counters fell (a reset) while its decode seconds had already passed the old process'
+# value (read as an increase: half the batch, a floor twice the price). Still open under random seeds:
+# a MIG node whose engine decodes through a 300 s tick with NVML down and a glitch, whose next 1 s
+# window prices the level shift's tokens (tokens of the long tick) below the floor. Not strict, so it
+# runs and reports every time.
+@pytest.mark.xfail(
+    strict=False, reason="a MIG node: a level shift after a long NVML outage priced below the floor"
+)
 @PROFILE
 @given(st.data())
 def test_every_tick_of_random_nodes_keeps_every_law(data: st.DataObject) -> None:

@@ -105,6 +105,9 @@ class Step:
     keep: float  # the value to difference the next reading against
     pending: float | None = None  # a refused level the next reading may continue
     refused: str | None = None  # GLITCH or SPIKE when the reading was refused
+    # the reading started the series over (a restart), counted from zero; what it means for the
+    # process' other counters, not part of the step's value
+    reset: bool = field(default=False, compare=False)
 
 
 def counter_step(
@@ -119,12 +122,12 @@ def counter_step(
     ``pending``: the level its last refused reading left (see the module docstring)."""
     if prev is None or restarted:
         if cur <= budget:
-            return Step(cur, cur)
+            return Step(cur, cur, reset=prev is not None)
         return Step(0.0, cur, None, SPIKE)  # a start beyond the bound: a baseline, nothing counted
     if prev <= cur <= prev + budget:
         return Step(cur - prev, cur)
     if cur < prev * RESET_FRACTION and cur <= budget:
-        return Step(cur, cur)
+        return Step(cur, cur, reset=True)
     if pending is not None and pending <= cur <= pending + budget:
         return Step(cur - pending, cur)
     return Step(0.0, prev, cur, SPIKE if cur > prev else GLITCH)
@@ -142,6 +145,8 @@ class CounterMemory:
     started: float | None = None  # the process' start time at the last reading, epoch seconds
     pending: Mapping[str, float] = field(default_factory=dict)  # series → a refused level (Step)
     refused: Mapping[str, str] = field(default_factory=dict)  # series → GLITCH / SPIKE, last reading
+    # the last reading started every series seen before over (its process restarted)
+    reset: bool = field(default=False, compare=False)
 
 
 def _closest_below(series: Mapping[str, float], value: float) -> str | None:
@@ -200,6 +205,7 @@ def counter_increase(
     ceiling: float | None = None,
     created: Mapping[str, float] | None = None,
     started: float | None = None,
+    restarted: bool = False,
 ) -> tuple[float | None, CounterMemory | None]:
     """(what the counter added since the last reading, the memory to keep).
 
@@ -207,8 +213,11 @@ def counter_increase(
     ``parts`` its series by name when there are several; ``now`` the reading's time (epoch seconds);
     ``ceiling`` the most the counter can grow per second (None: unbounded); ``created`` the series'
     ``_created`` (by name; an unnamed reading's is its only entry) and ``started`` the process' start
-    time, where the engine exposes them. The increase is None without a previous reading (the first
-    scrape sets the baseline) and never negative; the series refused are in ``memory.refused``.
+    time, where the engine exposes them; ``restarted``: the process is known to have restarted since
+    the last reading (another counter of it read as a reset: one process' counters restart together,
+    so this one counts from zero too, within its bound). The increase is None without a previous
+    reading (the first scrape sets the baseline) and never negative; the series refused are in
+    ``memory.refused``, and ``memory.reset`` says whether the reading was read as a restart.
     """
     if total is None or not _valid(total):
         return None, memory
@@ -218,13 +227,13 @@ def counter_increase(
         readings = {k: v for k, v in parts.items() if _valid(v)}
         if memory is None:
             return None, CounterMemory(readings, at=now, created=made, started=start)
-        return _named(memory, readings, now, _budget(memory, now, ceiling), made, start)
+        return _named(memory, readings, now, _budget(memory, now, ceiling), made, start, restarted)
     own = next(iter(made.values())) if len(made) == 1 else None
     if memory is None:
         return None, CounterMemory(
             anonymous=total, at=now, created={ANONYMOUS: own} if own is not None else {}, started=start
         )
-    return _unnamed(memory, total, now, _budget(memory, now, ceiling), own, start)
+    return _unnamed(memory, total, now, _budget(memory, now, ceiling), own, start, restarted)
 
 
 def _named(
@@ -234,6 +243,7 @@ def _named(
     budget: float,
     created: Mapping[str, float],
     started: float | None,
+    process_restarted: bool = False,
 ) -> tuple[float, CounterMemory]:
     """:func:`counter_increase` of a reading by series."""
     known = dict(memory.series)
@@ -242,7 +252,7 @@ def _named(
         k = _closest_above(parts, memory.anonymous)
         if k is not None:
             known[k] = memory.anonymous
-    restarted = {k: _restarted(memory, k, created.get(k), started) for k in parts}
+    restarted = {k: process_restarted or _restarted(memory, k, created.get(k), started) for k in parts}
     steps = {
         k: counter_step(known.get(k), v, budget, restarted[k], memory.pending.get(k))
         for k, v in parts.items()
@@ -251,6 +261,8 @@ def _named(
         # together beyond the bound: every series that counted is refused (as one spike); a start
         # (a new or restarted series) is kept as its baseline, any other goes on from its last value
         steps = {k: _refuse(s, known.get(k), parts[k], restarted[k]) for k, s in steps.items()}
+    # a restart of the process: every series read before started over (one rank's restart is not)
+    reset = any(s.reset for s in steps.values()) and all(s.reset for k, s in steps.items() if k in known)
     known.update({k: s.keep for k, s in steps.items()})
     pending = {k: v for k, v in memory.pending.items() if k not in parts}
     pending.update({k: s.pending for k, s in steps.items() if s.pending is not None})
@@ -261,6 +273,7 @@ def _named(
         started=_latest(memory.started, started),
         pending=pending,
         refused={k: s.refused for k, s in steps.items() if s.refused is not None},
+        reset=reset,
     )
 
 
@@ -280,6 +293,7 @@ def _unnamed(
     budget: float,
     created: float | None,
     started: float | None,
+    process_restarted: bool = False,
 ) -> tuple[float, CounterMemory]:
     """:func:`counter_increase` of a reading without series names."""
     if memory.current is not None and memory.current in memory.series:
@@ -293,14 +307,18 @@ def _unnamed(
             if above is None:  # (no series at all: a memory built by hand)
                 return 0.0, _remember(memory, ANONYMOUS, Step(0.0, total), now, created, started)
             fell = total < memory.series[above] * RESET_FRACTION and total <= budget
-            if fell or _restarted(memory, ANONYMOUS, created, started):
+            if fell or process_restarted or _restarted(memory, ANONYMOUS, created, started):
                 # the series' last values are kept: they may come back named
-                step = counter_step(None, total, budget)
+                step = counter_step(memory.series[above], total, budget, restarted=True)
                 return step.increase, _remember(memory, ANONYMOUS, step, now, created, started)
             below = above
         key, prev = below, memory.series[below]
     step = counter_step(
-        prev, total, budget, _restarted(memory, key, created, started), memory.pending.get(key)
+        prev,
+        total,
+        budget,
+        process_restarted or _restarted(memory, key, created, started),
+        memory.pending.get(key),
     )
     return step.increase, _remember(memory, key, step, now, created, started)
 
@@ -332,4 +350,5 @@ def _remember(
         started=_latest(memory.started, started),
         pending=pending,
         refused={key: step.refused} if step.refused is not None else {},
+        reset=step.reset,
     )

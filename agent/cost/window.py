@@ -64,6 +64,10 @@ COUNTERS = (
 # network; the time and event counters are not bounded.
 GENERATION_BOUNDED = ("generation_tokens_total",)
 PROMPT_BOUNDED = ("prompt_tokens_total", "cached_prompt_tokens_total")
+# The counters whose reset says the model's process restarted: the bounded ones, whose fall is read
+# as a reset only when the new value is no more than the hardware could count since the last scrape
+# (an unbounded time or event counter falling says less: its fall is read as a reset whatever it is)
+RESTART_SIGNS = GENERATION_BOUNDED + PROMPT_BOUNDED
 # The latency histograms, differenced per series (see agent.cost.latency.histogram_increase).
 HISTOGRAMS = ("ttft_seconds", "itl_seconds", "e2e_seconds")
 
@@ -229,20 +233,21 @@ class WindowJoiner:
         ceilings = ceilings or {}
         if scrape is not None and scrape.up:
             for m in scrape.models:
+                read_as = {n: self._counter(eng.name, m, n, now, ceilings.get(n), False) for n in COUNTERS}
+                # one process' counters restart together: a token counter read as a restart (a fall
+                # within the bound, a new _created or start time) restarts the model's others, which
+                # may already have counted past their old values (1 → restart → 2 is 2, not 1)
+                if any((mem := read_as[n][1]) is not None and mem.reset for n in RESTART_SIGNS):
+                    read_as = {
+                        n: r
+                        if r[1] is None or r[1].reset
+                        else self._counter(eng.name, m, n, now, ceilings.get(n), True)
+                        for n, r in read_as.items()
+                    }
                 inc: dict[str, float | None] = {}
-                started = next(iter(m.counter_parts.get(STARTED, {}).values()), None)
-                for name in COUNTERS:
-                    key = (eng.name, m.model, name)
-                    inc[name], mem = counter_increase(
-                        self._counters.get(key),
-                        getattr(m, name),
-                        m.counter_parts.get(name),
-                        now,
-                        ceilings.get(name),
-                        m.counter_parts.get(name + CREATED),
-                        started,
-                    )
+                for name, (inc[name], mem) in read_as.items():
                     if mem is not None:
+                        key = (eng.name, m.model, name)
                         self._counters[key] = mem
                         self._note_refused(key, mem.refused)
                 seen: dict[str, Histogram | None] = {}
@@ -258,6 +263,22 @@ class WindowJoiner:
             for name in self._known_models.get(eng.name, ()):  # an engine never up has none
                 out[name] = _ModelStep(None, {})
         return out
+
+    def _counter(
+        self, engine: str, m: ModelSignals, name: str, now: float, ceiling: float | None, restarted: bool
+    ) -> tuple[float | None, CounterMemory | None]:
+        """One counter of one model read against its memory (:func:`counter_increase`); the memory is
+        not kept here."""
+        return counter_increase(
+            self._counters.get((engine, m.model, name)),
+            getattr(m, name),
+            m.counter_parts.get(name),
+            now,
+            ceiling,
+            m.counter_parts.get(name + CREATED),
+            next(iter(m.counter_parts.get(STARTED, {}).values()), None),
+            restarted,
+        )
 
     def _note_refused(self, key: tuple[str, str, str], refused: Mapping[str, str]) -> None:
         """Flag this tick's refused counter series; one log line per series and reason, ever."""

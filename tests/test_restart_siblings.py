@@ -60,3 +60,23 @@ def test_one_ranks_restart_leaves_the_other_counters_alone() -> None:
     (w,) = tick.windows
     assert w.usage.generation_tokens == 150.0
     assert w.usage.prompt_tokens == 300.0  # the prompt counter's 2e6 tokens of history are not counted again
+
+
+def test_the_floor_batch_is_at_least_what_the_counted_tokens_need() -> None:
+    """A decode-seconds counter read two counts short (a read-out glitch) reads a batch of 3.99 for
+    four sequences decoding at the roofline; the floor's batch is never below what the output
+    tokens need at the fastest step, so the floor stays at or under the price paid."""
+    from agent.cost.efficiency import min_step_seconds
+    from agent.cost.model import bandwidth_of
+
+    j = _joiner()
+    step = min_step_seconds(14e9, 0.0, 0.0, bandwidth_of(H100) or 0.0)
+    made = float(int(4 * 300 / step))  # four sequences for 300 s at the roofline
+    _tick(j, T0, ModelSignals("m", generation_tokens_total=1e6, decode_seconds_total=0.0))
+    tick = _tick(
+        j, T0 + 300, ModelSignals("m", generation_tokens_total=1e6 + made, decode_seconds_total=1198.0)
+    )
+    (w,) = tick.windows
+    assert w.usd_per_1m_output is not None and w.floor_usd_per_1m_output is not None
+    assert w.floor_usd_per_1m_output <= w.usd_per_1m_output
+    assert w.floor_usd_per_1m_output > 0.99 * w.usd_per_1m_output  # at the roofline: the floor is the price

@@ -40,19 +40,23 @@ def cost_floor(
     resident_kv_tokens: float,
     kv_bytes_per_token: float | None,
     kv_capacity_tokens: float | None,
+    generated_per_second: float = 0.0,
 ) -> CostFloor | None:
     """The floor for a window costing ``usd_per_second`` (None without weights or bandwidth).
 
     ``bandwidth_bytes_per_s`` is summed over the engine's GPUs and ``running`` over its replicas;
-    ``resident_kv_tokens`` and ``kv_capacity_tokens`` are per replica.
+    ``resident_kv_tokens`` and ``kv_capacity_tokens`` are per replica; ``generated_per_second``: the
+    output tokens the window counted, over its seconds. A step gains at most one token per running
+    sequence, so the batch is at least what those tokens need at the fastest step: a batch read
+    lower (a decode-seconds counter read a few counts short) would put the floor above the price.
     """
     if weights_bytes <= 0 or bandwidth_bytes_per_s <= 0:
         return None
     replicas = max(1, replicas)
     bw = bandwidth_bytes_per_s / replicas
-    batch = max(1.0, (running or 1.0) / replicas)
     kv = kv_bytes_per_token or 0.0
     step = min_step_seconds(weights_bytes, resident_kv_tokens, kv, bw)  # no KV size: weights only
+    batch = max(1.0, (running or 1.0) / replicas, generated_per_second * step / replicas)
     at_batch = usd_per_second / (replicas * batch / step) * PER_MILLION
     if not (kv and kv_capacity_tokens and resident_kv_tokens > 0):
         return CostFloor(at_batch, None, None)

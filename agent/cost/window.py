@@ -653,4 +653,5 @@ def _floor(
         resident_kv_tokens=kv * capacity if kv is not None and capacity else 0.0,
         kv_bytes_per_token=spec.kv_bytes_per_token,
         kv_capacity_tokens=capacity,
+        generated_per_second=usage.generation_tokens / usage.duration,
     )

@@ -135,7 +135,9 @@ class AlertManager:
             if cur is None:
                 deploy = self._deploy_lookup(rule, f) if self._deploy_lookup else None
                 price = self._price_lookup(rule, f) if self._price_lookup else None
-                why = self._why(rule, f, deploy)
+                # the factor split reads the comparison's history: asked for when the alert fires (a
+                # pending alert that clears is never sent), or at once when it fires at once
+                why = self._why(rule, f, deploy) if rule.for_ <= 0 else None
                 cur = Alert(
                     rule_id=rule.id,
                     dedup_key=key,
@@ -170,7 +172,11 @@ class AlertManager:
                     else cur.annotations,
                 )
             if cur.state == "pending" and now - cur.active_since >= rule.for_:
-                cur = replace(cur, state="firing", fired_at=now)
+                why = cur.annotations.get("why") if rule.for_ <= 0 else self._why(rule, f, cur.deploy)
+                annotations = self._annotator.annotate(
+                    rule, f, cur.active_since, cur.deploy, cur.annotations.get("price_change"), why
+                )
+                cur = replace(cur, state="firing", fired_at=now, annotations=annotations)
                 events.append(AlertEvent("firing", cur, now))
             self._alerts[key] = cur
         for key in list(self._alerts):

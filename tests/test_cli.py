@@ -282,19 +282,17 @@ def test_common_options_hold_before_or_after_the_subcommand(argv: list[str], fmt
 
 
 @pytest.mark.parametrize("argv", [["demo"], ["bench", "parse"]])
-def test_a_runtime_only_install_says_what_to_install_for_demo_and_bench(
-    argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_runtime_only_install_says_what_to_install_for_demo_and_bench(argv: list[str]) -> None:
     # the node image installs agent/ alone; Python's own way to mark a package absent is None in
-    # sys.modules (find_spec answers None, import raises)
-    from agent.cli import main
-
-    monkeypatch.setitem(sys.modules, "infercost_sim", None)
-    monkeypatch.setitem(sys.modules, "infercost_bench", None)
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert "runtime only" in err and "pip install infercost" in err
-    assert err.count("\n") == 1  # one line
+    # sys.modules (find_spec answers None, import raises). A process of its own: main() sets up logging.
+    code = (
+        "import sys; sys.modules['infercost_sim'] = sys.modules['infercost_bench'] = None; "
+        f"from agent.cli import main; sys.exit(main({argv!r}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "runtime only" in done.stderr and "pip install infercost" in done.stderr
+    assert done.stderr.count("\n") == 1  # one line
 
 
 def test_the_runtime_imports_neither_the_simulator_nor_the_benchmarks() -> None:

@@ -334,3 +334,45 @@ def test_only_blanks_and_tabs_may_stand_before_the_labels() -> None:
         parse('m X{a="1"} 1\n', {"m"})
     assert str(err.value) == "invalid value 'X{a=\"1\"}' in line 'm X{a=\"1\"} 1'"
     assert parse('m \t{a="1"} 1\n', {"m"}) == {"m": [Sample("m", {"a": "1"}, 1.0, None)]}
+
+
+def _histogram_lines(model: str, buckets: int, le_start: int = 0) -> str:
+    """``buckets`` bucket lines of one series of vllm:e2e_request_latency_seconds (bounds 0, 1, …)."""
+    name = "vllm:e2e_request_latency_seconds_bucket"
+    return "".join(f'{name}{{model_name="{model}",le="{le_start + i}"}} {i}\n' for i in range(buckets))
+
+
+def test_the_bucket_limit_counts_per_series_and_names_the_one_past_it() -> None:
+    from agent.sources.engines.parser import PageRefused
+
+    p = FamilyParser(["vllm:e2e_request_latency_seconds"])
+    most = 3
+    # exactly the limit in each of two series: more bucket lines than the limit on the page, none
+    # refused (the limit is per series, counted from the lines seen before the page passed it)
+    ok = _histogram_lines("a", most) + _histogram_lines("b", most) + _histogram_lines("c", most)
+    page = p.read(ok, max_buckets=most).page
+    assert len(page["vllm:e2e_request_latency_seconds_bucket"]) == 3 * most
+    # no limit: any number
+    assert (
+        len(
+            p.read(_histogram_lines("a", 50), max_buckets=None).page[
+                "vllm:e2e_request_latency_seconds_bucket"
+            ]
+        )
+        == 50
+    )
+    # one bucket past it in the first series, after the page already passed the limit in total
+    over = ok + _histogram_lines("a", 1, le_start=most)
+    with pytest.raises(PageRefused) as refused:
+        p.read(over, max_buckets=most)
+    msg = str(refused.value)
+    assert 'vllm:e2e_request_latency_seconds_bucket{model_name="a"}' in msg
+    assert f"more than {most} buckets" in msg and "limits.max_histogram_buckets" in msg
+    # a long label value is cut in the message
+    long = _histogram_lines("m" * 500, most + 1)
+    with pytest.raises(PageRefused) as cut:
+        p.read(long, max_buckets=most)
+    assert "m" * 60 in str(cut.value) and "m" * 61 not in str(cut.value)
+    # samples without an le label never count as buckets
+    plain = "".join(f'vllm:e2e_request_latency_seconds_count{{model_name="x{i}"}} 1\n' for i in range(10))
+    assert len(p.read(plain, max_buckets=1).page["vllm:e2e_request_latency_seconds_count"]) == 10

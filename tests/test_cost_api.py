@@ -182,18 +182,34 @@ async def test_the_cost_of_team_search_over_the_last_hour_from_the_running_daemo
                 return False
 
         await _wait(priced)
-        before = {
-            n: await asyncio.to_thread(d.metric, n, engine="search-llm")
-            for n in (
+
+        async def around_a_query() -> tuple[dict[str, float], float, int, str, dict[str, float], float]:
+            """/metrics' counters, the team query, /metrics again: the query's figures lie between."""
+            names = (
                 "infercost_cost_usd_total",
                 "infercost_prompt_tokens_total",
                 "infercost_generation_tokens_total",
             )
-        }
-        gpus_before = await asyncio.to_thread(d.metric, "infercost_gpu_cost_usd_total")
-        status, text = await asyncio.to_thread(d.get, "/api/v1/cost?window=1h&aggregate=team")
-        after = {n: await asyncio.to_thread(d.metric, n, engine="search-llm") for n in before}
-        gpus_after = await asyncio.to_thread(d.metric, "infercost_gpu_cost_usd_total")
+            before = {n: await asyncio.to_thread(d.metric, n, engine="search-llm") for n in names}
+            gpus_before = await asyncio.to_thread(d.metric, "infercost_gpu_cost_usd_total")
+            status, text = await asyncio.to_thread(d.get, "/api/v1/cost?window=1h&aggregate=team")
+            after = {n: await asyncio.to_thread(d.metric, n, engine="search-llm") for n in names}
+            gpus_after = await asyncio.to_thread(d.metric, "infercost_gpu_cost_usd_total")
+            return before, gpus_before, status, text, after, gpus_after
+
+        # vLLM observes a request's prefill and decode times when it finishes, so the first minutes can have
+        # tokens and no phase split yet: query until a finished request has given the window one
+        end = time.monotonic() + 120
+        while True:
+            before, gpus_before, status, text, after, gpus_after = await around_a_query()
+            split = status == 200 and all(
+                it["promptCostUsd"] is not None
+                for it in json.loads(text)["items"]
+                if it["key"]["team"] == "search"
+            )
+            if split or time.monotonic() > end:
+                break
+            await asyncio.sleep(1.0)
         assert status == 200, text
         body = json.loads(text)
         items = {it["key"]["team"]: it for it in body["items"]}

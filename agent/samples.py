@@ -135,6 +135,11 @@ class ModelSignals:
     prefill_seconds_total: float | None = None  # seconds, counter (sum of prefill time)
     decode_seconds_total: float | None = None  # seconds, counter (sum of decode time)
     cached_prompt_tokens_total: float | None = None  # tokens served from the prefix cache, counter
+    # the engine's own request-time counters (Triton's ``*_duration_us``): seconds summed over the
+    # requests they cover, and how many requests that is
+    queue_seconds_total: float | None = None  # seconds requests waited in the engine's queue, counter
+    compute_seconds_total: float | None = None  # seconds of compute (input, infer, output), counter
+    timed_requests_total: float | None = None  # requests those two counters cover, counter
     kv_capacity_tokens: float | None = None  # tokens one replica's KV cache holds, as the engine reports it
     # signal → series (name and other labels) → value, for counters summed over several series
     # (data-parallel ranks, model versions): lets the window join take deltas per series
@@ -199,11 +204,23 @@ class UsageWindow:
     gpu_model: str | None = None  # NVML name of the engine's GPUs (sorted, ", "-joined when mixed)
     throttled_gpu_seconds: float | None = None  # GPU-seconds with clocks held down (power cap, heat)
     priority_class: str | None = None  # traffic class from the engine config (realtime, batch ...)
+    # False: the engine exposes no token counter for this model (a plain Triton, a CPU Python
+    # model): its tokens are absent, not 0 — prompt_tokens and generation_tokens hold 0 only so the
+    # cost arithmetic stays total, and every reader (snapshot, store, report) shows them as absent
+    tokens_counted: bool = True
+    queue_seconds: float | None = None  # seconds requests waited in the engine's queue (summed)
+    compute_seconds: float | None = None  # seconds of the engine's compute for requests (summed)
+    timed_requests: float | None = None  # requests those two cover (Triton: successful requests)
 
     @property
     def duration(self) -> float:
         """Seconds the window covers."""
         return self.end - self.start
+
+    @property
+    def tokenless_seconds(self) -> float:
+        """Seconds of the window without token counters (the whole window, or 0)."""
+        return 0.0 if self.tokens_counted else self.duration
 
 
 @dataclass(frozen=True, slots=True)

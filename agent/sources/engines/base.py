@@ -97,6 +97,9 @@ COUNTER_FIELDS = frozenset(
         "prefill_seconds_total",
         "decode_seconds_total",
         "cached_prompt_tokens_total",
+        "queue_seconds_total",
+        "compute_seconds_total",
+        "timed_requests_total",
     }
 )
 # Fields that are ratios: averaged over data-parallel ranks rather than summed.

@@ -221,54 +221,30 @@ class FamilyParser:
         series (one label set but ``le``) with more buckets raises :class:`PageRefused` as soon as
         its next bucket is read, so a hostile page is never read (or held) whole.
         """
-        text = f"\n{text}\n"
-        if openmetrics:
-            text = _cut_at_eof(text)
-        series: dict[str, dict[frozenset[tuple[str, str]], int]] = {}  # name -> labels -> last sample
-        made: list[Sample] = []  # in page order
-        clashes: set[tuple[str, frozenset[tuple[str, str]]]] = set()  # series repeated with other values
-        bucket_lines: dict[str, int] = {}  # name -> bucket samples (cheap: counted per name)
-        buckets: dict[str, dict[frozenset[tuple[str, str]], int]] = {}  # name -> series -> buckets
-        for line in self._line_re.finditer(text):
-            name, rest, qname, qrest = line.groups()
-            if not name:  # {"name", labels} value: read as name{labels} value
-                name = self._unquoted[qname]
-                rest = qrest[1:] if qrest[0] == "}" else "{" + qrest[1:]
-            sample = _sample(name, rest, openmetrics)
-            if sample is None:  # a native histogram: {count:24,sum:100,schema:0,...}
-                continue
-            per = series.setdefault(name, {})
-            key = frozenset(sample.labels.items())
-            if key in per:
-                if _differ(made[per[key]].value, sample.value):
-                    clashes.add((name, key))
-            elif max_buckets is not None and "le" in sample.labels:
-                n = bucket_lines[name] = bucket_lines.get(name, 0) + 1
-                if n > max_buckets:  # only then per series (a real page never gets here)
-                    _count_bucket(buckets, per, name, key, max_buckets)
-            per[key] = len(made)
-            made.append(sample)
-        out: Page = {name: [made[i] for i in per.values()] for name, per in series.items()}
-        duplicates = self._drop(out, series, made, clashes)
-        self._canonicalise(out)
-        return Parsed(out, duplicates)
+        reader = self.reader(openmetrics, max_buckets)
+        reader.feed(text)
+        return reader.finish()
+
+    def reader(self, openmetrics: bool = False, max_buckets: int | None = None) -> PageReader:
+        """A :class:`PageReader` of one page, fed in pieces as it arrives (see :meth:`read`)."""
+        return PageReader(self, openmetrics, max_buckets)
 
     def _drop(
         self,
         out: Page,
-        series: dict[str, dict[frozenset[tuple[str, str]], int]],
-        made: list[Sample],
+        series: dict[str, dict[frozenset[tuple[str, str]], tuple[int, Sample]]],
         clashes: set[tuple[str, frozenset[tuple[str, str]]]],
     ) -> tuple[tuple[str, dict[str, str]], ...]:
         """Leave the series written twice with different values out of ``out``; return them
         (canonically spelled, in the order of their last lines)."""
-        dropped = sorted((series[name][key], name) for name, key in clashes)
-        for _, name in dropped:
+        dropped = sorted((series[name][key][0], name, key) for name, key in clashes)
+        for _, name, _ in dropped:
             keys = {key for n, key in clashes if n == name}
-            out[name] = [made[i] for key, i in series[name].items() if key not in keys]
+            out[name] = [s for key, (_, s) in series[name].items() if key not in keys]
             if not out[name]:
                 del out[name]
-        return tuple((self._canonical.get(name, name), made[i].labels) for i, name in dropped)
+        canonical = self._canonical
+        return tuple((canonical.get(name, name), series[name][key][1].labels) for _, name, key in dropped)
 
     def _canonicalise(self, out: Page) -> None:
         """Escaped spellings (``vllm_x``) -> canonical (``vllm:x``); a family written both ways
@@ -283,9 +259,69 @@ class FamilyParser:
             out[canonical] = [s._replace(name=canonical) for s in samples]
 
 
+class PageReader:
+    """One page read in pieces: :meth:`feed` each piece as it arrives, then :meth:`finish`.
+
+    A piece is a whole number of lines (it may end without its last newline), so a scraper reads a
+    page as it streams in and never holds it whole; the samples kept are one per series, so a page
+    repeating one line a million times holds one sample. Raises as :meth:`FamilyParser.read` does.
+    """
+
+    def __init__(self, parser: FamilyParser, openmetrics: bool, max_buckets: int | None) -> None:
+        self._parser = parser
+        self._openmetrics = openmetrics
+        self._max_buckets = max_buckets
+        self._done = False  # past an OpenMetrics # EOF: the rest is not read
+        self._lines = 0  # wanted lines read so far: a series' last line orders the duplicates
+        # name -> labels -> (its last line, its sample)
+        self._series: dict[str, dict[frozenset[tuple[str, str]], tuple[int, Sample]]] = {}
+        self._clashes: set[tuple[str, frozenset[tuple[str, str]]]] = set()  # repeated with other values
+        self._bucket_lines: dict[str, int] = {}  # name -> bucket samples (cheap: counted per name)
+        self._buckets: dict[str, dict[frozenset[tuple[str, str]], int]] = {}  # name -> series -> buckets
+
+    def feed(self, piece: str) -> None:
+        """Read the wanted lines of ``piece`` (whole lines of the page, in page order)."""
+        if self._done:
+            return
+        text = f"\n{piece}\n"
+        if self._openmetrics:
+            cut = _cut_at_eof(text)
+            self._done = len(cut) < len(text)
+            text = cut
+        p, openmetrics, series = self._parser, self._openmetrics, self._series
+        for line in p._line_re.finditer(text):
+            name, rest, qname, qrest = line.groups()
+            if not name:  # {"name", labels} value: read as name{labels} value
+                name = p._unquoted[qname]
+                rest = qrest[1:] if qrest[0] == "}" else "{" + qrest[1:]
+            sample = _sample(name, rest, openmetrics)
+            if sample is None:  # a native histogram: {count:24,sum:100,schema:0,...}
+                continue
+            per = series.setdefault(name, {})
+            key = frozenset(sample.labels.items())
+            seen = per.get(key)
+            if seen is not None:
+                if _differ(seen[1].value, sample.value):
+                    self._clashes.add((name, key))
+            elif self._max_buckets is not None and "le" in sample.labels:
+                n = self._bucket_lines[name] = self._bucket_lines.get(name, 0) + 1
+                if n > self._max_buckets:  # only then per series (a real page never gets here)
+                    _count_bucket(self._buckets, per, name, key, self._max_buckets)
+            self._lines += 1
+            per[key] = (self._lines, sample)
+
+    def finish(self) -> Parsed:
+        """The page's samples, by canonical name in page order, and the series left out."""
+        series = self._series
+        out: Page = {name: [s for _, s in per.values()] for name, per in series.items()}
+        duplicates = self._parser._drop(out, series, self._clashes)
+        self._parser._canonicalise(out)
+        return Parsed(out, duplicates)
+
+
 def _count_bucket(
     buckets: dict[str, dict[frozenset[tuple[str, str]], int]],
-    per: dict[frozenset[tuple[str, str]], int],
+    per: Mapping[frozenset[tuple[str, str]], object],
     name: str,
     key: frozenset[tuple[str, str]],
     most: int,

@@ -439,7 +439,7 @@ class BudgetConfig(_Frozen):
 
 
 class LimitsConfig(_Frozen):
-    """Bounds that hold whatever engines send: series lifetime, histogram size, parse CPU."""
+    """Bounds that hold whatever engines send: series lifetime, histogram size, parse CPU, page bytes."""
 
     # A model, version or engine not seen for this long leaves /metrics, the window join and
     # memory (its history stays in the store). Why 1 h: a replaced version stays through the
@@ -457,6 +457,12 @@ class LimitsConfig(_Frozen):
     # Why 0.5 s: a tenth of a core at the default 5 s scrape interval; real engines' pages, even a
     # multi-LoRA server at max_models, cost a small part of it (``infercost bench parse``).
     scrape_cpu_seconds: float = Field(0.5, gt=0, le=60)
+    # Bytes of engine pages read and not yet done with, over every engine together: a scrape whose
+    # page would pass it waits (holding nothing) or is refused (the engine down, named). Why 32 MiB:
+    # four pages at the default max_bytes at once, or a full node's engines (256) at 128 KiB each
+    # (real pages are tens of kB), while a burst of hostile pages stays within what a node agent
+    # may hold; why >= 1 MiB: one real multi-LoRA page must fit.
+    page_bytes_in_flight: int = Field(32 * 1024 * 1024, ge=1024 * 1024, le=1024 * 1024 * 1024)
 
 
 class Config(_Frozen):

@@ -376,10 +376,12 @@ async def test_prompt_output_split_cache_savings_and_conservation_match_the_serv
     real requests. Per window, by hand from the server's own /metrics (read by the test): prompt $ and
     output $ = the GPU's $0.01 × prefill (decode) seconds ÷ both, prompt + output = the window's cost,
     cache savings = cached tokens × prompt $ ÷ computed prompt tokens; per tick Σ model + Σ idle =
-    Σ GPU cost = $0.02; the counters agree with the responses' usage and timings."""
+    Σ GPU cost = $0.02; the counters agree with the responses' usage and timings; and the weekly
+    report read from the store the daemon wrote gives the same prompt, output, idle and waste dollars."""
     from agent.app import build_agent
     from agent.config import Config, ExportersConfig, IntervalsConfig, NvmlConfig, PrometheusExporterConfig
     from agent.cost.window import TickResult
+    from agent.report.cli import report_from_store
     from agent.sources.prices import parse_price_book
 
     clock = GatedClock(1_700_000_000.0)  # a multiple of TICK: the loops' slots start at once
@@ -395,8 +397,14 @@ async def test_prompt_output_split_cache_savings_and_conservation_match_the_serv
         name="llama", kind="auto", url=llama.base_url + "/metrics", model=MODEL_ALIAS, gpus=(0,)
     )
     ticks: list[TickResult] = []
-    agent = await build_agent(
-        cfg, clock=clock, book=book, engines=[engine], history=False, on_tick=[lambda t, _s: ticks.append(t)]
+    agent = await build_agent(  # with its history: the weekly report is read from the store it wrote
+        cfg,
+        clock=clock,
+        book=book,
+        engines=[engine],
+        detection=False,
+        scorer=False,
+        on_tick=[lambda t, _s: ticks.append(t)],
     )
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
@@ -439,6 +447,7 @@ async def test_prompt_output_split_cache_savings_and_conservation_match_the_serv
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
+    report = report_from_store(tmp_path, end=clock.now() + 3600)  # the store the stopped daemon left
 
     for t in ticks:  # every law of agent.cost.invariants, on every tick the daemon made
         assert violations(t, agent.joiner.engines, agent.joiner.prices) == []
@@ -513,6 +522,31 @@ async def test_prompt_output_split_cache_savings_and_conservation_match_the_serv
     assert _sum(exported, "infercost_prefix_cache_saved_usd_total") == pytest.approx(
         totals["saved"], rel=1e-9
     )
+
+    # the weekly report from the store reconciles to the cent with the same hand-computed dollars:
+    # the model's cost is every tick's $0.01, its idle the idle tick's, prompt the prefill dollars,
+    # output the rest (never an idle dollar); the node's idle adds GPU 1, which no engine holds
+    busy = [ph for ph, _ in phases if ph.answers]
+    hand_prompt = sum(_hand_split(ph)[0] for ph in busy)
+    hand_output = sum(_hand_split(ph)[1] for ph in busy)
+    priced = [t for t in ticks if t.windows]
+    assert len(priced) == n  # the baseline tick has no window: no tick outside the phases was priced
+    (week,) = report.models
+    money = week.dollars
+    cent = 0.005  # half a cent: the report prints dollars to the cent
+    assert abs(week.cost_usd - n * GPU_TICK_USD) < cent and week.cost_usd == pytest.approx(n * GPU_TICK_USD)
+    assert money.idle_usd == pytest.approx(GPU_TICK_USD, rel=1e-9)  # the idle phase, nothing else
+    assert money.prompt_usd == pytest.approx(hand_prompt, rel=1e-9)
+    assert money.output_usd == pytest.approx(hand_output, rel=1e-9)
+    assert money.prompt_usd + money.output_usd + money.idle_usd == pytest.approx(week.cost_usd, rel=1e-12)
+    assert week.output_tokens == sum(ph.delta("llamacpp:tokens_predicted_total") for ph in busy)
+    assert report.total_usd == pytest.approx(n * GPU_TICK_USD, rel=1e-9)
+    # the node's idle: GPU 1 all along and GPU 0 in the idle tick, as /metrics counted it
+    assert report.idle_usd == pytest.approx((n + 1) * GPU_TICK_USD, rel=1e-9)
+    (node_idle,) = report.idle_by_node
+    assert node_idle.node == "gpu-node" and node_idle.idle_usd == pytest.approx(report.idle_usd, rel=1e-12)
+    # allocation − usage: the fake NVML reads GPU 0 without load, so every allocated dollar is waste
+    assert money.waste_usd is not None and money.waste_usd == pytest.approx(n * GPU_TICK_USD, rel=1e-9)
 
 
 def _families(text: str) -> dict[str, list[float]]:

@@ -30,6 +30,8 @@ HOUR_OF_WEEK_SECONDS = 3600.0  # width of one hour-of-week bucket
 WEEK_SECONDS = 7 * 86400.0
 
 MINUTE = 60.0  # seconds; the rollup and evaluation granularity
+# Why a microsecond: summed window edges (4 × 15 s) differ from the minute by float rounding only.
+EDGE_SECONDS = 1e-6
 
 Kind = Literal["model", "engine", "gpu", "node"]
 Labels = tuple[tuple[str, str], ...]
@@ -194,6 +196,7 @@ def window_from_record(r: MinuteRecord) -> CostWindow:
     secs = s.get("seconds", MINUTE)
     gauges: dict[str, Any] = {attr: mean_of(s, short) for short, attr in MODEL_GAUGES.items()}
     gen, prompt, cost = s.get("generation_tokens", 0.0), s.get("prompt_tokens", 0.0), s.get("cost_usd", 0.0)
+    timed = s.get("timed_requests", 0.0) > 0
     usage = UsageWindow(
         node=r.label("node"),
         engine=r.label("engine"),
@@ -206,6 +209,11 @@ def window_from_record(r: MinuteRecord) -> CostWindow:
         gpu_seconds=s.get("gpu_seconds", 0.0),
         energy_joules=s.get("energy_joules"),
         preemptions=s.get("preemptions"),
+        # a minute wholly without token counters (a tokenless engine) has its tokens absent
+        tokens_counted=not 0.0 < s.get("tokenless_seconds", 0.0) >= secs - EDGE_SECONDS,
+        queue_seconds=s.get("request_queue_seconds") if timed else None,
+        compute_seconds=s.get("request_compute_seconds") if timed else None,
+        timed_requests=s.get("timed_requests") if timed else None,
         **gauges,
     )
     # the bound split: absent where the minute had none (every GPU-second sum 0), not zero

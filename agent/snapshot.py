@@ -23,7 +23,7 @@ from agent.cost.quantiles import quantile
 from agent.cost.window import TickResult
 from agent.measures import BASE_LABELS, MEASURES
 from agent.records import model_sums
-from agent.samples import CostWindow, EngineScrape, GpuSample, Histogram, NvmlRound
+from agent.samples import CostWindow, EngineScrape, GpuSample, Histogram, NvmlRound, UsageWindow
 
 logger = logging.getLogger(__name__)
 
@@ -100,8 +100,9 @@ class ModelState:
     engine: str
     model: str
     model_version: str
-    prompt_tokens_total: float = 0.0  # tokens
-    generation_tokens_total: float = 0.0  # tokens
+    # tokens since the agent started; None (absent, never 0) for an engine that counts no tokens
+    prompt_tokens_total: float | None = None
+    generation_tokens_total: float | None = None  # tokens (as above)
     # dollars over the windows whose every GPU was priced; None (absent, never 0) until the first
     cost_usd_total: float | None = None
     energy_cost_usd_total: float | None = None  # dollars (as above)
@@ -216,6 +217,11 @@ def _add_opt(total: float | None, delta: float | None) -> float | None:
     if delta is None:
         return total
     return _add(0.0 if total is None else total, delta)
+
+
+def _counted(tokens: float, u: UsageWindow) -> float | None:
+    """A window's tokens, None where its engine counts none (absent, not 0)."""
+    return tokens if u.tokens_counted else None
 
 
 def _add_priced(total: float | None, delta: float | None, priced: bool) -> float | None:
@@ -426,8 +432,10 @@ class Ledger:
             self._models[key] = self._gauges(
                 replace(
                     prev,
-                    prompt_tokens_total=_add(prev.prompt_tokens_total, u.prompt_tokens),
-                    generation_tokens_total=_add(prev.generation_tokens_total, u.generation_tokens),
+                    prompt_tokens_total=_add_opt(prev.prompt_tokens_total, _counted(u.prompt_tokens, u)),
+                    generation_tokens_total=_add_opt(
+                        prev.generation_tokens_total, _counted(u.generation_tokens, u)
+                    ),
                     cost_usd_total=_add_priced(prev.cost_usd_total, w.cost_usd, w.priced),
                     energy_cost_usd_total=_add_priced(prev.energy_cost_usd_total, w.energy_usd, w.priced),
                     idle_cost_usd_total=_add_priced(prev.idle_cost_usd_total, w.idle_usd, w.priced),
@@ -528,8 +536,12 @@ class Ledger:
             )
         secs = sum(w.usage.duration for w in recent)
         cost = sum(w.cost_usd for w in recent)
-        p = sum(w.usage.prompt_tokens for w in recent)
-        g = sum(w.usage.generation_tokens for w in recent)
+        # token figures over the windows whose engine counts tokens: none, and they are absent
+        counted = [w for w in recent if w.usage.tokens_counted]
+        token_secs = sum(w.usage.duration for w in counted)
+        token_cost = sum(w.cost_usd for w in counted)
+        p = sum(w.usage.prompt_tokens for w in counted)
+        g = sum(w.usage.generation_tokens for w in counted)
         idle = sum(w.idle_usd for w in recent)
         weights = [(w, w.usage.duration) for w in recent]
         priced = all(w.priced for w in recent)  # an unread or unpriced GPU: the ratio is unknown
@@ -537,10 +549,10 @@ class Ledger:
         prices = _phase_prices(recent)
         return replace(
             state,
-            prompt_tokens_per_second=p / secs if secs > 0 else None,
-            generation_tokens_per_second=g / secs if secs > 0 else None,
-            usd_per_1m_output_tokens=usd_per_million(cost, g) if priced else None,
-            usd_per_1m_tokens=usd_per_million(cost, p + g) if priced else None,
+            prompt_tokens_per_second=p / token_secs if token_secs > 0 else None,
+            generation_tokens_per_second=g / token_secs if token_secs > 0 else None,
+            usd_per_1m_output_tokens=usd_per_million(token_cost, g) if priced else None,
+            usd_per_1m_tokens=usd_per_million(token_cost, p + g) if priced else None,
             cost_usd_per_hour=cost / secs * 3600 if secs > 0 else None,
             idle_cost_usd_per_hour=idle / secs * 3600 if secs > 0 else None,
             gpu_utilization_ratio=_wmean([(w.usage.gpu_util_ratio, d) for w, d in weights]),

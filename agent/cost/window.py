@@ -58,7 +58,13 @@ COUNTERS = (
     "prefill_seconds_total",
     "decode_seconds_total",
     "cached_prompt_tokens_total",
+    "queue_seconds_total",
+    "compute_seconds_total",
+    "timed_requests_total",
 )
+# The token counters: a model that has never had one read is an engine that counts no tokens (its
+# windows' tokens are absent, not 0).
+TOKEN_COUNTERS = ("prompt_tokens_total", "generation_tokens_total")
 # The counters bounded by what the engine's hardware can produce (agent.cost.counters): generated
 # tokens by its GPUs' bandwidth or compute, prompt tokens (prefix-cache hits cost no compute) by its
 # network; the time and event counters are not bounded.
@@ -439,6 +445,12 @@ class WindowJoiner:
             prefill_seconds=st.inc("prefill_seconds_total"),
             decode_seconds=decode_s,
             cached_prompt_tokens=st.inc("cached_prompt_tokens_total"),
+            # a token counter read once (now, or before an outage) is remembered until the model
+            # expires: only a model whose engine never exposed one has its tokens absent
+            tokens_counted=any((spec.name, mc.model, n) in self._counters for n in TOKEN_COUNTERS),
+            queue_seconds=st.inc("queue_seconds_total"),
+            compute_seconds=st.inc("compute_seconds_total"),
+            timed_requests=st.inc("timed_requests_total"),
         )
         cost = mc.cost_usd
         tokens = p_tok + g_tok

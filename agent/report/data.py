@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.cost.bound import BOUNDS
-from agent.records import BOUND_SUMS, SPLIT_SUMS, DeployEvent, mean_of, model_sums
+from agent.records import BOUND_SUMS, EDGE_SECONDS, SPLIT_SUMS, DeployEvent, mean_of, model_sums
 from agent.report.budget import BudgetLine
 from agent.report.waterfall import Waterfall, week_over_week
 from agent.samples import CostWindow
@@ -98,6 +98,7 @@ class HourRow:
     roofline_ratio: float | None = None  # observed decode tok/s ÷ bandwidth ceiling, mean
     split: DollarSplit | None = None  # where the hour's dollars went (None: not known at all)
     bound: BoundSplit | None = None  # where the hour's GPU time went (None: not known at all)
+    tokenless_seconds: float = 0.0  # seconds of it whose engine counts no tokens (tokens absent)
 
     @property
     def series(self) -> SeriesKey:
@@ -332,6 +333,9 @@ class ModelWeek:
     split: DollarSplit = field(default_factory=DollarSplit)  # where this week's dollars went
     gpu_seconds: float = 0.0  # GPU-seconds attributed this week
     bound: BoundSplit = field(default_factory=BoundSplit)  # where this week's GPU time went
+    # False: its engine counted no tokens all week (a plain Triton): the token figures are absent
+    # (shown as such), not 0 — output_tokens and prompt_tokens hold 0 only for the sums
+    tokens_counted: bool = True
 
     @property
     def dollars(self) -> WhereDollarsWent:
@@ -544,8 +548,12 @@ class _Sums:
     split: DollarSplit = field(default_factory=DollarSplit)
     gpu_seconds: float = 0.0  # GPU-seconds
     bound: BoundSplit = field(default_factory=BoundSplit)
+    seconds: float = 0.0  # seconds of data
+    tokenless_seconds: float = 0.0  # seconds of it without token counters
 
     def add(self, r: HourRow) -> None:
+        self.seconds += r.seconds
+        self.tokenless_seconds += r.tokenless_seconds
         if r.split is not None:
             self.split = self.split + r.split
         if r.bound is not None:
@@ -723,6 +731,7 @@ def _model_week(
         split=t.split,
         gpu_seconds=t.gpu_seconds,
         bound=t.bound,
+        tokens_counted=not 0.0 < t.tokenless_seconds >= t.seconds - EDGE_SECONDS,
     )
 
 
@@ -919,6 +928,7 @@ HOUR_SUMS = (
     "roofline.w",
     *SPLIT_SUMS,
     *BOUND_SUMS,
+    "tokenless_seconds",
 )
 IDLE_GPU_SECONDS = "idle_gpu_seconds"  # GPU-seconds of the minutes without tokens (as the store's)
 
@@ -944,6 +954,7 @@ def hour_row(key: SeriesKey, hour: float, s: Mapping[str, float]) -> HourRow:
         roofline_ratio=mean_of(s, "roofline"),
         split=split_from_sums(s),
         bound=bound_from_sums(s),
+        tokenless_seconds=s.get("tokenless_seconds", 0.0),
     )
 
 

@@ -256,6 +256,8 @@ def hourly_rows(api: PromApi, end: float) -> list[HourRow]:
                 roofline_ratio=f.get("roofline_ratio"),
                 split=_split(f),
                 bound=BoundSplit(*(f.get(name, 0.0) for name in BOUND_SUMS)),
+                # no token series at all that hour: an engine that counts none (absent, not 0)
+                tokenless_seconds=0.0 if "output_tokens" in f or "prompt_tokens" in f else HOUR_SECONDS,
             )
         )
     return rows

@@ -130,6 +130,11 @@ def tokens(v: float) -> str:
     return f"{v:,.0f}"
 
 
+def _tokens_of(m: ModelWeek, v: float) -> str:
+    """A model version's token count, or an em dash where its engine counts no tokens."""
+    return tokens(v) if m.tokens_counted else "—"
+
+
 def change(ratio: float | None) -> str:
     """A week-over-week change, e.g. ``+52.0 %``; an em dash when absent."""
     return "—" if ratio is None else f"{(ratio - 1) * 100:+.1f} %"
@@ -214,7 +219,7 @@ def render_markdown(r: WeeklyReport) -> str:
     for m in r.models:
         out.append(
             f"| {esc.md(m.model)} | {esc.md(m.model_version)} | {usd(m.cost_usd)} | "
-            f"{tokens(m.output_tokens)} | {usd(m.usd_per_1m_output, 4)} | "
+            f"{_tokens_of(m, m.output_tokens)} | {usd(m.usd_per_1m_output, 4)} | "
             f"{usd(m.last_usd_per_1m_output, 4)} | "
             f"{change(m.change_ratio)} | {_baseline(m)} | {_like(m)} |"
         )
@@ -552,8 +557,8 @@ def render_csv(r: WeeklyReport) -> str:
                     m.model,
                     m.model_version,
                     f"{m.cost_usd:.6f}",
-                    f"{m.output_tokens:.0f}",
-                    f"{m.prompt_tokens:.0f}",
+                    f"{m.output_tokens:.0f}" if m.tokens_counted else "",
+                    f"{m.prompt_tokens:.0f}" if m.tokens_counted else "",
                     f"{m.idle_usd:.6f}",
                     _num(m.usd_per_1m_output),
                     _num(m.usd_per_1m_total),
@@ -637,6 +642,8 @@ def report_dict(r: WeeklyReport) -> dict[str, Any]:
             dollars=asdict(m.dollars),
             gpu_time=asdict(m.gpu_time),
         )
+        if not m.tokens_counted:  # an engine that counts no tokens: absent, not 0
+            d.update(output_tokens=None, prompt_tokens=None)
         models.append(d)
     return {
         "start": r.start,
@@ -1015,7 +1022,7 @@ def render_html(r: WeeklyReport) -> str:
     for m in r.models:
         h.append(
             f"<tr><td{_nw(m.model)}>{escape(m.model)}</td><td{_nw(m.model_version)}>{escape(m.model_version)}</td>"
-            f'<td class="n">{usd(m.cost_usd)}</td><td class="n">{tokens(m.output_tokens)}</td>'
+            f'<td class="n">{usd(m.cost_usd)}</td><td class="n">{_tokens_of(m, m.output_tokens)}</td>'
             f'<td class="n">{usd(m.usd_per_1m_output, 4)}</td>'
             f'<td class="n">{usd(m.last_usd_per_1m_output, 4)}</td>'
             f"{_change_cell(m.change_ratio)}<td>{escape(_baseline(m))}</td>"

@@ -12,9 +12,10 @@ count). Only the LLM backends give tokens (the ``nv_llm_{input,output}_token_len
 ``_sum``s), the running batch and KV usage (the ``fraction`` block metric). TTFT is the opt-in
 ``nv_inference_first_response_histogram_ms`` (``--metrics-config histogram_latencies=true``;
 decoupled models only, in releases after 2.51; milliseconds, scaled to seconds, bounds included).
-Triton's cumulative request, queue and compute ``*_duration_us`` counters, and the opt-in
-``*_summary_us`` summaries, have no matching signal. An ensemble shows each of its steps as its
-own model.
+Triton's cumulative queue and compute ``*_duration_us`` counters (compute = input + infer +
+output) become the mean queue and compute time per successful request; the request duration
+counter and the opt-in ``*_summary_us`` summaries have no matching signal. An ensemble shows each
+of its steps as its own model.
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ from __future__ import annotations
 from agent.sources.engines.base import Adapter, Finished, Series
 
 _MS = 1e-3  # milliseconds → seconds
+_US = 1e-6  # microseconds → seconds
+# A request's compute: its inputs copied in, the model run, its outputs copied out (summed).
+_COMPUTE = (
+    "nv_inference_compute_infer_duration_us",
+    "nv_inference_compute_input_duration_us",
+    "nv_inference_compute_output_duration_us",
+)
 
 ADAPTER = Adapter(
     kind="triton",
@@ -38,6 +46,15 @@ ADAPTER = Adapter(
         "kv_cache_usage_ratio": (
             Series("nv_trt_llm_kv_cache_block_metrics", where={"kv_cache_block_type": "fraction"}),
         ),
+        # cumulative microseconds over the successful requests (Triton's metric reporter adds the
+        # durations on success only; a failure adds to its count alone): the per-request means are
+        # these over the successes, as ratios of sums
+        "queue_seconds_total": (Series("nv_inference_queue_duration_us", scale=_US),),
+        "compute_seconds_total": (
+            Series(_COMPUTE, scale=_US),
+            Series("nv_inference_compute_duration_us", scale=_US),  # one counter before the split
+        ),
+        "timed_requests_total": (Series("nv_inference_request_success"),),
     },
     histograms={
         "ttft_seconds": (Series("nv_inference_first_response_histogram_ms", scale=_MS),),

@@ -189,6 +189,56 @@ def test_save_and_load_round_trip(tmp_path: Path, week: SimulatedHistory, fitted
     assert loaded.score_many(probe) == fitted.score_many(probe)
 
 
+def _as_padded(path: Path, to: Path) -> None:
+    """Rewrite a saved forest in the release before's layout (format 9: trees × nodes, padded,
+    separate thresholds, children and leaf depths)."""
+    with np.load(path) as z:
+        out = {k: z[k] for k in z.files if not k.endswith(("/value", "/right_step", "/roots", "/feature"))}
+        out["format"] = np.array([9])
+        for name in {k.rsplit("/", 1)[0] for k in z.files if k.endswith("/roots")}:
+            feature, value, step, roots = (
+                z[f"{name}/{k}"] for k in ("feature", "value", "right_step", "roots")
+            )
+            ends = [*roots[1:], len(feature)]
+            size = max(e - r for r, e in zip(roots, ends, strict=True))
+            shape = (len(roots), size)
+            a = {"feature": np.full(shape, -1, dtype=np.int16), "left": np.full(shape, -1, dtype=np.int32)}
+            a |= {"right": a["left"].copy(), "threshold": np.zeros(shape), "leaf_depth": np.zeros(shape)}
+            for t, (r, e) in enumerate(zip(roots, ends, strict=True)):
+                inner = feature[r:e] >= 0
+                idx = np.arange(e - r)
+                a["feature"][t, : e - r] = feature[r:e]
+                a["left"][t, : e - r] = np.where(inner, idx + 1, -1)
+                a["right"][t, : e - r] = np.where(inner, idx + step[r:e], -1)
+                a["threshold"][t, : e - r] = np.where(inner, value[r:e], -2.0)
+                a["leaf_depth"][t, : e - r] = np.where(inner, 0.0, value[r:e])
+            out |= {f"{name}/{k}": v for k, v in a.items()}
+    with to.open("wb") as f:
+        np.savez(f, **out)
+
+
+def test_a_forest_saved_by_the_release_before_loads_with_the_same_scores(
+    tmp_path: Path, week: SimulatedHistory, fitted: ForestDetector
+) -> None:
+    fitted.state_dir = tmp_path
+    try:
+        path = fitted.save()
+    finally:
+        fitted.state_dir = None
+    assert path is not None
+    old = tmp_path / "forest-v9.npz"
+    _as_padded(path, old)
+    path.unlink()
+    loaded = ForestDetector(tmp_path)
+    assert loaded.load()
+    probe = [_at(week, 6, h) for h in (2, 10, 18)]
+    assert loaded.score_many(probe) == fitted.score_many(probe)
+    assert any(s is not None for s in fitted.score_many(probe))
+    # the next save writes the current format and drops the old file
+    assert loaded.save() == tmp_path / STATE_FILE
+    assert not old.exists() and ForestDetector(tmp_path).load()
+
+
 def test_load_refuses_missing_foreign_or_corrupt_state(tmp_path: Path) -> None:
     det = ForestDetector(tmp_path)
     assert not det.load()  # nothing saved yet

@@ -42,6 +42,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -50,9 +51,14 @@ from agent.samples import CostWindow
 
 logger = logging.getLogger(__name__)
 
-# bump when the persisted layout or its calibration changes (9: GROUP_GATE); others are ignored on load
-STATE_FORMAT = 9
+# bump when the persisted layout or its calibration changes (10: the trees flat in pre-order, see
+# agent.detect.trees); others are ignored on load (then refit), except the one before it
+STATE_FORMAT = 10
 STATE_FILE = f"forest-v{STATE_FORMAT}.npz"
+# Format 9 held the same trees padded (trees × nodes): they are read and converted, so a restart after
+# an upgrade scores with the forest it had (the same scores) and keeps its daily refit schedule.
+PADDED_FORMAT = 9
+PADDED_FILE = f"forest-v{PADDED_FORMAT}.npz"
 
 FEATURE_NAMES: tuple[str, ...] = (
     "log10_usd_per_1m_output",  # log10 of dollars per 1M output tokens
@@ -601,37 +607,49 @@ class ForestDetector:
         with tmp.open("wb") as f:
             np.savez(f, allow_pickle=False, **out)
         tmp.replace(path)
+        (self.state_dir / PADDED_FILE).unlink(missing_ok=True)  # read once, now superseded
         return path
 
     def load(self) -> bool:
-        """Read the arrays saved by :meth:`save`; False (and nothing loaded) when absent,
-        unreadable or written in another format (then refit)."""
+        """Read the arrays saved by :meth:`save` (or by the release before, see PADDED_FORMAT);
+        False (and nothing loaded) when absent, unreadable or written in another format (then refit)."""
         if self.state_dir is None:
             return False
         path = self.state_dir / STATE_FILE
         if not path.exists():
-            return False
+            path = self.state_dir / PADDED_FILE
+            if not path.exists():
+                return False
         try:
             with np.load(path, allow_pickle=False) as z:
-                if int(z["format"][0]) != STATE_FORMAT:
+                fmt = int(z["format"][0])
+                if fmt not in (STATE_FORMAT, PADDED_FORMAT) or path.name != f"forest-v{fmt}.npz":
                     logger.warning("forest state %s has another format; will refit", path)
                     return False
-                fits: dict[SeriesKey, _Fitted] = {}
-                for i, key in enumerate(z["series"].tolist()):
-                    engine, model = str(key).split("\x00", 1)
-                    p = f"s{i}/"
-                    forests = [
-                        TreeEnsemble.from_arrays({k: z[f"{p}g{g}/{k}"] for k in TreeEnsemble.ARRAY_NAMES})
-                        for g in range(len(FEATURE_GROUPS))
-                    ]
-                    lo, hi, hist_start, median, threshold, fitted_at, n_train = z[p + "numbers"].tolist()
-                    fits[(engine, model)] = _Fitted(
-                        forests, z[p + "group_calibration"], z[p + "fill"], z[p + "coef"], z[p + "centre"],
-                        z[p + "scale"], (lo, hi), hist_start, z[p + "mix_hist"],
-                        median, threshold, fitted_at, str(z[p + "version"][0]), int(n_train),
-                    )  # fmt: skip
+                fits = self._read(z, fmt)
         except Exception as err:  # a truncated or foreign file: refit rather than crash
             logger.warning("forest state %s unreadable (%s); will refit", path, err)
             return False
         self._fits = fits
         return True
+
+    @staticmethod
+    def _read(z: Any, fmt: int) -> dict[SeriesKey, _Fitted]:
+        """The fits in an open ``.npz`` of format ``fmt``."""
+        names, convert = (
+            (TreeEnsemble.ARRAY_NAMES, TreeEnsemble.from_arrays)
+            if fmt == STATE_FORMAT
+            else (("feature", "threshold", "left", "right", "leaf_depth", "meta"), TreeEnsemble.from_padded)
+        )
+        fits: dict[SeriesKey, _Fitted] = {}
+        for i, key in enumerate(z["series"].tolist()):
+            engine, model = str(key).split("\x00", 1)
+            p = f"s{i}/"
+            forests = [convert({k: z[f"{p}g{g}/{k}"] for k in names}) for g in range(len(FEATURE_GROUPS))]
+            lo, hi, hist_start, median, threshold, fitted_at, n_train = z[p + "numbers"].tolist()
+            fits[(engine, model)] = _Fitted(
+                forests, z[p + "group_calibration"], z[p + "fill"], z[p + "coef"], z[p + "centre"],
+                z[p + "scale"], (lo, hi), hist_start, z[p + "mix_hist"],
+                median, threshold, fitted_at, str(z[p + "version"][0]), int(n_train),
+            )  # fmt: skip
+        return fits

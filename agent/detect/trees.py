@@ -11,8 +11,11 @@ scikit-learn's ``IsolationForest.score_samples``, computed the same way:
   unsuccessful binary-search-tree search over the training samples that reached it, minus one;
 - the score is ``-2 ** (-mean depth / c(max_samples))`` with ``c(n) = 2 (ln(n − 1) + γ) − 2 (n − 1) / n``.
 
-Trees of one ensemble are padded to the same node count and walked together, one level at a time:
-``max_depth`` vectorised steps over a (trees × rows) array.
+Layout: the nodes of all trees in one flat run, each tree in pre-order (a node, its left subtree,
+its right subtree), so a node's left child is the next node and only the step to its right child
+is stored. A node holds one number: its threshold, or at a leaf its depth (a node is either). No
+padding. The trees are walked together, one level at a time: ``max_depth`` vectorised steps over
+a (trees × rows) array of node indices; a row that reached a leaf stays there (its step is 0).
 """
 
 from __future__ import annotations
@@ -22,13 +25,13 @@ from typing import Any
 
 import numpy as np
 
-LEAF = -1  # feature / child index of a leaf
+LEAF = -1  # feature of a leaf (scikit-learn's children index of a leaf too)
 CHUNK_ROWS = 512  # rows scored together
-# Stored narrow: the daemon holds two ensembles per series for the day between fits (at 64-bit
-# indices ~1.1 MB each). A tree of max_samples rows has under 2 · max_samples nodes, far inside
-# int32; the feature columns are the forest's few features, inside int16. The walk widens to int64.
-NODE_DTYPE = np.int32
-FEATURE_DTYPE = np.int16
+# Stored narrow: the daemon holds the ensembles of every series between fits. A forest has a few
+# features (int8); a tree of max_samples rows has under 2 · max_samples nodes, and the step from a
+# node to its right child is less than that (uint16 while max_samples ≤ 32,768, checked at the copy).
+FEATURE_DTYPE = np.int8
+STEP_DTYPE = np.uint16
 
 
 def average_path_length(n: np.ndarray) -> np.ndarray:
@@ -44,73 +47,49 @@ def average_path_length(n: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True, slots=True)
 class TreeEnsemble:
-    """The fitted trees of one isolation forest (arrays of shape trees × nodes, padded)."""
+    """The fitted trees of one isolation forest, flat in pre-order (see the module docstring)."""
 
-    feature: (
-        np.ndarray
-    )  # FEATURE_DTYPE: column of the input compared at each node; LEAF at leaves and padding
-    threshold: np.ndarray  # float64: go left when x[feature] <= threshold
-    left: np.ndarray  # NODE_DTYPE: left child's node index; LEAF at leaves
-    right: np.ndarray  # NODE_DTYPE: right child's node index; LEAF at leaves
-    leaf_depth: np.ndarray  # float64: path length + c(samples in the leaf) − 1, at leaves
+    feature: np.ndarray  # FEATURE_DTYPE: column of the input compared at each node; LEAF at leaves
+    value: np.ndarray  # float64: the threshold (go left when x[feature] <= it), at a leaf its depth
+    right_step: np.ndarray  # STEP_DTYPE: right child's index − the node's; 0 at leaves
+    roots: np.ndarray  # int64: each tree's first node
     denominator: float  # trees × c(max_samples)
     max_depth: int  # levels to walk
 
-    ARRAY_NAMES = ("feature", "threshold", "left", "right", "leaf_depth", "meta")  # keys of arrays()
+    ARRAY_NAMES = ("feature", "value", "right_step", "roots", "meta")  # keys of arrays()
 
     def score_samples(self, x: np.ndarray) -> np.ndarray:
         """scikit-learn's ``score_samples`` of rows ``x`` (higher = more normal)."""
         rows = np.asarray(x, dtype=np.float32).astype(np.float64)
         if not len(rows):
             return np.zeros(0)
-        walk = self._walk()
         # why chunks of 512 rows: the (trees × rows) index arrays then stay in the CPU cache
         return np.concatenate(
-            [self._score_chunk(rows[i : i + CHUNK_ROWS], *walk) for i in range(0, len(rows), CHUNK_ROWS)]
+            [self._score_chunk(rows[i : i + CHUNK_ROWS]) for i in range(0, len(rows), CHUNK_ROWS)]
         )
 
-    def _walk(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The trees laid out for walking: (each tree's first node, the feature compared at each
-        node, the children, the thresholds), flat over all trees. ``children[2 · node + go_left]``
-        is the next node's flat index; a leaf (and padding) is its own child on both sides, so a
-        row that reached a leaf stays there for the remaining levels without a per-level test."""
-        t, m = self.feature.shape
-        leaf = self.feature == LEAF
-        base = (np.arange(t, dtype=np.int64) * m)[:, None]
-        itself = base + np.arange(m, dtype=np.int64)[None, :]
-        right = np.where(leaf, itself, base + self.right)
-        left = np.where(leaf, itself, base + self.left)
-        children = np.stack([right, left], axis=-1).ravel()
-        feature = np.where(leaf, 0, self.feature).ravel()
-        return base, feature, children, self.threshold.ravel()
-
-    def _score_chunk(
-        self,
-        rows: np.ndarray,
-        base: np.ndarray,
-        feature: np.ndarray,
-        children: np.ndarray,
-        threshold: np.ndarray,
-    ) -> np.ndarray:
+    def _score_chunk(self, rows: np.ndarray) -> np.ndarray:
         n, n_cols = rows.shape
         flat_rows = rows.ravel()
         row_base = (np.arange(n, dtype=np.int64) * n_cols)[None, :]
-        node = np.broadcast_to(base, (len(base), n)).copy()  # flat index of each (tree, row)'s current node
+        node = np.broadcast_to(self.roots[:, None], (len(self.roots), n)).copy()  # each (tree, row)'s node
         for _ in range(self.max_depth):
+            f = np.take(self.feature, node)
+            inner = f != LEAF
             # left when x[feature] <= threshold (a NaN goes right, as in scikit-learn)
-            go_left = np.take(flat_rows, row_base + np.take(feature, node)) <= np.take(threshold, node)
-            node = np.take(children, 2 * node + go_left)
-        depths = np.take(self.leaf_depth.ravel(), node).sum(axis=0)
+            go_left = np.take(flat_rows, row_base + np.maximum(f, 0)) <= np.take(self.value, node)
+            # left child: the next node; a leaf steps 0 either way and stays
+            node += np.where(go_left, inner, np.take(self.right_step, node))
+        depths = np.take(self.value, node).sum(axis=0)
         return np.asarray(-(2.0 ** (-depths / self.denominator)))
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The ensemble as named arrays (for ``np.savez``)."""
         return {
             "feature": self.feature,
-            "threshold": self.threshold,
-            "left": self.left,
-            "right": self.right,
-            "leaf_depth": self.leaf_depth,
+            "value": self.value,
+            "right_step": self.right_step,
+            "roots": self.roots,
             "meta": np.array([self.denominator, float(self.max_depth)]),
         }
 
@@ -120,36 +99,78 @@ class TreeEnsemble:
         meta = a["meta"]
         return cls(
             np.asarray(a["feature"], dtype=FEATURE_DTYPE),
-            np.asarray(a["threshold"], dtype=np.float64),
-            np.asarray(a["left"], dtype=NODE_DTYPE),
-            np.asarray(a["right"], dtype=NODE_DTYPE),
-            np.asarray(a["leaf_depth"], dtype=np.float64),
+            np.asarray(a["value"], dtype=np.float64),
+            np.asarray(a["right_step"], dtype=STEP_DTYPE),
+            np.asarray(a["roots"], dtype=np.int64),
             float(meta[0]),
             int(meta[1]),
         )
 
+    @classmethod
+    def from_padded(cls, a: dict[str, np.ndarray] | Any) -> TreeEnsemble:
+        """An ensemble saved in the earlier layout (trees × nodes, padded, with ``threshold``,
+        ``left``, ``right`` and ``leaf_depth`` arrays): the same trees, so the same scores."""
+        meta = a["meta"]
+        trees = [
+            _preorder(f, t, d, lc, rc)
+            for f, t, d, lc, rc in zip(
+                a["feature"], a["threshold"], a["leaf_depth"], a["left"], a["right"], strict=True
+            )
+        ]
+        return _flat(trees, float(meta[0]), int(meta[1]))
+
+
+Tree = tuple[np.ndarray, np.ndarray, np.ndarray]  # one tree's (feature, value, right_step), pre-order
+
+
+def _preorder(
+    feature: np.ndarray, threshold: np.ndarray, leaf_depth: np.ndarray, left: np.ndarray, right: np.ndarray
+) -> Tree:
+    """One tree (node 0 its root, ``left``/``right`` its children, LEAF at leaves) in pre-order."""
+    order: list[int] = []
+    stack = [0]
+    while stack:
+        i = stack.pop()
+        order.append(i)
+        if left[i] != LEAF:
+            stack += (int(right[i]), int(left[i]))  # left popped first: it follows its parent
+    old = np.array(order)
+    position = np.zeros(int(old.max()) + 1, dtype=np.int64)
+    position[old] = np.arange(len(old))
+    inner = left[old] != LEAF
+    step = np.where(inner, position[np.where(inner, right[old], 0)] - np.arange(len(old)), 0)
+    if step.max(initial=0) > np.iinfo(STEP_DTYPE).max or feature.max(initial=0) > np.iinfo(FEATURE_DTYPE).max:
+        raise ValueError(f"a tree of {len(old)} nodes or {feature.max() + 1} features is too large to store")
+    return (
+        np.where(inner, feature[old], LEAF).astype(FEATURE_DTYPE),
+        np.where(inner, threshold[old], leaf_depth[old]).astype(np.float64),
+        step.astype(STEP_DTYPE),
+    )
+
+
+def _flat(trees: list[Tree], denominator: float, max_depth: int) -> TreeEnsemble:
+    sizes = np.array([len(t[0]) for t in trees], dtype=np.int64)
+    return TreeEnsemble(
+        np.concatenate([t[0] for t in trees]),
+        np.concatenate([t[1] for t in trees]),
+        np.concatenate([t[2] for t in trees]),
+        np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64),
+        denominator,
+        max_depth,
+    )
+
 
 def from_sklearn(forest: Any) -> TreeEnsemble:
     """Copy a fitted ``sklearn.ensemble.IsolationForest``'s trees into arrays (no sklearn import here)."""
-    estimators = forest.estimators_
-    size = max(e.tree_.node_count for e in estimators)
-    t = len(estimators)
-    feature = np.full((t, size), LEAF, dtype=FEATURE_DTYPE)
-    threshold = np.zeros((t, size))
-    left = np.full((t, size), LEAF, dtype=NODE_DTYPE)
-    right = np.full((t, size), LEAF, dtype=NODE_DTYPE)
-    leaf_depth = np.zeros((t, size))
+    trees: list[Tree] = []
     depth_max = 0
-    for i, (est, cols) in enumerate(zip(estimators, forest.estimators_features_, strict=True)):
+    for est, cols in zip(forest.estimators_, forest.estimators_features_, strict=True):
         tree = est.tree_
         k = tree.node_count
-        is_leaf = tree.children_left[:k] == LEAF
-        feature[i, :k] = np.where(is_leaf, LEAF, np.asarray(cols)[np.maximum(tree.feature[:k], 0)])
-        threshold[i, :k] = tree.threshold[:k]
-        left[i, :k] = tree.children_left[:k]
-        right[i, :k] = tree.children_right[:k]
-        depths = tree.compute_node_depths()[:k]
-        leaf_depth[i, :k] = depths + average_path_length(tree.n_node_samples[:k]) - 1.0
+        left = tree.children_left[:k]
+        feature = np.where(left == LEAF, LEAF, np.asarray(cols)[np.maximum(tree.feature[:k], 0)])
+        leaf_depth = tree.compute_node_depths()[:k] + average_path_length(tree.n_node_samples[:k]) - 1.0
+        trees.append(_preorder(feature, tree.threshold[:k], leaf_depth, left, tree.children_right[:k]))
         depth_max = max(depth_max, int(tree.max_depth))
-    denominator = t * float(average_path_length(np.array([forest._max_samples]))[0])
-    return TreeEnsemble(feature, threshold, left, right, leaf_depth, denominator, depth_max)
+    denominator = len(trees) * float(average_path_length(np.array([forest._max_samples]))[0])
+    return _flat(trees, denominator, depth_max)

@@ -9,8 +9,12 @@
 - what a plain Triton does not have stays **absent**, not 0: tokens (``nv_llm_*`` come only from
   the TensorRT-LLM / vLLM backends), KV cache, running batch; TTFT is mapped from the
   first-response histogram where the release writes it (the 2.51 this wheel bundles does not);
+- Triton's cumulative queue and compute ``*_duration_us`` counters (success only, as its metric
+  reporter adds them) are mapped in seconds with the successes they cover; requests queued behind
+  slow ones add at least the slow ones' time to both;
 - the real daemon scrapes it: ``engine_up{kind="triton"}`` 1, ``requests_waiting`` exported, no
-  token series for its models.
+  token series and no $ per 1M for its models (absent, not 0) while its cost is exported, and the
+  mean queue and compute seconds per request over the trailing window for the model with traffic.
 
 It proves parsing and mapping of a real Triton, not $ per 1M tokens (a CPU Python model counts no
 tokens). ``.ci/run`` makes the Python 3.13 virtualenv the server needs; without it the module skips.
@@ -21,7 +25,9 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -46,6 +52,8 @@ if DIST is None:
 OK, FAILED, STREAMS = 5, 2, 3  # requests to tiny that succeed, that raise; streams of 4 responses
 SLOW_MS = 300.0  # milliseconds one slow request takes: the others queue behind it (one instance)
 SLOW = 4  # concurrent slow requests
+US = 1e-6  # Triton's duration counters are in microseconds
+PACED_MS = 100.0  # milliseconds each request the daemon sees takes (the model sleeps that long)
 NOT_IN_PLAIN_TRITON = (
     "prompt_tokens_total",
     "generation_tokens_total",
@@ -163,6 +171,19 @@ async def test_the_scraper_maps_a_real_triton(triton: TritonServer) -> None:
     assert set(models) == {"tiny", "stream"}
     assert models["tiny"].requests_finished_total == {"failure": FAILED, "success": OK}
     assert models["stream"].requests_finished_total == {"failure": 0, "success": STREAMS}
+    # the duration counters, in seconds, over the successes (a failure adds to its count only)
+    text = triton.metrics()  # no traffic since the scrape: the same counters
+    for name, m in models.items():
+        assert m.timed_requests_total == m.requests_finished_total["success"]
+        assert m.queue_seconds_total == pytest.approx(
+            _value(text, "nv_inference_queue_duration_us", model=name) * US
+        )
+        compute = sum(
+            _value(text, f"nv_inference_compute_{part}_duration_us", model=name)
+            for part in ("input", "infer", "output")
+        )
+        assert m.compute_seconds_total == pytest.approx(compute * US)
+        assert m.compute_seconds_total is not None and m.compute_seconds_total > 0
     for m in models.values():
         assert m.requests_waiting == 0  # nothing queued now
         for name in NOT_IN_PLAIN_TRITON:
@@ -181,7 +202,9 @@ async def test_the_scraper_maps_a_real_triton(triton: TritonServer) -> None:
 async def test_requests_queued_behind_a_slow_one_are_waiting(triton: TritonServer) -> None:
     async with aiohttp.ClientSession() as session:
         scraper = EngineScraper(_cfg(triton), session, SystemClock())
+        before = _models(await scraper.scrape())["tiny"]
         waiting: list[float] = []
+        began = time.monotonic()
         with ThreadPoolExecutor(SLOW) as pool:
             futures = [pool.submit(triton.infer, [SLOW_MS]) for _ in range(SLOW)]
             while not all(f.done() for f in futures):
@@ -190,6 +213,7 @@ async def test_requests_queued_behind_a_slow_one_are_waiting(triton: TritonServe
                 waiting.append(m.requests_waiting)
                 await asyncio.sleep(0.02)
             assert all(f.result() == [2 * SLOW_MS] for f in futures)
+        burst = time.monotonic() - began  # seconds from the first send to the last answer
         wait_until(
             lambda: _value(triton.metrics(), "nv_inference_request_success", model="tiny") == OK + SLOW
         )
@@ -199,12 +223,35 @@ async def test_requests_queued_behind_a_slow_one_are_waiting(triton: TritonServe
     assert 1 <= max(waiting) <= SLOW - 1
     assert after.requests_waiting == 0
     assert after.requests_finished_total == {"failure": FAILED, "success": OK + SLOW}
+    # each slow request computes for SLOW_MS at least; the one instance runs them one at a time, and
+    # the pool sends all of them well within one SLOW_MS, so the k-th waits about (k - 1) × SLOW_MS:
+    # 0 + 1 + 2 + 3 of them in all (half of that asserted: a loaded box may start a thread late)
+    assert before.compute_seconds_total is not None and after.compute_seconds_total is not None
+    assert before.queue_seconds_total is not None and after.queue_seconds_total is not None
+    assert after.timed_requests_total == OK + SLOW
+    assert after.compute_seconds_total - before.compute_seconds_total >= SLOW * SLOW_MS / 1000
+    slow = SLOW_MS / 1000
+    queued = after.queue_seconds_total - before.queue_seconds_total
+    # and no request can have waited longer than the whole burst lasted
+    assert slow * (SLOW - 1) * SLOW / 2 / 2 <= queued <= SLOW * burst
+
+
+Page = dict[str, list[tuple[frozenset[tuple[str, str]], float]]]
+
+
+def _both_waiting(page: Page) -> bool:
+    return len(page.get("infercost_requests_waiting", [])) == 2
 
 
 async def _daemon_page(
-    triton: TritonServer, state: Path
-) -> dict[str, list[tuple[frozenset[tuple[str, str]], float]]]:
-    """Run the real daemon on the server until its /metrics shows both models; return that page."""
+    triton: TritonServer,
+    state: Path,
+    done: Callable[[Page], bool] = _both_waiting,
+    traffic: Callable[[], object] | None = None,
+) -> Page:
+    """Run the real daemon on the server until its /metrics page is ``done`` (by default: both
+    models shown); return that page. ``traffic``, when given, is called over and over in a thread
+    while the daemon runs (requests the daemon's windows see)."""
     from agent.app import build_agent
     from agent.config import Config, ExportersConfig, IntervalsConfig, NvmlConfig, PrometheusExporterConfig
     from agent.sources.prices import parse_price_book
@@ -222,19 +269,35 @@ async def _daemon_page(
     )
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
-    exported: dict[str, list[tuple[frozenset[tuple[str, str]], float]]] = {}
+    exported: Page = {}
+    sending = threading.Event()
+    sender = None
+    if traffic is not None:
+        send = traffic
+        sending.set()
+
+        def loop() -> None:
+            while sending.is_set():
+                send()
+
+        sender = threading.Thread(target=loop, daemon=True)
     try:
         await agent.started.wait()
+        if sender is not None:
+            sender.start()
         assert agent.prometheus is not None
         url = f"http://127.0.0.1:{agent.prometheus.port}/metrics"
         async with aiohttp.ClientSession() as session:
             for _ in range(300):  # a few scrapes and a tick (generous: a loaded 2-core box)
                 async with session.get(url) as resp:
                     exported = _samples(await resp.text())
-                if len(exported.get("infercost_requests_waiting", [])) == 2:
+                if done(exported):
                     break
                 await asyncio.sleep(0.1)
     finally:
+        sending.clear()
+        if sender is not None and sender.is_alive():
+            await asyncio.to_thread(sender.join, 10)
         stop.set()
         await asyncio.wait_for(task, 10)
     return exported
@@ -249,18 +312,41 @@ async def test_the_daemon_scrapes_a_real_triton(triton: TritonServer, tmp_path: 
     assert "infercost_kv_cache_usage_ratio" not in exported and "infercost_requests_running" not in exported
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the daemon exports 0 tokens (total and per second) for an engine that counts none; "
-    "the scraper reads them as absent (test_the_scraper_maps_a_real_triton)",
-)
+def _costed(page: Page) -> bool:
+    """Both models shown, and a priced window behind each one's cost."""
+    return _both_waiting(page) and len(page.get("infercost_cost_usd_total", [])) == 2
+
+
 async def test_the_daemon_exports_no_token_series_for_a_tokenless_engine(
     triton: TritonServer, tmp_path: Path
 ) -> None:
-    exported = await _daemon_page(triton, tmp_path)
+    exported = await _daemon_page(triton, tmp_path, _costed)
     tokens = sorted(
         name
         for name, samples in exported.items()
-        if "_tokens_" in name and any(("engine", "triton") in ls for ls, _ in samples)
+        if ("_tokens" in name or "usd_per_1m" in name)
+        and any(("engine", "triton") in ls for ls, _ in samples)
     )
-    assert tokens == []
+    assert tokens == []  # no token counts, rates or $ per 1M: absent, not 0
+    # while what it costs is known (the engine's hourly price), for both models
+    cost = {dict(ls)["model"]: v for ls, v in exported["infercost_cost_usd_total"]}
+    assert set(cost) == {"tiny", "stream"} and all(v > 0 for v in cost.values())
+
+
+def _timed(page: Page) -> bool:
+    return any(dict(ls)["model"] == "tiny" for ls, _ in page.get("infercost_compute_seconds_per_request", []))
+
+
+async def test_the_daemon_exports_queue_and_compute_time_per_request(
+    triton: TritonServer, tmp_path: Path
+) -> None:
+    exported = await _daemon_page(triton, tmp_path, _timed, lambda: triton.infer([PACED_MS]))
+    compute = {dict(ls)["model"]: v for ls, v in exported["infercost_compute_seconds_per_request"]}
+    queue = {dict(ls)["model"]: v for ls, v in exported.get("infercost_queue_seconds_per_request", [])}
+    # only tiny had requests in the trailing window: stream's means are absent (no request to
+    # divide by), not 0
+    assert set(compute) == set(queue) == {"tiny"}
+    # one request at a time from one thread: each computes for PACED_MS (the model's sleep) and
+    # barely waits; a mean above a second would be another request's time in this one's
+    assert PACED_MS / 1000 <= compute["tiny"] < 1.0
+    assert 0 <= queue["tiny"] < PACED_MS / 1000

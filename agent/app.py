@@ -155,6 +155,7 @@ async def _wire_history(
     """The store, the pipeline (own store connection) and the scorer, in ``hooks``."""
     import sqlite3
 
+    from agent.detect.deploys import record_deploy
     from agent.store import Store
 
     hooks.history_expected = True
@@ -168,7 +169,7 @@ async def _wire_history(
             open_recovering,
             path,
             clock.now(),
-            lambda p: Store(p, cfg.store.retention_days, clock),
+            lambda p: Store(p, cfg.store.retention_days, clock, deploys=record_deploy),
             state.recovered,
         )
     except (sqlite3.Error, OSError) as err:

@@ -49,10 +49,18 @@ and :data:`SCHEMA_VERSION` is the highest version either names. The policy, for 
   any earlier release opens (tests/test_store_previous_release.py opens one made by the release
   before, tests/fixtures/stores/).
 
+**Versions and deploys.** The ``versions`` table keeps the version each (node, engine, model) showed
+last, and when (model "" is the engine's own build); every merged window and every engine build
+updates it, never to an earlier minute. Whether a version seen is a deploy is not the store's call:
+the :data:`DeployRule` it is constructed with (:func:`agent.detect.deploys.record_deploy` in the
+daemon) is shown the version the series showed last and the one it shows now, and the store writes
+the deploy row the rule hands back, in the same transaction as the minute it came with. Without a
+rule no deploy is recorded.
+
 Queries return :class:`agent.records.MinuteRecord` (sums), so every ratio over a longer
 range is a ratio of sums. The store is persistence only: baselines are computed over its records
-in :mod:`agent.detect.baselines`. SQLite calls are short and synchronous;
-the agent writes at most a few rows per second.
+in :mod:`agent.detect.baselines`, deploys decided in :mod:`agent.detect.deploys`. SQLite calls are
+short and synchronous; the agent writes at most a few rows per second.
 """
 
 from __future__ import annotations
@@ -347,6 +355,22 @@ class StoreError(Exception):
     """The history file is unusable (e.g. written by a newer agent)."""
 
 
+@dataclass(frozen=True, slots=True)
+class VersionSeen:
+    """A series showing a version in a minute: a model's version, or (``model`` "") the build of the
+    engine itself (image@digest)."""
+
+    node: str
+    engine: str
+    model: str
+    version: str
+    minute: float  # epoch seconds, start of the minute
+
+
+# (what the series showed last, None the first time; what it shows now) → the deploy to record, or None.
+DeployRule = Callable[[VersionSeen | None, VersionSeen], DeployEvent | None]
+
+
 def _minute(t: float) -> int:
     return int(t // MINUTE * MINUTE)
 
@@ -360,8 +384,10 @@ class Store:
         retention_days: float = 35.0,
         clock: Clock | None = None,
         max_bytes: int = DEFAULT_MAX_BYTES,
+        deploys: DeployRule | None = None,
     ) -> None:
         self.path = path
+        self._deploy_rule = deploys  # None: versions are kept, no deploy is recorded
         self.retention_seconds = retention_days * 86400.0
         self.max_bytes = max_bytes  # bytes
         self._clock: Clock = clock or SystemClock()
@@ -478,8 +504,9 @@ class Store:
         """Roll priced windows into their minutes (idempotent, see the module docstring); with
         ``spread`` each is shared among the minutes it covers, marked estimated.
 
-        Returns how many windows were merged (the rest were already counted). Records a deploy
-        when a (node, engine, model) shows a new model_version.
+        Returns how many windows were merged (the rest were already counted). Each merged window's
+        version is noted, and the deploy the store's rule makes of it recorded (see the module
+        docstring).
         """
         return self.write_spans([span_of(cw) for cw in windows], spread)
 
@@ -501,45 +528,42 @@ class Store:
         self._maybe_prune()
         return merged
 
-    def _note_version(self, node: str, engine: str, model: str, version: str, minute: int) -> None:
+    def _note_version(
+        self, node: str, engine: str, model: str, version: str, minute: int
+    ) -> DeployEvent | None:
+        """Keep the version a series shows in ``minute`` (inside the caller's transaction) and record
+        the deploy the rule makes of it; returns that deploy."""
         row = self._db.execute(
             "SELECT version, minute FROM versions WHERE node=? AND engine=? AND model=?",
             (node, engine, model),
         ).fetchone()
-        if row is not None and minute < float(row[1]):
-            return
-        if row is not None and row[0] != version:
+        now = VersionSeen(node, engine, model, version, float(minute))
+        last = None if row is None else VersionSeen(node, engine, model, str(row[0]), float(row[1]))
+        event = None if self._deploy_rule is None else self._deploy_rule(last, now)
+        if event is not None:
+            self.record_deploy(event)
+        if last is None or now.minute >= last.minute:
             self._db.execute(
-                "INSERT INTO deploys (node, engine, model, from_version, to_version, at) "
-                "VALUES (?,?,?,?,?,?)",
-                (node, engine, model, row[0], version, float(minute)),
+                "INSERT OR REPLACE INTO versions (node, engine, model, version, minute) VALUES (?,?,?,?,?)",
+                (node, engine, model, version, now.minute),
             )
-            logger.info("deploy recorded: %s on %s/%s %s -> %s", model, node, engine, row[0], version)
+        return event
+
+    def record_deploy(self, event: DeployEvent) -> None:
+        """Write one deploy row (an engine deploy has the model "")."""
+        e = event
         self._db.execute(
-            "INSERT OR REPLACE INTO versions (node, engine, model, version, minute) VALUES (?,?,?,?,?)",
-            (node, engine, model, version, float(minute)),
+            "INSERT INTO deploys (node, engine, model, from_version, to_version, at) VALUES (?,?,?,?,?,?)",
+            (e.node, e.engine, e.model, e.from_version, e.to_version, e.at),
         )
 
     def note_engine_version(self, node: str, engine: str, version: str, at: float) -> DeployEvent | None:
-        """Remember the engine's build (image@digest, from Kubernetes); a change is an engine deploy.
+        """Keep the engine's build (image@digest, from Kubernetes) seen at ``at`` (epoch seconds).
 
         Engine-level rows use the model "" in the versions and deploys tables (no model has an empty
-        name). Returns the deploy recorded, if any; seeing the same build again records nothing,
-        across restarts too."""
-        minute = _minute(at)
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            row = self._db.execute(
-                "SELECT version FROM versions WHERE node=? AND engine=? AND model=''", (node, engine)
-            ).fetchone()
-            self._note_version(node, engine, "", version, minute)
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        if row is None or row[0] == version:
-            return None
-        return DeployEvent(node, engine, "", row[0], version, float(minute), kind="engine")
+        name). Returns the deploy the store's rule made of it and that was recorded, if any."""
+        with self._txn():
+            return self._note_version(node, engine, "", version, _minute(at))
 
     def write_nvml_round(self, node: str, rnd: NvmlRound) -> None:
         """Roll one NVML round into the node's and each GPU's minute (a sample counted once)."""

@@ -12,6 +12,7 @@ import yaml
 
 from agent.clock import ManualClock
 from agent.config import parse_config
+from agent.detect.deploys import record_deploy
 from agent.detect.pipeline import build_pipeline
 from agent.detect.rules import load_rules
 from agent.samples import CostWindow, UsageWindow
@@ -44,7 +45,7 @@ async def test_deploy_regression_pages_with_the_deploy_and_survives_restart(tmp_
     rules = load_rules([p])
     cfg = parse_config({"node": "n1", "state_dir": str(tmp_path)}, "test", environ={})
     clock = ManualClock(T0)
-    store = Store(tmp_path / "history.sqlite", 35, clock)
+    store = Store(tmp_path / "history.sqlite", 35, clock, deploys=record_deploy)
     store.write_windows([window(T0 + i * 60, "v1", 0.03) for i in range(1440)])  # a day of v1 at $5/1M
     deploy_at = T0 + 1440 * 60
     clock.advance(1440 * 60)
@@ -73,7 +74,7 @@ async def test_deploy_regression_pages_with_the_deploy_and_survives_restart(tmp_
     store.close()
 
     # restart: the alert is still firing (no second page), and clears when v2 is fixed
-    store = Store(tmp_path / "history.sqlite", 35, clock)
+    store = Store(tmp_path / "history.sqlite", 35, clock, deploys=record_deploy)
     again = build_pipeline(cfg, store, clock, rules=rules, sinks=[])
     t = deploy_at + 25 * 60
     events = []
@@ -97,7 +98,7 @@ async def test_alerts_after_one_deploy_read_the_previous_versions_week_once(tmp_
     rules = load_rules([p])
     cfg = parse_config({"node": "n1", "state_dir": str(tmp_path)}, "test", environ={})
     clock = ManualClock(T0)
-    store = Store(tmp_path / "history.sqlite", 35, clock)
+    store = Store(tmp_path / "history.sqlite", 35, clock, deploys=record_deploy)
     store.write_windows([window(T0 + i * 60, "v1", 0.03) for i in range(1440)])
     deploy_at = T0 + 1440 * 60
     clock.advance(1440 * 60)

@@ -25,6 +25,7 @@ from agent.config import (
     parse_config,
 )
 from agent.detect.alerts import AlertManager
+from agent.detect.deploys import record_deploy
 from agent.detect.explain import AlertExplainer
 from agent.detect.pipeline import build_pipeline
 from agent.detect.rules import load_rules
@@ -76,7 +77,7 @@ async def test_the_alert_names_step_efficiency_in_every_sink(
     write_history(tmp_path)
     end = phase_start(len(PHASES))
     clock = ManualClock(phase_start(1))
-    store = Store(tmp_path / "history.sqlite", 35, clock)
+    store = Store(tmp_path / "history.sqlite", 35, clock, deploys=record_deploy)
     rules_file = tmp_path / "rules.yaml"
     rules_file.write_text(yaml.safe_dump({"rules": [RULE]}))
     monkeypatch.setenv("T_SLACK_URL", receivers["slack"].url)

@@ -28,6 +28,7 @@ from agent.cli import main
 from agent.clock import ManualClock
 from agent.cost.inputs import EngineSpec, GpuRate, PriceTable
 from agent.cost.window import WindowJoiner
+from agent.detect.deploys import record_deploy
 from agent.records import mean_of
 from agent.samples import EngineScrape, GpuSample, ModelSignals, NvmlRound
 from agent.store import Store
@@ -62,7 +63,7 @@ def write_history(state_dir: Path) -> Path:
     )  # fmt: skip
     joiner = WindowJoiner("n1", (spec,), PriceTable(gpus=(GpuRate("H100", 3.6),)))
     end = phase_start(len(PHASES))
-    store = Store(state_dir / "history.sqlite", 35, ManualClock(end))
+    store = Store(state_dir / "history.sqlite", 35, ManualClock(end), deploys=record_deploy)
     totals: defaultdict[str, float] = defaultdict(float)
     t = T0
     for i, p in enumerate(PHASES):

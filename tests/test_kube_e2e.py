@@ -26,7 +26,7 @@ from agent.config import (
     PrometheusExporterConfig,
     parse_config,
 )
-from agent.detect.deploys import DeployTracker
+from agent.detect.deploys import DeployTracker, record_deploy
 from agent.detect.evaluator import Finding
 from agent.detect.pipeline import build_pipeline
 from agent.detect.rules import load_rules
@@ -241,7 +241,7 @@ async def test_an_alert_after_an_engine_image_change_names_the_engine_upgrade_th
     p.write_text(yaml.safe_dump({"rules": [RULE]}))
     cfg = parse_config({"node": "n1", "state_dir": str(tmp_path)}, "test", environ={})
     clock = ManualClock(T0)
-    store = Store(tmp_path / "history.sqlite", 35, clock)
+    store = Store(tmp_path / "history.sqlite", 35, clock, deploys=record_deploy)
     old, new = f"{OLD_IMAGE}@{OLD_DIGEST}", f"{NEW_IMAGE}@{NEW_DIGEST}"
     assert store.note_engine_version("n1", "llama-70b", old, T0) is None  # first sight: no deploy
     store.write_windows([_window(T0 + i * 60, 0.03) for i in range(1440)])  # a day at $5/1M

@@ -13,11 +13,13 @@ import pytest
 
 from agent.clock import ManualClock
 from agent.detect.baselines import baseline_of
+from agent.detect.deploys import record_deploy
 from agent.detect.evaluator import RuleEvaluator
 from agent.detect.rules import load_default_rules
+from agent.records import DeployEvent
 from agent.samples import CostWindow, EngineScrape, GpuSample, NvmlRound, UsageWindow
 from agent.state import check_sqlite_file, recover_if_corrupt
-from agent.store import MIGRATIONS, Store, StoreError
+from agent.store import MIGRATIONS, Store, StoreError, VersionSeen
 
 T0 = 1699833600.0  # Monday 00:00 UTC
 KEY = {"node": "n1", "engine": "vllm-a", "model": "llama", "model_version": "v1"}
@@ -153,15 +155,25 @@ def test_nvml_rounds_written_as_one_batch_equal_round_by_round(tmp_path: Path, c
 
 
 def test_deploys_are_recorded_and_survive_restart(tmp_path: Path, clock: ManualClock) -> None:
-    st = Store(tmp_path / "h.sqlite", 35, clock)
+    seen: list[tuple[VersionSeen | None, VersionSeen]] = []
+
+    def rule(last: VersionSeen | None, now: VersionSeen) -> DeployEvent | None:
+        seen.append((last, now))
+        return record_deploy(last, now)
+
+    st = Store(tmp_path / "h.sqlite", 35, clock, deploys=rule)
     st.write_windows([cw(T0), cw(T0 + 60)])
     st.write_windows([cw(T0 + 120, version="v2")])
-    st.write_windows([cw(T0 + 120, version="v2")])  # rewritten: no second deploy
+    st.write_windows([cw(T0 + 120, version="v2")])  # rewritten: not merged, not shown to the rule
+    st.write_windows([cw(T0 + 60, dur=30, version="v1")])  # written late, an earlier minute: no deploy back
+    assert [now.minute for _, now in seen] == [T0, T0 + 60, T0 + 120]  # the merged windows only
+    assert seen[0][0] is None and seen[2][0] == VersionSeen("n1", "vllm-a", "llama", "v1", T0 + 60)
     st.close()
-    st = Store(tmp_path / "h.sqlite", 35, clock)
+    st = Store(tmp_path / "h.sqlite", 35, clock)  # no rule: versions kept, no deploy decided
+    st.write_windows([cw(T0 + 180, version="v3")])
+    assert st.current_versions() == [("n1", "vllm-a", "llama", "v3", T0 + 180)]
     (d,) = st.deploys()
     assert (d.model, d.from_version, d.to_version, d.at) == ("llama", "v1", "v2", T0 + 120)
-    assert st.current_versions() == [("n1", "vllm-a", "llama", "v2", T0 + 120)]
     st.save_alert_state([{"dedup_key": "k", "state": "firing"}])
     st.close()
     st = Store(tmp_path / "h.sqlite", 35, clock)
@@ -194,7 +206,7 @@ def test_schema_migrates_and_refuses_newer(tmp_path: Path, clock: ManualClock) -
     )
     db.commit()
     db.close()
-    st = Store(p, 35, clock)
+    st = Store(p, 35, clock, deploys=record_deploy)
     assert st.schema_version() == len(MIGRATIONS)
     assert [r.sums["generation_tokens"] for r in st.records(T0, T0 + 60, ("model",))] == [6000]
     st.write_windows([cw(T0 + 60, version="v2")])

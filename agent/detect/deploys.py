@@ -1,6 +1,10 @@
-"""Deploy attribution (pure): a model's version changing is a deploy, and so is a new build of the
-engine serving it (an engine upgrade, recorded from the pod's image); alerts that begin soon after
-one name it and compare the new version with the previous one at like load.
+"""Deploys (pure): a model's version changing is a deploy, and so is a new build of the engine
+serving it (an engine upgrade, recorded from the pod's image); alerts that begin soon after one
+name it and compare the new version with the previous one at like load.
+
+:func:`deploy_of` is the decision, for the store's writes (:func:`record_deploy` is the
+:data:`agent.store.DeployRule` the daemon's store is built with: the store keeps the versions seen
+and writes the deploy rows it is handed) and for :meth:`DeployTracker.observe` alike.
 
 :class:`DeployTracker` watches the model records minute by minute (or is seeded from the store's
 deploy table) and answers :meth:`DeployTracker.lookup`, which is the ``deploy_lookup`` hook of
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 from agent.detect.evaluator import Finding
 from agent.detect.rules import Rule
 from agent.records import SIGNALS, DeployEvent, DeployInfo, MinuteRecord, iso
+from agent.store import VersionSeen
 
 _GPU_HOUR_PRICE = SIGNALS["usd_per_gpu_hour"]  # the same figure the price_increase rule reads
 
@@ -25,6 +30,27 @@ logger = logging.getLogger(__name__)
 # Why 2 hours: a version that regresses cost shows it within its first hour of traffic; an alert
 # starting later is more likely load or infrastructure than the deploy.
 DEFAULT_ATTRIBUTION_SECONDS = 2 * 3600.0
+
+
+def deploy_of(last: VersionSeen | None, now: VersionSeen) -> DeployEvent | None:
+    """The deploy a series showing ``now`` reveals after showing ``last``: a version other than the
+    last one, in that minute or a later one (a window written late, of an earlier minute, is not a
+    deploy back). The first version a series shows is none. Model "" is the engine's own build."""
+    if last is None or now.version == last.version or now.minute < last.minute:
+        return None
+    kind = "engine" if now.model == "" else "model"
+    return DeployEvent(now.node, now.engine, now.model, last.version, now.version, now.minute, kind=kind)
+
+
+def record_deploy(last: VersionSeen | None, now: VersionSeen) -> DeployEvent | None:
+    """:func:`deploy_of`, logged: the deploy rule of the daemon's store."""
+    e = deploy_of(last, now)
+    if e is not None:
+        what = e.model if e.kind == "model" else "engine build"
+        logger.info(
+            "deploy recorded: %s on %s/%s %s -> %s", what, e.node, e.engine, e.from_version, e.to_version
+        )
+    return e
 
 
 # (deploy, rule, finding) → (previous version's value, new version's value) at like load.
@@ -58,11 +84,12 @@ class DeployTracker:
             node, engine, model, version = (v for _, v in r.labels)
             key = (node, engine, model)
             prev = self._current.get(key)
-            if prev is not None and prev[0] != version and r.minute >= prev[1]:
-                e = DeployEvent(node, engine, model, prev[0], version, r.minute)
+            last = None if prev is None else VersionSeen(node, engine, model, *prev)
+            e = deploy_of(last, VersionSeen(node, engine, model, version, r.minute))
+            if e is not None:
                 self._deploys.setdefault(key, []).append(e)
                 out.append(e)
-                logger.info("deploy of %s on %s/%s: %s -> %s", model, node, engine, prev[0], version)
+                logger.info("deploy of %s on %s/%s: %s -> %s", model, node, engine, e.from_version, version)
             if prev is None or r.minute >= prev[1]:
                 self._current[key] = (version, r.minute)
         return out

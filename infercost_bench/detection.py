@@ -61,6 +61,7 @@ from rich.progress import (
 from agent.clock import ManualClock
 from agent.cost.invariants import counters_read_at, violations
 from agent.cost.window import WindowJoiner
+from agent.detect.deploys import record_deploy
 from agent.detect.forest import ForestDetector
 from agent.detect.pipeline import Pipeline
 from agent.detect.rules import RuleSet, load_default_rules, parse_rules
@@ -475,7 +476,7 @@ async def _run_through_agent(
     t0 = time.perf_counter()
     ph = phases or _PhaseClock()
     clock = ManualClock(sim.start)
-    store = Store(IN_MEMORY, retention_days=60.0, clock=clock)
+    store = Store(IN_MEMORY, retention_days=60.0, clock=clock, deploys=record_deploy)
     rules = bench_rules()
     notifier = Notifier(Outbox(IN_MEMORY), [], clock)
     pipeline = Pipeline(store, clock, rules, notifier)

@@ -497,7 +497,7 @@ def _add_bench(add: _Add) -> None:
         "soak: random seed (default 7)",
     )
     b.add_argument(
-        "--weeks", type=int, default=None, help="detection: weeks of history (default 2; --quick: 4)"
+        "--weeks", type=int, default=None, help="detection: weeks of history (default 2, --quick too)"
     )
     b.add_argument("--seeds", type=int, default=5, help="detection: seeds per traffic model")
     b.add_argument(

@@ -94,3 +94,27 @@ def test_the_grid_has_one_15s_node_per_model_and_5_minute_history() -> None:
     scrape = [j[4] for j in jobs]
     assert scrape.count(15.0) == 2 and {j[0] for j in jobs if j[4] == 15.0} == {"core", "azure"}
     assert scrape.count(300.0) == 6 and scrape.count(60.0) == 10
+
+
+def test_an_outage_is_what_the_scrapes_see_of_it() -> None:
+    # at 60 s scrapes a gap of 4 minutes is not an outage to page and one of 5 is; at a 5-minute
+    # interval a failed minute that a scrape reads is one failed scrape, 5 minutes long (it pages),
+    # and one between two scrapes is not seen at all
+    from dataclasses import replace
+
+    sim = simulate_node("core", seed=300, weeks=1)
+    up = np.ones(sim.minutes, dtype=bool)
+    up[100:104] = False  # 4 minutes
+    up[200:205] = False  # 5 minutes
+    up[299] = False  # the minute the 5-minute scrape at 300 min reads
+    up[401] = False  # between two 5-minute scrapes
+    agent = np.ones(sim.minutes, dtype=bool)
+    gaps = replace(sim, drivers=replace(sim.drivers, engine_up=up, agent_up=agent), tick_seconds=60.0)
+    assert engine_outages(gaps) == ((sim.start + 200 * MINUTE, sim.start + 205 * MINUTE),)
+    coarse = replace(gaps, tick_seconds=300.0)
+    # the 5-minute gap's last minute is read by the scrape at 205 min: one failed scrape too
+    assert engine_outages(coarse) == tuple(
+        (sim.start + a * MINUTE, sim.start + (a + 5) * MINUTE) for a in (200, 295)
+    )
+    fine = replace(gaps, tick_seconds=15.0)
+    assert engine_outages(fine) == engine_outages(gaps)

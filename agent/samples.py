@@ -245,6 +245,10 @@ class CostWindow:
     # and → GPU dollars; None where GPM does not measure every GPU of the window (absent, not guessed)
     bound_gpu_seconds: Mapping[str, float] | None = None
     bound_usd: Mapping[str, float] | None = None
+    # the prefill share of the engine's step time and the floor of it the decode efficiency took out
+    # (0–1 of the window's seconds per replica; agent.cost.explain.prefill_shares); None: not read
+    prefill_share_ratio: float | None = None
+    prefill_share_floor_ratio: float | None = None
 
     @property
     def output_usd(self) -> float:

@@ -150,7 +150,17 @@ def test_every_stored_model_column_is_written() -> None:
         energy_joules=1.0, preemptions=1.0, gpu_util_ratio=0.5, mem_bw_ratio=0.5, power_watts=300.0,
         requests_running=2.0, kv_cache_usage_ratio=0.5, ttft_p99_seconds=0.1, itl_p99_seconds=0.01,
     )  # fmt: skip
-    w = CostWindow(u, 0.01, 0.0, None, None, 0.0, roofline_ratio=0.5)
+    w = CostWindow(
+        u,
+        0.01,
+        0.0,
+        None,
+        None,
+        0.0,
+        roofline_ratio=0.5,
+        prefill_share_ratio=0.2,
+        prefill_share_floor_ratio=0.1,
+    )
     written = {k.replace(".", "_") for k in model_sums(w)} | {
         "anomaly_s",
         "anomaly_w",

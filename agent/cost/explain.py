@@ -4,27 +4,40 @@ For a window, dollars per output token is a chain of factors, each read from its
 
     $/token = price        Σ cost $ ÷ Σ allocated GPU-s                         [$ / GPU-s]
             × idle         Σ allocation $ ÷ Σ usage $ (NVML busy time)            [1, ≥ 1]
-            × mix          Σ split $ ÷ (Σ split $ − Σ prefill $) (phase times)    [1, ≥ 1]
-            × step eff.    1 ÷ decode efficiency (measured step ÷ roofline step)  [1, ≥ 1]
+            × mix          1 ÷ (1 − f): a step as run ÷ its decode part, f the
+                           prefill share of the engine's step time (the measure
+                           ``prefill_share``, time-weighted)                       [1, ≥ 1]
+            × step eff.    decode step ÷ roofline step: the step as run (ITL, or
+                           decode seconds per token) less its prefill share f, over
+                           the roofline step — the stored decode efficiency, which
+                           took out only the floor s of f (``prefill_floor``), so
+                           1 ÷ efficiency × (1 − f) ÷ (1 − s)                     [1, ≥ 1]
             × model        GPU-s of one roofline step (weights + resident KV
                            ÷ bandwidth, × GPUs), from the cost floor: floor $/token
                            ÷ price × batch                                         [GPU-s / step]
-            ÷ batch        sequences per decode step: the sequences in decode over the
-                           window (the counter-derived batch, decode request-seconds
-                           ÷ seconds; else the running gauge) ÷ the share of the window
-                           spent in decode steps (busy share × decode share)        [tokens / step]
+            ÷ batch        sequences per step: the sequences in the running set over
+                           the window (the counter-derived batch, decode
+                           request-seconds ÷ seconds; else the running gauge) over
+                           the busy share (steps run while a kernel runs)          [tokens / step]
 
-Dimensions: $/GPU-s × GPU-s/step ÷ tokens/step = $/token. Idle and mix are the two shares of the
-window that were not decode steps, and batch is per decode step, so the product is
-price × step efficiency × model ÷ (sequences in decode over the window): a night with half the
-requests shows as idle (the GPU waited), not as a smaller batch; longer prompts as mix.
+Dimensions: $/GPU-s × GPU-s/step ÷ tokens/step = $/token, and the chain closes: idle × batch is
+1 ÷ the sequences running, and mix × step efficiency is the step as run ÷ the roofline step, so the
+product is price × GPUs × step as run ÷ sequences running — what a continuously batching engine's
+cost per token is (vLLM's decode request time and inter-token latency both span the prefill work its
+steps carry). Longer prompts show as mix (and as model and context, their KV read by every step); a
+night with fewer requests as a smaller batch; time no kernel ran as idle.
+
+The prefill share f is the engine's prefill request-seconds per replica-second, at least the floor s
+its prefilled tokens' FLOPs at the GPUs' peak put on it (:func:`prefill_shares`): exact where one
+prefill runs at a time per replica, an upper bound where several share a step (then an efficiency
+read above 1 is absent and mix and step efficiency merge).
 
 The product is checked against the measured Σ cost ÷ Σ output tokens; their ratio less 1 is the
 **closure gap**, a measurement (the factors come from different series: price book and GPU time,
 NVML busy time, the engine's phase times, its step timing, the configured model and the hardware's
 bandwidth, the running gauge), not forced to zero. Every factor is a ratio of sums over the
-window's minutes, never a mean of per-minute ratios (decode efficiency is kept by the store as a
-time-weighted mean, so step efficiency is the inverse of that mean).
+window's minutes, never a mean of per-minute ratios (decode efficiency and the prefill shares are
+kept by the store as time-weighted means, so step efficiency is built from those means).
 
 Between two windows the change of the measured $/1M splits additively by the log-mean Divisia
 index (LMDI-I; Ang, Energy Policy 2004 and 2015): factor i's share is ``L(V₁, V₀) · ln(fᵢ₁ / fᵢ₀)``
@@ -45,6 +58,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from agent.cost.efficiency import DECODE_TIME_KIND, DecodeObservation, ModelFigures, prefill_share_floor
 from agent.cost.model import PER_MILLION
 
 # The chain, in order; each factor's value v enters the product as v (batch as 1 / batch).
@@ -72,7 +86,7 @@ PAIRS: tuple[tuple[str, str], ...] = (("price", "idle"), ("mix", "step_efficienc
 ABSENT_WHY: Mapping[str, str] = {
     "price": "no GPU-seconds",
     "idle": "no NVML busy time (usage basis)",
-    "mix": "no prefill/decode phase times",
+    "mix": "no prefill share (no prefill phase times, or more than the replicas' time)",
     "step_efficiency": "no decode step timing (no decode efficiency)",
     "model": "no cost floor (model weights or GPU bandwidth unknown)",
     "batch": "no running-sequences gauge",
@@ -135,18 +149,28 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den
 
 
+def _mean(sums: Mapping[str, float], name: str) -> float | None:
+    """A time-weighted gauge's mean from its pair ``name.s`` / ``name.w`` (None: never read)."""
+    w = sums.get(name + ".w", 0.0)
+    return sums.get(name + ".s", 0.0) / w if w > 0 else None
+
+
 def factors_of(sums: Mapping[str, float], engine_kind: str | None = None) -> Factors:
     """The factors of one window from its model sums (the store's names: ``cost_usd``,
-    ``gpu_seconds``, ``usage_usd``/``usage_alloc_usd``, ``prompt_usd``/``split_usd``,
-    ``roofline.s``/``.w``, ``running.s``/``.w``, ``floor_usd``/``floor_tokens``,
-    ``generation_tokens``), summed over its minutes. ``engine_kind`` drops the factors that kind
-    cannot read (:data:`ENGINE_MERGES`) even where a sum happens to be present."""
+    ``gpu_seconds``, ``usage_usd``/``usage_alloc_usd``, ``prefill_share.s``/``.w``,
+    ``prefill_floor.s``/``.w``, ``roofline.s``/``.w``, ``running.s``/``.w``,
+    ``floor_usd``/``floor_tokens``, ``generation_tokens``), summed over its minutes. ``engine_kind``
+    drops the factors that kind cannot read (:data:`ENGINE_MERGES`) even where a sum happens to be
+    present."""
     g = sums.get
     price = _ratio(g("cost_usd", 0.0), g("gpu_seconds", 0.0))
     idle = _ratio(g("usage_alloc_usd", 0.0), g("usage_usd", 0.0))
-    split = g("split_usd", 0.0)
-    mix = _ratio(split, split - g("prompt_usd", 0.0)) if split > 0 else None
-    step = _ratio(g("roofline.w", 0.0), g("roofline.s", 0.0))
+    share, share_floor = _mean(sums, "prefill_share"), _mean(sums, "prefill_floor")
+    readable = share is not None and share_floor is not None and 0.0 <= share_floor <= share < 1.0
+    mix = 1.0 / (1.0 - share) if readable and share is not None else None
+    step = _ratio(g("roofline.w", 0.0), g("roofline.s", 0.0))  # 1 ÷ the mean decode efficiency
+    if step is not None and readable and share is not None and share_floor is not None:
+        step *= (1.0 - share) / (1.0 - share_floor)  # the step less f, where the store's took out s
     running = _ratio(g("running.s", 0.0), g("running.w", 0.0))
     floor = _ratio(g("floor_usd", 0.0), g("floor_tokens", 0.0))  # $/token at the roofline, running batch
     model = floor / price * running if floor and price and running else None
@@ -163,24 +187,47 @@ def factors_of(sums: Mapping[str, float], engine_kind: str | None = None) -> Fac
     return Factors(values, _ratio(g("cost_usd", 0.0), g("generation_tokens", 0.0)), running)
 
 
-# The shares of a window that were not decode steps: batch per step is the sequences in decode over
-# the window divided by them.
-BATCH_SHARES = ("idle", "mix")
+# The share of a window no kernel ran: batch per step is the sequences running over the window
+# divided by the busy share (steps run while a kernel runs; the prefill a step carries is in it).
+BATCH_SHARES = ("idle",)
 
 
 def _per_step(
     in_decode: float | None, values: Mapping[str, float | None], shares: Sequence[str]
 ) -> float | None:
-    """1 ÷ sequences per decode step: the sequences in decode over the window over the share of it
-    spent in decode steps (busy share × decode share, of ``shares`` those readable; one that is not
-    counts as 1, and the merged residual that replaces it makes up for it, so the product stays
-    price × step efficiency × model ÷ sequences in decode)."""
+    """1 ÷ sequences per step: the sequences running over the window over the share of it that
+    steps ran (the busy share, of ``shares`` those readable; one that is not counts as 1, and the
+    merged residual that replaces it makes up for it, so the product stays price × mix × step
+    efficiency × model ÷ sequences running)."""
     if not in_decode:
         return None
     per_step = in_decode
     for n in shares:
         per_step *= values.get(n) or 1.0
     return 1.0 / per_step
+
+
+def prefill_shares(
+    obs: DecodeObservation, model: ModelFigures, prefill_seconds: float | None
+) -> tuple[float, float] | None:
+    """The prefill share of a window's step time and the floor of it the decode efficiency takes
+    out (:func:`agent.cost.efficiency.decode_efficiency`), both 0–1 of the window's seconds per
+    replica; None where it cannot be read.
+
+    The share is the engine's prefill request-seconds per replica-second (``prefill_seconds`` over
+    replicas × seconds): exact where one prefill runs at a time per replica, an upper bound where
+    several share a step. It is at least the floor (the prefilled tokens' FLOPs at the GPUs' peak),
+    and a figure of 1 or more (prefills overlapping more than a replica's time) says nothing: None.
+    An engine whose decode time is batch forward time (TGI) times decode steps alone, so its
+    efficiency has the whole share out: the floor returned is the share itself."""
+    kind = DECODE_TIME_KIND.get(obs.engine_kind)
+    if kind is None or prefill_seconds is None or prefill_seconds < 0 or obs.window_seconds <= 0:
+        return None
+    floor = prefill_share_floor(obs, model) if kind == "request" else 0.0
+    share = max(floor, prefill_seconds / (max(1, obs.replicas) * obs.window_seconds))
+    if not share < 1.0:
+        return None
+    return share, floor if kind == "request" else share
 
 
 @dataclass(frozen=True, slots=True)

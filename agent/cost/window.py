@@ -37,6 +37,7 @@ from agent.cost.counters import (
     prompt_ceiling,
 )
 from agent.cost.efficiency import DecodeObservation, ModelFigures, decode_efficiency, mean_decode_batch
+from agent.cost.explain import prefill_shares
 from agent.cost.floor import CostFloor, cost_floor
 from agent.cost.inputs import EngineSpec, PriceTable
 from agent.cost.latency import HistogramMemory, histogram_increase
@@ -456,7 +457,7 @@ class WindowJoiner:
         tokens = p_tok + g_tok
         prompt_usd = prompt_cost(cost, usage.prefill_seconds, usage.decode_seconds) if tokens > 0 else None
         names = [charges[u].reading.sample.name for u in mc.gpus]
-        roof = _efficiency(usage, cur, sc_kind, spec, names)
+        roof, prefill = _efficiency(usage, cur, sc_kind, spec, names)
         floor = _floor(usage, cur, spec, names, cost)
         return CostWindow(
             usage=usage,
@@ -475,6 +476,8 @@ class WindowJoiner:
             floor_usd_per_1m_output_max_batch=floor.usd_per_1m_at_max_batch if floor and mc.priced else None,
             bound_gpu_seconds=mc.bound_gpu_seconds,
             bound_usd=mc.bound_usd,
+            prefill_share_ratio=prefill[0] if prefill else None,
+            prefill_share_floor_ratio=prefill[1] if prefill else None,
         )
 
     # ------------------------------------------------------------------ internals
@@ -602,10 +605,11 @@ def _running(
 
 def _efficiency(
     usage: UsageWindow, cur: ModelSignals | None, kind: str, spec: EngineSpec, gpu_names: Sequence[str]
-) -> float | None:
-    """Decode efficiency of one model window (:mod:`agent.cost.efficiency`); None when unknown."""
+) -> tuple[float | None, tuple[float, float] | None]:
+    """Decode efficiency of one model window (:mod:`agent.cost.efficiency`) and, where it is known,
+    the prefill shares its step had (:func:`agent.cost.explain.prefill_shares`); None when unknown."""
     if cur is None:
-        return None
+        return None, None
     ranks = len(cur.counter_parts.get("generation_tokens_total", {})) or 1
     obs = DecodeObservation(
         engine_kind=kind,
@@ -629,7 +633,8 @@ def _efficiency(
     figures = ModelFigures(
         spec.weights_bytes, spec.kv_bytes_per_token, spec.kv_capacity_tokens, spec.flops_per_token
     )
-    return decode_efficiency(obs, figures)
+    roof = decode_efficiency(obs, figures)
+    return roof, None if roof is None else prefill_shares(obs, figures, usage.prefill_seconds)
 
 
 def _all_known(values: Iterable[float | None]) -> float | None:

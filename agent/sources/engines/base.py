@@ -47,7 +47,7 @@ from typing import Any
 
 from agent.cost.counters import CREATED, STARTED
 from agent.samples import Histogram, ModelSignals
-from agent.sources.engines.parser import Page, PageRefused, Sample, parser_for
+from agent.sources.engines.parser import Page, PageReader, PageRefused, Parsed, Sample, parser_for
 
 logger = logging.getLogger(__name__)
 
@@ -195,6 +195,22 @@ class Adapter:
         raises ParseError on a malformed wanted line, PageRefused on a histogram of more than
         ``max_buckets`` buckets."""
         page, duplicates = parser_for(self.families).read(text, openmetrics, max_buckets)
+        return _Mapping(self, page, default_model, max_models, duplicates, max_buckets).run()
+
+    def reader(self, openmetrics: bool = False, max_buckets: int = DEFAULT_MAX_BUCKETS) -> PageReader:
+        """A reader of one page fed in pieces as it arrives (:class:`PageReader`); map what it
+        read with :meth:`map_read`."""
+        return parser_for(self.families).reader(openmetrics, max_buckets)
+
+    def map_read(
+        self,
+        parsed: Parsed,
+        default_model: str | None = None,
+        max_models: int = DEFAULT_MAX_MODELS,
+        max_buckets: int = DEFAULT_MAX_BUCKETS,
+    ) -> Reading:
+        """What :meth:`read` returns, from a page a :meth:`reader` has read."""
+        page, duplicates = parsed
         return _Mapping(self, page, default_model, max_models, duplicates, max_buckets).run()
 
     def parse(

@@ -22,17 +22,20 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Iterator
+from typing import TypeVar
 
 import aiohttp
 
 from agent.clock import Clock
 from agent.config import EngineConfig, LimitsConfig
 from agent.samples import EngineScrape
-from agent.sources.engines.base import Adapter, PageRefused
-from agent.sources.engines.parser import ParseError
+from agent.sources.engines.base import Adapter, PageRefused, Reading
+from agent.sources.engines.parser import PageReader, ParseError
 from agent.sources.engines.registry import ADAPTERS, detect_kind
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 # Media types of the Prometheus text format (0.0.4) and OpenMetrics text. A missing header is
 # accepted (hand-written servers omit it); anything else (HTML, JSON, octet-stream) is refused.
@@ -54,6 +57,87 @@ class ScrapeFailed(Exception):
     """Why a scrape is down (the message becomes ``EngineScrape.error``)."""
 
 
+class PageBudget:
+    """Bytes of engine pages being read, over every scraper that shares it (``limits.page_bytes_in_flight``).
+
+    A scrape takes the bytes of its page as they arrive and gives them all back when it is done
+    (parsed and mapped, or refused). A scrape that holds nothing yet waits for room (until its own
+    timeout); one that already holds some and needs more than is left is refused at once, so two
+    pages never wait for each other. ``most`` is the most ever held; it never passes ``total``.
+    """
+
+    def __init__(self, total: int) -> None:
+        self.total = total  # bytes
+        self.held = 0  # bytes
+        self.most = 0  # bytes, the most held at once
+        self.waits = 0  # takes that had to wait for room
+        self.refused = 0  # takes refused (a page over the whole budget, or grown past what was left)
+        self._waiters: list[asyncio.Future[None]] = []
+
+    async def take(self, n: int, holding: int) -> None:
+        """Take ``n`` more bytes for a page already holding ``holding``; ScrapeFailed when refused."""
+        if holding + n > self.total:
+            self.refused += 1
+            raise ScrapeFailed(
+                f"page refused: {holding + n} bytes, more than limits.page_bytes_in_flight "
+                f"({self.total}) allows for every engine's pages together"
+            )
+        if self.held + n > self.total:
+            if holding:
+                self.refused += 1
+                raise ScrapeFailed(
+                    f"page refused: {self.held} bytes of pages in flight over every engine, and this "
+                    f"page's {n} more would pass limits.page_bytes_in_flight ({self.total})"
+                )
+            self.waits += 1
+            while self.held + n > self.total:
+                fut = asyncio.get_running_loop().create_future()
+                self._waiters.append(fut)
+                try:
+                    await fut
+                finally:
+                    if fut in self._waiters:
+                        self._waiters.remove(fut)
+        self.held += n
+        self.most = max(self.most, self.held)
+
+    def give(self, n: int) -> None:
+        """Give back ``n`` bytes; every waiting scrape looks again."""
+        self.held -= n
+        waiters, self._waiters = self._waiters, []
+        for fut in waiters:
+            if not fut.done() and not fut.get_loop().is_closed():
+                fut.set_result(None)
+
+
+_BUDGETS: dict[int, PageBudget] = {}  # limits.page_bytes_in_flight -> the budget every scraper shares
+
+
+def shared_budget(limits: LimitsConfig) -> PageBudget:
+    """The process' one budget for ``limits.page_bytes_in_flight`` (every scraper of the daemon)."""
+    return _BUDGETS.setdefault(limits.page_bytes_in_flight, PageBudget(limits.page_bytes_in_flight))
+
+
+class _Hold:
+    """One scrape's share of a :class:`PageBudget`."""
+
+    def __init__(self, budget: PageBudget) -> None:
+        self.budget = budget
+        self.taken = 0  # bytes
+        self.waiting = False  # waiting for room (a timeout then names the budget)
+
+    async def grow_to(self, n: int) -> None:
+        if n > self.taken:
+            self.waiting = not self.taken  # (left set when a timeout cancels the wait)
+            await self.budget.take(n - self.taken, self.taken)
+            self.waiting = False
+            self.taken = n
+
+    def release(self) -> None:
+        self.budget.give(self.taken)
+        self.taken = 0
+
+
 class EngineScraper:
     """Scrapes one configured engine endpoint with a shared HTTP session and the injected clock.
 
@@ -67,12 +151,14 @@ class EngineScraper:
         session: aiohttp.ClientSession,
         clock: Clock,
         limits: LimitsConfig | None = None,
+        budget: PageBudget | None = None,
     ) -> None:
         self.cfg = cfg
         self.session = session
         self.clock = clock
         self.limits = limits or LimitsConfig()
-        self.cpu_seconds = 0.0  # CPU time of the last page read (decode, parse, map), this thread's
+        self.budget = budget or shared_budget(self.limits)
+        self.cpu_seconds = 0.0  # CPU seconds of the last page read (decode, parse, map), on any thread
         self._over_budget = 0  # pages over the CPU budget in a row
         self._skip = 0  # scrapes still to skip after one
         self._skip_reason = ""
@@ -90,34 +176,30 @@ class EngineScraper:
     async def scrape(self) -> EngineScrape:
         """One scrape; never raises (see the module docstring)."""
         t0 = time.perf_counter()
-        size = 0
         skipped = 0  # scrapes this one's CPU cost makes the next ones skip
+        page = _Page(self)
+        hold = _Hold(self.budget)
         try:
             if self._skip:
                 self._skip -= 1
                 raise ScrapeFailed(self._skip_reason)
-            body, openmetrics = await asyncio.wait_for(self._fetch(), timeout=self.cfg.timeout_seconds)
-            size = len(body)
-            cpu0 = time.thread_time()  # the parse runs on this thread alone, between two awaits
             try:
-                text = self._decode(body)
-                del body  # the text is what is read: the bytes need not stay as well
-                adapter = self._adapter_for(text)
-                reading = adapter.read(
-                    text,
-                    self.cfg.model,
-                    openmetrics,
-                    self.cfg.max_models,
-                    self.limits.max_histogram_buckets,
-                )
+                try:
+                    await asyncio.wait_for(self._fetch(page, hold), timeout=self.cfg.timeout_seconds)
+                except TimeoutError:
+                    if hold.waiting:
+                        raise ScrapeFailed(self._budget_timeout()) from None
+                    raise
+                # read on a worker thread: with the GIL the loop still gets its time slices, so
+                # /metrics answers while a large page is parsed and mapped
+                adapter, reading = await asyncio.to_thread(page.read)
             finally:
-                self.cpu_seconds = time.thread_time() - cpu0
+                page.close()
+                hold.release()
+                self.cpu_seconds = page.cpu_seconds
                 skipped = self._note_cost()
             if skipped:
-                raise ScrapeFailed(
-                    f"page refused: reading it cost {self.cpu_seconds:.2f} s of CPU, over the budget of "
-                    f"{self.limits.scrape_cpu_seconds:g} s (limits.scrape_cpu_seconds)"
-                )
+                raise ScrapeFailed(self.over_cpu(self.cpu_seconds))
         except asyncio.CancelledError:
             raise
         except Exception as err:
@@ -135,7 +217,7 @@ class EngineScraper:
                 up=False,
                 duration_seconds=time.perf_counter() - t0,
                 error=reason,
-                size_bytes=size,
+                size_bytes=page.size,
             )
         self._note("up")
         self._note_invalid(reading.invalid_series)
@@ -146,13 +228,27 @@ class EngineScraper:
             up=True,
             duration_seconds=time.perf_counter() - t0,
             models=reading.models,
-            size_bytes=size,
+            size_bytes=page.size,
             invalid_series=reading.invalid_series,
             dropped_series=reading.dropped_series,
         )
 
-    async def _fetch(self) -> tuple[bytearray, bool]:
-        """The body, and whether it is OpenMetrics text (by its content type)."""
+    def over_cpu(self, cpu: float) -> str:
+        """Why a page that cost ``cpu`` seconds is refused."""
+        return (
+            f"page refused: reading it cost {cpu:.2f} s of CPU, over the budget of "
+            f"{self.limits.scrape_cpu_seconds:g} s (limits.scrape_cpu_seconds)"
+        )
+
+    def _budget_timeout(self) -> str:
+        b = self.budget
+        return (
+            f"timeout after {self.cfg.timeout_seconds:g} s waiting for room among the pages in flight: "
+            f"{b.held} bytes of limits.page_bytes_in_flight ({b.total}) held by other engines"
+        )
+
+    async def _fetch(self, page: _Page, hold: _Hold) -> None:
+        """Read the page's bytes into ``page`` as they arrive, taken from the budget."""
         # redirects are never followed: a page may not send the agent to another host (SSRF)
         # identity only, never inflated: a compressed body is one the page's size cap cannot bound
         # before it is expanded (a gzip bomb of a few kB is gigabytes of text)
@@ -176,18 +272,14 @@ class EngineScraper:
             declared = resp.content_length
             if declared is not None and declared > self.cfg.max_bytes:
                 raise ScrapeFailed(f"page too large: {declared} bytes > max_bytes {self.cfg.max_bytes}")
-            body = bytearray()  # grown in place: the page is held once, never as chunks and a copy
-            try:
-                async for chunk in resp.content.iter_chunked(CHUNK_BYTES):
-                    if len(body) + len(chunk) > self.cfg.max_bytes:
-                        raise ScrapeFailed(f"page too large: over max_bytes {self.cfg.max_bytes}")
-                    body += chunk
-            except BaseException:
-                # the exception's traceback holds this frame, and through wait_for's task a reference
-                # cycle holds the traceback: only the cyclic GC, some time later, would free the page
-                body.clear()
-                raise
-            return body, media.startswith("application/openmetrics-text")
+            page.openmetrics = media.startswith("application/openmetrics-text")
+            if declared:
+                await hold.grow_to(declared)  # all at once: a declared page is never cut for room
+            async for chunk in resp.content.iter_chunked(CHUNK_BYTES):
+                if page.size + len(chunk) > self.cfg.max_bytes:
+                    raise ScrapeFailed(f"page too large: over max_bytes {self.cfg.max_bytes}")
+                await hold.grow_to(page.size + len(chunk))
+                page.add(chunk)
 
     def _note_cost(self) -> int:
         """After a page costing more CPU than ``limits.scrape_cpu_seconds`` (refused or not), the
@@ -198,28 +290,6 @@ class EngineScraper:
         self._over_budget += 1
         self._skip = min(MAX_SKIPPED_SCRAPES, 2 ** (self._over_budget - 1))
         return self._skip
-
-    @staticmethod
-    def _decode(body: bytes | bytearray) -> str:
-        # A few NUL bytes are text (the OpenMetrics suite has one in a HELP line; in a label value
-        # the adapter removes it); a compressed body, or one with more than 8 NULs making up over
-        # 1 % of it (protobuf, a core dump), is not.
-        nuls = body.count(b"\x00")
-        if body[:2] == b"\x1f\x8b" or (nuls > 8 and nuls * 100 > len(body)):
-            raise ScrapeFailed("binary body (compressed or NUL bytes), not exposition text")
-        try:
-            return body.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise ScrapeFailed(f"body is not UTF-8 (byte {err.start})") from None
-
-    def _adapter_for(self, text: str) -> Adapter:
-        if self.kind is None:
-            kind = detect_kind(text)
-            if kind is None:
-                raise ScrapeFailed("no known engine series on the page (kind: auto)")
-            logger.info("engine %s: detected kind %s", self.cfg.name, kind)
-            self.kind = kind
-        return ADAPTERS[self.kind]
 
     def _reason(self, err: BaseException) -> str:
         if isinstance(err, ScrapeFailed):
@@ -273,3 +343,103 @@ class EngineScraper:
             )
         else:
             logger.info("engine %s: every series valid again", self.cfg.name)
+
+
+class _Page:
+    """One page: its bytes as they arrived (the chunks, never joined into one copy), then checked,
+    decoded and parsed chunk by chunk on a worker thread, so its text is never held whole either."""
+
+    def __init__(self, scraper: EngineScraper) -> None:
+        self.scraper = scraper
+        self.openmetrics = False
+        self.size = 0  # bytes read
+        self.cpu_seconds = 0.0  # CPU seconds of checking, decoding, parsing and mapping it
+        self._chunks: list[bytes] = []
+        self._nuls = 0
+        self._reader: PageReader | None = None
+        self._unknown: list[str] = []  # pieces read before the engine is known (kind: auto)
+
+    def add(self, chunk: bytes) -> None:
+        """The next bytes of the page."""
+        self.size += len(chunk)
+        self._nuls += chunk.count(b"\x00")
+        self._chunks.append(chunk)
+
+    def read(self) -> tuple[Adapter, Reading]:
+        """The page's adapter and Reading (raises as the scrape's reasons say); on a worker thread,
+        its CPU seconds counted, and the reading stopped once they pass the budget."""
+        cpu0 = time.thread_time()
+        scraper = self.scraper
+        budget = scraper.limits.scrape_cpu_seconds
+        try:
+            # A few NUL bytes are text (the OpenMetrics suite has one in a HELP line; in a label
+            # value the adapter removes it); a compressed body, or one with more than 8 NULs making
+            # up over 1 % of it (protobuf, a core dump), is not.
+            head = b"".join(self._chunks[:2])[:2]
+            if head == b"\x1f\x8b" or (self._nuls > 8 and self._nuls * 100 > self.size):
+                raise ScrapeFailed("binary body (compressed or NUL bytes), not exposition text")
+            rest = bytearray()  # bytes after the last newline so far
+            offset = 0  # of rest in the page
+            for chunk in _drain(self._chunks):
+                cut = chunk.rfind(b"\n")
+                if cut < 0:
+                    rest += chunk  # inside a line: kept (bounded by max_bytes and the budget)
+                    continue
+                if rest:
+                    rest += memoryview(chunk)[: cut + 1]
+                    self._parse(rest, offset)
+                    offset += len(rest)
+                    rest.clear()
+                else:
+                    self._parse(memoryview(chunk)[: cut + 1], offset)
+                    offset += cut + 1
+                rest += memoryview(chunk)[cut + 1 :]
+                cost = time.thread_time() - cpu0
+                if cost > budget:
+                    raise ScrapeFailed(scraper.over_cpu(cost))  # not read on: its cost is already over
+            if rest:
+                self._parse(rest, offset)
+            adapter = scraper.adapter
+            if self._reader is None or adapter is None:
+                raise ScrapeFailed("no known engine series on the page (kind: auto)")
+            parsed, self._reader = self._reader.finish(), None
+            limits, cfg = scraper.limits, scraper.cfg
+            return adapter, adapter.map_read(parsed, cfg.model, cfg.max_models, limits.max_histogram_buckets)
+        finally:
+            self.cpu_seconds = time.thread_time() - cpu0
+
+    def close(self) -> None:
+        """Let go of what the page holds: a failed scrape's traceback may keep this object a while."""
+        self._chunks.clear()
+        self._unknown.clear()
+        self._reader = None
+
+    def _parse(self, data: bytes | bytearray | memoryview, offset: int) -> None:
+        """Decode and parse whole lines (``data``, at byte ``offset`` of the page)."""
+        try:
+            text = str(data, "utf-8")  # a cut after a newline is never inside a character
+        except UnicodeDecodeError as err:
+            raise ScrapeFailed(f"body is not UTF-8 (byte {offset + err.start})") from None
+        if self._reader is not None:
+            self._reader.feed(text)
+            return
+        scraper = self.scraper
+        if scraper.kind is None:
+            kind = detect_kind(text)
+            if kind is None:
+                self._unknown.append(text)  # held until the engine is known (within the budget)
+                return
+            logger.info("engine %s: detected kind %s", scraper.cfg.name, kind)
+            scraper.kind = kind
+        adapter = ADAPTERS[scraper.kind]
+        self._reader = adapter.reader(self.openmetrics, scraper.limits.max_histogram_buckets)
+        for piece in _drain(self._unknown):
+            self._reader.feed(piece)
+        self._reader.feed(text)
+
+
+def _drain(items: list[_T]) -> Iterator[_T]:
+    """The items in order, each let go of once read."""
+    items.reverse()
+    while items:
+        yield items.pop()

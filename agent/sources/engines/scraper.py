@@ -4,13 +4,18 @@
 connection, HTTP error, a page over ``max_bytes``, an endless or slow stream, a binary or
 non-UTF-8 body, the wrong content type, an unparsable wanted line, an unrecognisable engine, a
 histogram of more buckets than ``limits.max_histogram_buckets``, a page that cost more CPU to read
-than ``limits.scrape_cpu_seconds`` — then the next scrapes are skipped a while) gives
+than ``limits.scrape_cpu_seconds`` — then the next scrapes are skipped a while, a page that would
+pass ``limits.page_bytes_in_flight`` with the pages of the other engines being read) gives
 an :class:`EngineScrape` with ``up=False`` and the reason (a quoted line is cut to 200 characters);
 the log gets one line when the state changes (down with a new kind of reason, at most one a minute,
 or back up), not one per scrape. A page that reads but carries hostile values is up, with the
 refused series in ``invalid_series`` (one log line when that set changes) and the series of models
 beyond ``max_models`` counted in ``dropped_series``. The content type decides the format:
 ``application/openmetrics-text`` is read as OpenMetrics (timestamps in seconds, ``# EOF``).
+
+A page is held once, as the chunks it arrived in (counted against the shared
+:class:`PageBudget`), then decoded and parsed chunk by chunk on a worker thread, so neither its bytes
+nor its text are copied whole and the event loop (``/metrics``) keeps answering while it is read.
 
 Values are cumulative, as read. Counter resets, glitches and spikes are told apart downstream, in
 the window join (:func:`agent.cost.counters.counter_increase`).

@@ -4,7 +4,7 @@ and made none in a minute reads 0 there. Its dollars stay present in both cases.
 
 Two CPU-only engines priced by the hour go through the real window join, ledger, Prometheus
 exposition, SQLite store and weekly report: ``plain`` (request and queue-time counters, no tokens)
-and ``quiet`` (token counters that do not move).
+and ``quiet`` (token counters that do not move, requests counted without their durations).
 """
 
 from __future__ import annotations
@@ -51,8 +51,11 @@ def _plain(i: int) -> ModelSignals:
     )
 
 
-def _quiet(_: int) -> ModelSignals:
-    return ModelSignals("llm", prompt_tokens_total=1000.0, generation_tokens_total=400.0)
+def _quiet(i: int) -> ModelSignals:
+    # requests counted but no duration counters: its mean queue and compute times are absent, not 0
+    return ModelSignals(
+        "llm", prompt_tokens_total=1000.0, generation_tokens_total=400.0, timed_requests_total=2.0 * i
+    )
 
 
 @pytest.fixture(scope="module")

@@ -417,6 +417,7 @@ class WindowJoiner:
         ttft, itl, e2e = (st.observed.get(name) for name in HISTOGRAMS)
         sc_kind = kinds.get(spec.name) or spec.kind
         decode_s = st.inc("decode_seconds_total")
+        queue_s, compute_s = st.inc("queue_seconds_total"), st.inc("compute_seconds_total")
         usage = UsageWindow(
             node=self.node,
             engine=spec.name,
@@ -449,9 +450,13 @@ class WindowJoiner:
             # a token counter read once (now, or before an outage) is remembered until the model
             # expires: only a model whose engine never exposed one has its tokens absent
             tokens_counted=any((spec.name, mc.model, n) in self._counters for n in TOKEN_COUNTERS),
-            queue_seconds=st.inc("queue_seconds_total"),
-            compute_seconds=st.inc("compute_seconds_total"),
-            timed_requests=st.inc("timed_requests_total"),
+            queue_seconds=queue_s,
+            compute_seconds=compute_s,
+            # the requests those cover only where both were read: a page (or a tick, one counter
+            # refused) without one would make its mean 0 seconds instead of absent
+            timed_requests=st.inc("timed_requests_total")
+            if queue_s is not None and compute_s is not None
+            else None,
         )
         cost = mc.cost_usd
         tokens = p_tok + g_tok

@@ -10,6 +10,8 @@ and ``quiet`` (token counters that do not move, requests counted without their d
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -89,12 +91,16 @@ def test_the_window_join_tells_no_counter_from_no_tokens(windows: list[CostWindo
     assert all(w.usage.timed_requests is None for w in quiet)
 
 
-def _page(windows: list[CostWindow]) -> dict[tuple[str, str], float]:
+def _text(windows: list[CostWindow]) -> bytes:
     ledger = Ledger("n1", "test", trailing_seconds=60.0)
     for i in range(TICKS):
         mine = [w for w in windows if w.usage.start == T0 + i * TICK]
         ledger.apply(TickResult(T0 + i * TICK, T0 + (i + 1) * TICK, tuple(mine)))
-    text = render(ledger.snapshot(), process=False).decode()
+    return render(ledger.snapshot(), process=False)
+
+
+def _page(windows: list[CostWindow]) -> dict[tuple[str, str], float]:
+    text = _text(windows).decode()
     return {
         (s.name, s.labels["engine"]): s.value
         for fam in text_string_to_metric_families(text)
@@ -120,6 +126,15 @@ def test_metrics_carry_no_token_series_for_the_tokenless_engine(windows: list[Co
     assert page[("infercost_queue_seconds_per_request", "plain")] == pytest.approx(QUEUE_PER_REQUEST)
     assert page[("infercost_compute_seconds_per_request", "plain")] == pytest.approx(COMPUTE_PER_REQUEST)
     assert ("infercost_queue_seconds_per_request", "quiet") not in page
+
+
+def test_promtool_accepts_the_page(windows: list[CostWindow]) -> None:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool missing: .ci/run installs the Debian 'prometheus' package"
+    proc = subprocess.run(
+        [promtool, "check", "metrics"], input=_text(windows), capture_output=True, timeout=30
+    )
+    assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
 
 
 def test_the_store_keeps_the_difference(windows: list[CostWindow], tmp_path: Path) -> None:

@@ -4,8 +4,10 @@
 What it wires, in order: the clock (a :class:`~agent.clock.SteadyClock`: monotonic intervals, wall
 time only for labels), the price book, the NVML backend, the engines (configured, or found on the
 default local ports), the state directory (an exclusive lock; damaged SQLite files moved aside; a
-read-only or full directory means running without history), the history store, the detection
-pipeline (rules, alert lifecycle, outbox, notifiers) and the isolation-forest scorer.
+read-only or full directory means running without history), the history store (deploys decided by
+:func:`agent.detect.deploys.record_deploy`), the delivery of alerts (outbox and notifiers,
+:class:`agent.sinks.delivery.Delivery`), the detection pipeline (rules and alert lifecycle, its
+events to that delivery) and the isolation-forest scorer.
 
 Every seam is a keyword argument, so tests and the simulator inject a clock, a fake NVML load, the
 simulated engines, a rule subset or sinks, and still run the real daemon.
@@ -26,7 +28,7 @@ from agent.snapshot import Snapshot
 from agent.sources.nvml.backend import NvmlBackend
 from agent.sources.nvml.sampler import LoadFn, make_backend
 from agent.sources.prices import PriceBook, load_price_book
-from agent.state import HISTORY_NAME, StateDir, StateDirError, open_recovering, write_problem
+from agent.state import HISTORY_NAME, OUTBOX_NAME, StateDir, StateDirError, open_recovering, write_problem
 from agent.state import open_state_dir as _open_state_dir
 from agent.supervisor import Agent, Hooks, StartupError
 
@@ -152,7 +154,7 @@ async def _wire_history(
     sinks: Sequence[Sink] | None,
     scorer: bool,
 ) -> None:
-    """The store, the pipeline (own store connection) and the scorer, in ``hooks``."""
+    """The store, the delivery, the pipeline (own store connection) and the scorer, in ``hooks``."""
     import sqlite3
 
     from agent.detect.deploys import record_deploy
@@ -182,21 +184,26 @@ async def _wire_history(
     if not detection:
         return
     from agent.detect.pipeline import build_pipeline
+    from agent.sinks.delivery import Delivery
 
-    eff = cfg if not state.temporary else cfg.model_copy(update={"state_dir": state.path})
     detect_store = await asyncio.to_thread(Store, path, cfg.store.retention_days, clock)
     try:
-        hooks.pipeline = build_pipeline(eff, detect_store, clock, rules=rules, sinks=sinks)
-        hooks.rules_reload = rules is None  # rules handed in are not the files' to reload
+        delivery = await asyncio.to_thread(Delivery.open, cfg.alerts, state.path / OUTBOX_NAME, clock, sinks)
     except BaseException:
         detect_store.close()
         raise
-    if cfg.report.enabled and hooks.pipeline is not None:
+    try:
+        hooks.pipeline = build_pipeline(cfg, detect_store, clock, delivery, rules=rules)
+        hooks.rules_reload = rules is None  # rules handed in are not the files' to reload
+    except BaseException:
+        detect_store.close()
+        delivery.outbox.close()
+        raise
+    hooks.delivery = delivery
+    if cfg.report.enabled:
         from agent.report.schedule import WeeklyReporter
 
-        reporter = WeeklyReporter(
-            cfg.report, store, path, hooks.pipeline.notifier, clock, state.path / "reports"
-        )
+        reporter = WeeklyReporter(cfg.report, store, path, delivery, clock, state.path / "reports")
         hooks.tasks.append(reporter.run)
     if scorer and not state.temporary:
         from agent.detect.scoring import AnomalyScorer

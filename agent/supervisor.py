@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from agent.detect.pipeline import Pipeline
     from agent.detect.rules import RuleSet
     from agent.detect.scoring import AnomalyScorer
+    from agent.sinks.delivery import Delivery
     from agent.sources.kube.source import KubeEngines as EngineSource
     from agent.store import GpuCostSpan, ModelSpan, Store
 
@@ -148,6 +149,7 @@ class Hooks:
     on_tick: list[Callable[[TickResult, Snapshot], None]] = field(default_factory=list)
     store: Store | None = None  # the tick's connection (writes)
     pipeline: Pipeline | None = None  # runs in a worker thread over its own store connection
+    delivery: Delivery | None = None  # the outbox and notifiers the pipeline's events go through
     scorer: AnomalyScorer | None = None
     closers: list[Callable[[], None]] = field(default_factory=list)  # run last at shutdown (e.g. the lock)
     history_note: str | None = None  # why history is off or degraded, for /healthz
@@ -513,8 +515,8 @@ class Agent:
                             stop, self.cfg.intervals.scrape_seconds, lambda: self._tick_once(scrapers), "tick"
                         )
                     )
-                    if self.hooks.pipeline is not None:
-                        tg.create_task(self.hooks.pipeline.run_delivery(stop))
+                    if self.hooks.delivery is not None:
+                        tg.create_task(self.hooks.delivery.run(stop))
                     if self.hooks.engine_source is not None:
                         self._session = session
                         tg.create_task(self.hooks.engine_source.run(stop))
@@ -539,8 +541,9 @@ class Agent:
             await self.sampler.close()
         if self.hooks.scorer is not None:
             await self.hooks.scorer.close()
+        if self.hooks.delivery is not None:
+            await self.hooks.delivery.close()
         if self.hooks.pipeline is not None:
-            await self.hooks.pipeline.close()
             with contextlib.suppress(sqlite3.Error):
                 self.hooks.pipeline.store.close()
         if self.hooks.store is not None:
@@ -729,7 +732,7 @@ class Agent:
         tick = self.joiner.close_tick(self.clock.now(), scrapes, self.versions.read())
         self.ledger.apply(tick)
         if self.hooks.pipeline is not None:  # the outbox drains between detections: count it every tick
-            self.ledger.set_alerts(self.hooks.pipeline.firing_counts(), self.hooks.pipeline.outbox_pending())
+            self._count_alerts(self.hooks.pipeline)
         # publish first: /metrics never waits for (or is stopped by) the store
         self._ticks += 1
         self._last_tick_mono = self.clock.monotonic()
@@ -878,8 +881,8 @@ class Agent:
             if self.hooks.scorer is not None:  # before the rules, which may read anomaly_score
                 for (engine, model, version), score in (await self.hooks.scorer.step(now)).items():
                     self.ledger.set_anomaly_score((engine, model, version), score)
-            # off the event loop: the first step replays up to a week of history
-            await asyncio.to_thread(_run_step, pipeline, now)
+            # off the event loop, its store connection its own: the first step replays up to a week
+            await asyncio.to_thread(pipeline.step, now)
         except Exception as err:
             if self._detect_error is None:
                 logger.exception("detection failed; it runs again at every window until it works")
@@ -888,10 +891,10 @@ class Agent:
             if self._detect_error is not None:
                 logger.warning("detection works again")
             self._detect_error = None
-        self.ledger.set_alerts(pipeline.firing_counts(), pipeline.outbox_pending())
+        self._count_alerts(pipeline)
         self._snapshot = self._publish()
 
-
-def _run_step(pipeline: Pipeline, now: float) -> None:
-    """One pipeline step in a worker thread (its store connection is its own)."""
-    asyncio.run(pipeline.step(now))
+    def _count_alerts(self, pipeline: Pipeline) -> None:
+        """Firing alerts and undelivered notifications into the ledger."""
+        delivery = self.hooks.delivery
+        self.ledger.set_alerts(pipeline.firing_counts(), delivery.pending() if delivery is not None else {})

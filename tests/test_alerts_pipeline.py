@@ -49,14 +49,14 @@ async def test_deploy_regression_pages_with_the_deploy_and_survives_restart(tmp_
     store.write_windows([window(T0 + i * 60, "v1", 0.03) for i in range(1440)])  # a day of v1 at $5/1M
     deploy_at = T0 + 1440 * 60
     clock.advance(1440 * 60)
-    pipeline = build_pipeline(cfg, store, clock, rules=rules, sinks=[])
-    assert await pipeline.step(deploy_at) == []  # warm-up: a day of history replayed, nothing fires
+    pipeline = build_pipeline(cfg, store, clock, rules=rules)
+    assert pipeline.step(deploy_at) == []  # warm-up: a day of history replayed, nothing fires
     fired = None
     for i in range(25):  # v2 costs twice as much per token at the same load
         t = deploy_at + i * 60
         store.write_windows([window(t, "v2", 0.06)])
         clock.advance(60)
-        for e in await pipeline.step(t + 60):
+        for e in pipeline.step(t + 60):
             if e.kind == "firing":
                 fired = e
     # v2 is its own series: 2x from its first minute (pending at +1m), firing 15 minutes later
@@ -70,21 +70,19 @@ async def test_deploy_regression_pages_with_the_deploy_and_survives_restart(tmp_
     assert a.deploy.previous_value == pytest.approx(5.0) and a.deploy.new_value == pytest.approx(10.0)
     assert "llama v1 → v2" in a.annotations["deploy"] and "+100.0 %" in a.annotations["deploy"]
     assert pipeline.firing_counts() == {("regression", "warning"): 1}
-    await pipeline.close()
     store.close()
 
     # restart: the alert is still firing (no second page), and clears when v2 is fixed
     store = Store(tmp_path / "history.sqlite", 35, clock, deploys=record_deploy)
-    again = build_pipeline(cfg, store, clock, rules=rules, sinks=[])
+    again = build_pipeline(cfg, store, clock, rules=rules)
     t = deploy_at + 25 * 60
     events = []
     for i in range(12):
         store.write_windows([window(t + i * 60, "v2", 0.03)])
         clock.advance(60)
-        events += await again.step(t + (i + 1) * 60)
+        events += again.step(t + (i + 1) * 60)
     assert [e.kind for e in events] == ["resolved"]
     assert events[0].alert.dedup_key == a.dedup_key
-    await again.close()
     store.close()
 
 
@@ -102,8 +100,8 @@ async def test_alerts_after_one_deploy_read_the_previous_versions_week_once(tmp_
     store.write_windows([window(T0 + i * 60, "v1", 0.03) for i in range(1440)])
     deploy_at = T0 + 1440 * 60
     clock.advance(1440 * 60)
-    pipeline = build_pipeline(cfg, store, clock, rules=rules, sinks=[])
-    await pipeline.step(deploy_at)
+    pipeline = build_pipeline(cfg, store, clock, rules=rules)
+    pipeline.step(deploy_at)
     reads: list[str] = []
     series = store.series
 
@@ -117,11 +115,10 @@ async def test_alerts_after_one_deploy_read_the_previous_versions_week_once(tmp_
         t = deploy_at + i * 60
         store.write_windows([window(t, "v2", 0.06)])
         clock.advance(60)
-        fired.update({e.alert.rule_id: e.alert for e in await pipeline.step(t + 60) if e.kind == "firing"})
+        fired.update({e.alert.rule_id: e.alert for e in pipeline.step(t + 60) if e.kind == "firing"})
     assert set(fired) == {"regression", "regression_fast"}
     for a in fired.values():
         assert a.deploy is not None and a.deploy.previous_value == pytest.approx(5.0)
     # once for the deploy's figure, once for the alerts' factor split (agent.detect.explain)
     assert reads.count("v1") == 2 and reads.count("v2") >= 2
-    await pipeline.close()
     store.close()

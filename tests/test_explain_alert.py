@@ -31,7 +31,7 @@ from agent.detect.pipeline import build_pipeline
 from agent.detect.rules import load_rules
 from agent.records import MINUTE, AlertEvent, MinuteRecord
 from agent.sinks.alertmanager import alertmanager_sink
-from agent.sinks.notify import Notifier
+from agent.sinks.delivery import Delivery
 from agent.sinks.pagerduty import pagerduty_sink
 from agent.sinks.slack import slack_sink
 from agent.sinks.webhook import webhook_sink
@@ -94,25 +94,25 @@ async def test_the_alert_names_step_efficiency_in_every_sink(
         alertmanager_sink(AlertmanagerConfig(url=am_base), clock),
     ]
     cfg = parse_config({"node": "n1", "state_dir": str(tmp_path)}, "test", environ={})
-    pipeline = build_pipeline(cfg, store, clock, rules=load_rules([rules_file]), sinks=sinks)
-    pipeline.notifier = Notifier(pipeline.notifier.outbox, sinks, clock, rng=random.Random(1))
+    delivery = Delivery.open(cfg.alerts, tmp_path / "outbox.sqlite", clock, sinks, rng=random.Random(1))
+    pipeline = build_pipeline(cfg, store, clock, delivery, rules=load_rules([rules_file]))
     firing: list[AlertEvent] = []
     t = phase_start(1)
-    await pipeline.step(t)  # warm-up: v1's three hours replayed
+    pipeline.step(t)  # warm-up: v1's three hours replayed
     while t < phase_start(2) and not firing:
         t += MINUTE
         clock.advance(MINUTE)
-        firing = [e for e in await pipeline.step(t) if e.kind == "firing"]
+        firing = [e for e in pipeline.step(t) if e.kind == "firing"]
     assert firing, "the slower build raised no cost alert"
     why = firing[0].alert.annotations["why"]
     # +80 % at like load, all of it step efficiency, named with the deploy
     assert why.startswith("+$") and why.split(": ", 1)[1].startswith("step efficiency +$")
     assert "(deploy v2)" in why
     for _ in range(200):
-        if pipeline.notifier.outbox.pending() == 0:
+        if delivery.outbox.pending() == 0:
             break
-        clock.advance(max(await pipeline.notifier.deliver_once(), 0.001))
-    await pipeline.close()
+        clock.advance(max(await delivery.deliver_once(), 0.001))
+    await delivery.close()
     store.close()
     assert end > t
     slack = receivers["slack"].received[0]

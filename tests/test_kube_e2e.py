@@ -248,8 +248,8 @@ async def test_an_alert_after_an_engine_image_change_names_the_engine_upgrade_th
     upgrade_at = T0 + 1440 * 60
     clock.advance(1440 * 60)
     rules = load_rules([p])
-    pipeline = build_pipeline(cfg, store, clock, rules=rules, sinks=[])
-    assert await pipeline.step(upgrade_at) == []
+    pipeline = build_pipeline(cfg, store, clock, rules=rules)
+    assert pipeline.step(upgrade_at) == []
     ev = store.note_engine_version("n1", "llama-70b", new, upgrade_at + 5)
     assert ev is not None and ev.kind == "engine" and ev.at == upgrade_at
     fired = None
@@ -257,7 +257,7 @@ async def test_an_alert_after_an_engine_image_change_names_the_engine_upgrade_th
         t = upgrade_at + i * 60
         store.write_windows([_window(t, 0.06)])
         clock.advance(60)
-        for e in await pipeline.step(t + 60):
+        for e in pipeline.step(t + 60):
             if e.kind == "firing":
                 fired = e
     assert fired is not None
@@ -282,5 +282,4 @@ async def test_an_alert_after_an_engine_image_change_names_the_engine_upgrade_th
     assert info.describe().startswith(
         "engine rollback of llama-70b: vllm/vllm-openai:v0.9.0 (bbbbbbbbbbbb) → "
     )
-    await pipeline.close()
     store.close()

@@ -20,6 +20,7 @@ from receivers import Receiver
 from agent.clock import SystemClock
 from agent.config import parse_config
 from agent.detect.pipeline import build_pipeline
+from agent.sinks.delivery import Delivery
 from agent.sinks.outbox import Outbox
 from agent.store import Store
 
@@ -43,6 +44,7 @@ from agent.clock import SystemClock
 from agent.config import parse_config
 from agent.detect.pipeline import build_pipeline
 from agent.samples import CostWindow, UsageWindow
+from agent.sinks.delivery import Delivery
 from agent.store import Store
 
 state, t0, rules, pd_url = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4]
@@ -50,7 +52,8 @@ cfg = parse_config({"node": "n1", "state_dir": str(state), "alerts": {"rules_dir
     "pagerduty": {"routing_key": {"env": "T_PD_KEY"}, "url": pd_url},
     "slack": {"webhook_url": {"env": "T_SLACK_URL"}}}}, "child", environ={})
 store = Store(state / "history.sqlite", 35, SystemClock())
-pipeline = build_pipeline(cfg, store, SystemClock())
+delivery = Delivery.open(cfg.alerts, state / "outbox.sqlite", SystemClock())
+pipeline = build_pipeline(cfg, store, SystemClock(), delivery)
 store.write_windows([
     CostWindow(UsageWindow("n1", "vllm-a", f"m{i}", "v1", t0, t0 + 60, 0, 6000, 60, None),
                gpu_time_usd=0.05, energy_usd=0.0, usd_per_1m_output=8.3, usd_per_1m_total=8.3, idle_usd=0.0)
@@ -58,9 +61,9 @@ store.write_windows([
 ])
 
 async def main():
-    events = await pipeline.step(t0 + 60)
+    events = pipeline.step(t0 + 60)
     print("QUEUED", sum(e.kind == "firing" for e in events), flush=True)
-    await pipeline.run_delivery(asyncio.Event())  # forever: the receivers are down
+    await delivery.run(asyncio.Event())  # forever: the receivers are down
 
 asyncio.run(main())
 """
@@ -82,13 +85,13 @@ def attempts(db: Path) -> int:
         con.close()
 
 
-async def wait_delivered(pipeline: object, timeout: float = 20.0) -> None:
+async def wait_delivered(delivery: Delivery, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not any(pipeline.outbox_pending().values()):  # type: ignore[attr-defined]
+        if not any(delivery.pending().values()):
             return
         await asyncio.sleep(0.05)
-    raise AssertionError(f"not delivered: {pipeline.outbox_pending()}")  # type: ignore[attr-defined]
+    raise AssertionError(f"not delivered: {delivery.pending()}")
 
 
 async def test_sigkill_with_undelivered_alerts_then_restart_delivers_all(
@@ -159,20 +162,21 @@ async def test_sigkill_with_undelivered_alerts_then_restart_delivers_all(
         environ={},
     )
     store = Store(state / "history.sqlite", 35, SystemClock())
-    pipeline = build_pipeline(cfg, store, SystemClock())
+    delivery = Delivery.open(cfg.alerts, state / "outbox.sqlite", SystemClock())
+    pipeline = build_pipeline(cfg, store, SystemClock(), delivery)
     stop = asyncio.Event()
-    delivery = asyncio.create_task(pipeline.run_delivery(stop))
+    delivering = asyncio.create_task(delivery.run(stop))
     try:
-        await wait_delivered(pipeline)
+        await wait_delivered(delivery)
         assert len(pd.received) == 5 and len(slack.received) == 5
         # the restarted agent remembers the 5 firing alerts; nothing new fires, and they resolve
-        events = await pipeline.step(t0 + 180)
+        events = pipeline.step(t0 + 180)
         assert sorted(e.kind for e in events) == ["resolved"] * 5
-        await wait_delivered(pipeline)
+        await wait_delivered(delivery)
     finally:
         stop.set()
-        await delivery
-        await pipeline.close()
+        await delivering
+        await delivery.close()
         store.close()
         await slack.stop()
         await pd.stop()

@@ -83,12 +83,12 @@ async def test_outbox_pending_on_metrics_follows_every_delivery(
     task = asyncio.create_task(agent.run(stop))
     try:
         await agent.started.wait()
-        assert agent.prometheus is not None and agent.hooks.pipeline is not None
+        assert agent.prometheus is not None and agent.hooks.delivery is not None
         port = agent.prometheus.port
         await async_wait_until(lambda: _is(port, {"slack": 0.0}), timeout=20, what="(first detection)")
         now = clock.now()
         # what a detection step hands over; the next detection is an hour (60 s real) away
-        agent.hooks.pipeline.notifier.enqueue([_event("firing", "m1", now), _event("firing", "m2", now)])
+        agent.hooks.delivery.enqueue([_event("firing", "m1", now), _event("firing", "m2", now)])
         await async_wait_until(lambda: _is(port, {"slack": 2.0}), timeout=10, what="(2 pending)")
         await slack.start()
         await async_wait_until(lambda: _is(port, {"slack": 0.0}), timeout=20, what="(drained)")

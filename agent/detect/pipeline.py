@@ -1,13 +1,15 @@
-"""The daemon side of detection: store → rules → alert lifecycle → outbox → notifiers.
+"""The daemon side of detection: store → rules → alert lifecycle → alert events.
 
-``build_pipeline(cfg, store, clock)`` wires it; the supervisor then calls, at every window
-boundary (after ``store.write_windows``), ``await pipeline.step(now)``, runs
-``pipeline.run_delivery(stop)`` as its own task, and ``await pipeline.close()`` at shutdown.
+``build_pipeline(cfg, store, clock, queue)`` wires it; the supervisor then calls, at every window
+boundary (after the tick wrote its windows), ``pipeline.step(now)`` in a worker thread (it is
+synchronous: SQLite reads and pure evaluation). Delivery is not its job: the events of each minute
+go to ``queue`` (the daemon's :class:`agent.sinks.delivery.Delivery`, whose outbox is durable), and
+``step`` returns them.
 
 ``step(now)`` evaluates every *complete* minute not evaluated yet (the minute [m, m + 60) is
 complete once ``now >= m + 60``), in order: the records of that minute from the store go through
 the rule evaluator (in-memory trailing windows and baselines) and the alert manager; firing and
-resolved events are written to the outbox *before* the alert state is saved, so a crash between
+resolved events are handed to ``queue`` *before* the alert state is saved, so a crash between
 the two re-sends (harmless, keys are stable) rather than loses.
 
 Restarts: the first ``step`` rebuilds the evaluator's windows and baselines by replaying the
@@ -18,12 +20,11 @@ minutes are replayed silently, so a long outage does not page about the past).
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import logging
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 
 from agent.clock import Clock
 from agent.config import Config
@@ -34,9 +35,6 @@ from agent.detect.evaluator import Finding, RuleEvaluator
 from agent.detect.explain import AlertExplainer
 from agent.detect.rules import Rule, RuleSet, load_default_rules, load_rules
 from agent.records import MINUTE, SIGNALS, Alert, AlertEvent, DeployEvent, MinuteRecord, load_band
-from agent.sinks.notify import Notifier, Sink
-from agent.sinks.outbox import Outbox
-from agent.sinks.registry import sinks_from_config
 from agent.store import Store
 
 logger = logging.getLogger(__name__)
@@ -66,22 +64,31 @@ def release_freed_memory() -> bool:
     return True
 
 
+class EventQueue(Protocol):
+    """Where the pipeline hands each minute's alert events, durably, before it saves the alert
+    state (:class:`agent.sinks.delivery.Delivery`)."""
+
+    def enqueue(self, events: Iterable[AlertEvent]) -> int:
+        """Keep the events that are to be delivered (firing, resolved); returns how many rows."""
+        ...
+
+
 class Pipeline:
-    """Rules, lifecycle and delivery over the store (see the module docstring)."""
+    """Rules and the alert lifecycle over the store (see the module docstring)."""
 
     def __init__(
         self,
         store: Store,
         clock: Clock,
         rules: RuleSet,
-        notifier: Notifier,
+        queue: EventQueue | None = None,
         external_url: str | None = None,
         runbook_base: str | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
         self.rules = rules
-        self.notifier = notifier
+        self.queue = queue  # None: the events are only returned (and logged)
         self.evaluator = RuleEvaluator(rules)
         self.deploys = DeployTracker(compare=self._compare)
         self.prices = PriceTracker()
@@ -224,7 +231,7 @@ class Pipeline:
 
     # -- the loop's entry points ------------------------------------------------------------------
 
-    async def step(self, now: float) -> list[AlertEvent]:
+    def step(self, now: float) -> list[AlertEvent]:
         """Evaluate every complete minute up to ``now`` (epoch seconds); returns the events."""
         target = now // MINUTE * MINUTE  # minutes starting before this are complete
         if not self._started:
@@ -246,17 +253,14 @@ class Pipeline:
                 if e.kind != "pending":
                     logger.info("alert %s %s %s", e.kind, e.alert.rule_id, dict(e.alert.labels))
             if minute_events:
-                self.notifier.enqueue(minute_events)  # durable first ...
+                if self.queue is not None:
+                    self.queue.enqueue(minute_events)  # durable first ...
                 self.store.save_alert_state(self.alerts.snapshot())  # ... then the state
             self._last = m
             self.store.set_meta(LAST_MINUTE_KEY, repr(self._last))
             events.extend(minute_events)
             m += MINUTE
         return events
-
-    async def run_delivery(self, stop: asyncio.Event) -> None:
-        """Deliver the outbox until ``stop`` is set."""
-        await self.notifier.run(stop)
 
     def firing(self) -> list[Alert]:
         """Firing alerts (for infercost_alerts_firing)."""
@@ -269,28 +273,16 @@ class Pipeline:
             out[(a.rule_id, a.severity)] += 1
         return dict(out)
 
-    def outbox_pending(self) -> Mapping[str, int]:
-        """Undelivered notifications per sink (for infercost_outbox_pending)."""
-        return self.notifier.pending()
-
-    async def close(self) -> None:
-        """Stop delivering and close the outbox (the store belongs to the caller)."""
-        await self.notifier.close()
-        self.notifier.outbox.close()
-
 
 def build_pipeline(
     cfg: Config,
     store: Store,
     clock: Clock,
+    queue: EventQueue | None = None,
     rules: RuleSet | None = None,
-    sinks: Sequence[Sink] | None = None,
 ) -> Pipeline:
-    """Wire the pipeline from the config: rules (``alerts.rules_dirs`` or the bundled set), the
-    outbox in ``state_dir`` and ``sinks`` (default: the configured ones, from the sinks registry).
-    Raises RuleError for bad rule files."""
+    """Wire the pipeline from the config: rules (``alerts.rules_dirs`` or the bundled set) over
+    ``store``, its events to ``queue``. Raises RuleError for bad rule files."""
     if rules is None:
         rules = load_rules(cfg.alerts.rules_dirs) if cfg.alerts.rules_dirs else load_default_rules()
-    outbox = Outbox(cfg.state_dir / "outbox.sqlite")
-    notifier = Notifier(outbox, sinks_from_config(cfg.alerts, clock) if sinks is None else sinks, clock)
-    return Pipeline(store, clock, rules, notifier, cfg.alerts.external_url, cfg.alerts.runbook_base)
+    return Pipeline(store, clock, rules, queue, cfg.alerts.external_url, cfg.alerts.runbook_base)

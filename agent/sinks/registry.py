@@ -2,7 +2,8 @@
 
 Each destination is a builder ``(its config section, alerts config, clock) → sink`` (a payload
 function plus its policy, see :class:`agent.sinks.notify.HttpJsonSink`). :func:`sinks_from_config`
-builds every configured one; the composition root hands them to the detection pipeline.
+builds every configured one; the composition root hands them to the delivery
+(:class:`agent.sinks.delivery.Delivery`).
 A new destination is one module with a payload function and one line here.
 
 :func:`check_links` is what ``infercost check`` runs: a relative ``runbook_url`` cannot be a link

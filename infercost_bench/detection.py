@@ -67,8 +67,6 @@ from agent.detect.pipeline import Pipeline
 from agent.detect.rules import RuleSet, load_default_rules, parse_rules
 from agent.records import window_from_record
 from agent.samples import CostWindow, EngineScrape, NvmlRound
-from agent.sinks.notify import Notifier
-from agent.sinks.outbox import Outbox
 from agent.store import GpuCostSpan, Store, gpu_cost_spans
 from infercost_sim.samples import ENGINE, engine_config, price_book_of, ticks
 from infercost_sim.workload import (
@@ -443,7 +441,7 @@ class TrainingWindows:
         return [w for _, w in self._held]
 
 
-IN_MEMORY = Path(":memory:")  # SQLite's in-memory database, for the store and the outbox
+IN_MEMORY = Path(":memory:")  # SQLite's in-memory database, for the store
 INVARIANT_EXAMPLES = 3  # broken laws a node-run keeps word for word (the count keeps the rest)
 
 # The phases of a node-run whose CPU time the benchmark reports (where the time goes).
@@ -474,15 +472,14 @@ async def _run_through_agent(
 ) -> NodeRun:
     """Feed the node's samples through the real window join, store, forest and detection pipeline.
 
-    The store and the outbox are the daemon's SQLite schema and code on in-memory databases
-    (``:memory:``): the same statements, without a file's journal writes."""
+    The store is the daemon's SQLite schema and code on an in-memory database (``:memory:``): the
+    same statements, without a file's journal writes. Alert events are counted, not delivered."""
     t0 = time.perf_counter()
     ph = phases or _PhaseClock()
     clock = ManualClock(sim.start)
     store = Store(IN_MEMORY, retention_days=60.0, clock=clock, deploys=record_deploy)
     rules = bench_rules()
-    notifier = Notifier(Outbox(IN_MEMORY), [], clock)
-    pipeline = Pipeline(store, clock, rules, notifier)
+    pipeline = Pipeline(store, clock, rules)  # the events are counted here, not delivered
     joiner = WindowJoiner(sim.node, [engine_config(sim).cost_spec()], price_book_of(sim).table())
     forest = ForestDetector(None, seed=forest_seed)
     intervals: dict[str, list[tuple[float, float]]] = {r.id: [] for r in rules}
@@ -525,7 +522,7 @@ async def _run_through_agent(
             last_fit = now
         clock.advance(max(0.0, now - clock.now()))
         with ph("rules"):
-            events = await pipeline.step(now)
+            events = pipeline.step(now)
         for ev in events:
             key = ev.alert.dedup_key
             if ev.kind == "firing":
@@ -569,7 +566,6 @@ async def _run_through_agent(
     await flush(end)
     for rule_id, since in open_since.values():
         intervals[rule_id].append((since, end))
-    await pipeline.close()
     store.close()
     return NodeRun(
         sim.generator, -1, sim.node, sim.start, sim.minutes, sim.tick_seconds, sim.incidents,

@@ -13,9 +13,10 @@ refused series in ``invalid_series`` (one log line when that set changes) and th
 beyond ``max_models`` counted in ``dropped_series``. The content type decides the format:
 ``application/openmetrics-text`` is read as OpenMetrics (timestamps in seconds, ``# EOF``).
 
-A page is held once, as the chunks it arrived in (counted against the shared
-:class:`PageBudget`), then decoded and parsed chunk by chunk on a worker thread, so neither its bytes
-nor its text are copied whole and the event loop (``/metrics``) keeps answering while it is read.
+A page is read as it arrives, its bytes counted against the shared :class:`PageBudget`: each
+chunk's whole lines are decoded and parsed at once (a histogram over its limit is refused after its
+first thousand buckets, not after the whole page), so neither its bytes nor its text are held whole;
+the mapping runs on a worker thread, so the event loop (``/metrics``) keeps answering meanwhile.
 
 Values are cumulative, as read. Counter resets, glitches and spikes are told apart downstream, in
 the window join (:func:`agent.cost.counters.counter_increase`).
@@ -28,7 +29,7 @@ import logging
 import math
 import time
 from collections.abc import Iterator
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 import aiohttp
 
@@ -195,9 +196,9 @@ class EngineScraper:
                     if hold.waiting:
                         raise ScrapeFailed(self._budget_timeout()) from None
                     raise
-                # read on a worker thread: with the GIL the loop still gets its time slices, so
-                # /metrics answers while a large page is parsed and mapped
-                adapter, reading = await asyncio.to_thread(page.read)
+                # mapped on a worker thread: with the GIL the loop still gets its time slices, so
+                # /metrics answers while a large page is mapped
+                adapter, reading = await asyncio.to_thread(page.map)
             finally:
                 page.close()
                 hold.release()
@@ -284,7 +285,8 @@ class EngineScraper:
                 if page.size + len(chunk) > self.cfg.max_bytes:
                     raise ScrapeFailed(f"page too large: over max_bytes {self.cfg.max_bytes}")
                 await hold.grow_to(page.size + len(chunk))
-                page.add(chunk)
+                page.feed(chunk)
+            page.end()
 
     def _note_cost(self) -> int:
         """After a page costing more CPU than ``limits.scrape_cpu_seconds`` (refused or not), the
@@ -351,59 +353,72 @@ class EngineScraper:
 
 
 class _Page:
-    """One page: its bytes as they arrived (the chunks, never joined into one copy), then checked,
-    decoded and parsed chunk by chunk on a worker thread, so its text is never held whole either."""
+    """One page, read as it arrives: each chunk's whole lines decoded and parsed at once (on the
+    loop, one chunk at a time), so neither the page's bytes nor its text are ever held whole; the
+    mapping of what was read runs on a worker thread. A page whose reading passes the CPU budget is
+    parsed no further but still read to its end, so a page too large is named as that."""
 
     def __init__(self, scraper: EngineScraper) -> None:
         self.scraper = scraper
         self.openmetrics = False
         self.size = 0  # bytes read
         self.cpu_seconds = 0.0  # CPU seconds of checking, decoding, parsing and mapping it
-        self._chunks: list[bytes] = []
         self._nuls = 0
+        self._head = b""  # the first two bytes (a gzip magic number)
+        self._rest = bytearray()  # bytes after the last newline, not parsed yet
+        self._over = False  # its CPU passed the budget: not parsed on
         self._reader: PageReader | None = None
         self._unknown: list[str] = []  # pieces read before the engine is known (kind: auto)
 
-    def add(self, chunk: bytes) -> None:
-        """The next bytes of the page."""
-        self.size += len(chunk)
-        self._nuls += chunk.count(b"\x00")
-        self._chunks.append(chunk)
-
-    def read(self) -> tuple[Adapter, Reading]:
-        """The page's adapter and Reading (raises as the scrape's reasons say); on a worker thread,
-        its CPU seconds counted, and the reading stopped once they pass the budget."""
+    def feed(self, chunk: bytes) -> None:
+        """The next bytes of the page; the whole lines among them are parsed now."""
         cpu0 = time.thread_time()
-        scraper = self.scraper
-        budget = scraper.limits.scrape_cpu_seconds
         try:
-            # A few NUL bytes are text (the OpenMetrics suite has one in a HELP line; in a label
-            # value the adapter removes it); a compressed body, or one with more than 8 NULs making
-            # up over 1 % of it (protobuf, a core dump), is not.
-            head = b"".join(self._chunks[:2])[:2]
-            if head == b"\x1f\x8b" or (self._nuls > 8 and self._nuls * 100 > self.size):
-                raise ScrapeFailed("binary body (compressed or NUL bytes), not exposition text")
-            rest = bytearray()  # bytes after the last newline so far
-            offset = 0  # of rest in the page
-            for chunk in _drain(self._chunks):
-                cut = chunk.rfind(b"\n")
-                if cut < 0:
-                    rest += chunk  # inside a line: kept (bounded by max_bytes and the budget)
-                    continue
-                if rest:
-                    rest += memoryview(chunk)[: cut + 1]
-                    self._parse(rest, offset)
-                    offset += len(rest)
-                    rest.clear()
-                else:
-                    self._parse(memoryview(chunk)[: cut + 1], offset)
-                    offset += cut + 1
-                rest += memoryview(chunk)[cut + 1 :]
-                cost = time.thread_time() - cpu0
-                if cost > budget:
-                    raise ScrapeFailed(scraper.over_cpu(cost))  # not read on: its cost is already over
+            self.size += len(chunk)
+            self._nuls += chunk.count(b"\x00")
+            if len(self._head) < 2:
+                self._head = (self._head + chunk[:2])[:2]
+                if self._head == b"\x1f\x8b":
+                    self._binary()
+            if self._over:
+                return
+            rest = self._rest
+            cut = chunk.rfind(b"\n")
+            if cut < 0:
+                rest += chunk  # inside a line: kept (bounded by max_bytes and the budget)
+                return
             if rest:
-                self._parse(rest, offset)
+                rest += memoryview(chunk)[: cut + 1]
+                self._parse(rest, self.size - len(chunk) + cut + 1 - len(rest))
+                rest.clear()
+            else:
+                self._parse(memoryview(chunk)[: cut + 1], self.size - len(chunk))
+            rest += memoryview(chunk)[cut + 1 :]
+        finally:
+            self.cpu_seconds += time.thread_time() - cpu0
+            if self.cpu_seconds > self.scraper.limits.scrape_cpu_seconds and not self._over:
+                self._over = True
+                self.close()
+
+    def end(self) -> None:
+        """The page is complete: its last line (without a newline) and the whole-page checks."""
+        cpu0 = time.thread_time()
+        try:
+            if self._rest and not self._over:
+                self._parse(self._rest, self.size - len(self._rest))
+                self._rest.clear()
+            if self._is_binary():
+                self._binary()
+            if self._over:
+                raise ScrapeFailed(self.scraper.over_cpu(self.cpu_seconds))  # not read on: already over
+        finally:
+            self.cpu_seconds += time.thread_time() - cpu0
+
+    def map(self) -> tuple[Adapter, Reading]:
+        """The page's adapter and Reading (on a worker thread: its CPU seconds are added)."""
+        cpu0 = time.thread_time()
+        try:
+            scraper = self.scraper
             adapter = scraper.adapter
             if self._reader is None or adapter is None:
                 raise ScrapeFailed("no known engine series on the page (kind: auto)")
@@ -411,20 +426,40 @@ class _Page:
             limits, cfg = scraper.limits, scraper.cfg
             return adapter, adapter.map_read(parsed, cfg.model, cfg.max_models, limits.max_histogram_buckets)
         finally:
-            self.cpu_seconds = time.thread_time() - cpu0
+            self.cpu_seconds += time.thread_time() - cpu0
 
     def close(self) -> None:
         """Let go of what the page holds: a failed scrape's traceback may keep this object a while."""
-        self._chunks.clear()
+        self._rest.clear()
         self._unknown.clear()
         self._reader = None
+
+    def _is_binary(self) -> bool:
+        # A few NUL bytes are text (the OpenMetrics suite has one in a HELP line; in a label value
+        # the adapter removes it); a compressed body, or one with more than 8 NULs making up over
+        # 1 % of it (protobuf, a core dump), is not.
+        return self._nuls > 8 and self._nuls * 100 > self.size
+
+    @staticmethod
+    def _binary() -> NoReturn:
+        raise ScrapeFailed("binary body (compressed or NUL bytes), not exposition text")
 
     def _parse(self, data: bytes | bytearray | memoryview, offset: int) -> None:
         """Decode and parse whole lines (``data``, at byte ``offset`` of the page)."""
         try:
             text = str(data, "utf-8")  # a cut after a newline is never inside a character
         except UnicodeDecodeError as err:
+            if self._is_binary():
+                self._binary()
             raise ScrapeFailed(f"body is not UTF-8 (byte {offset + err.start})") from None
+        try:
+            self._read(text)
+        except (ParseError, PageRefused):
+            if self._is_binary():
+                self._binary()
+            raise
+
+    def _read(self, text: str) -> None:
         if self._reader is not None:
             self._reader.feed(text)
             return

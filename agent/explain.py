@@ -42,10 +42,11 @@ PROM_COUNTERS: Mapping[str, str] = {
     "generation_tokens": "infercost_generation_tokens_total",
     "gpu_seconds": "infercost_gpu_seconds_total",
     "usage_usd": "infercost_usage_cost_usd_total",
-    "prompt_usd": "infercost_prompt_cost_usd_total",
 }
 PROM_GAUGES: Mapping[str, str] = {
     "roofline": "infercost_roofline_efficiency_ratio",
+    "prefill_share": "infercost_prefill_share_ratio",
+    "prefill_floor": "infercost_prefill_share_floor_ratio",
     "running": "infercost_requests_running",
     "floor": "infercost_usd_per_1m_output_tokens_floor",
 }
@@ -115,17 +116,15 @@ def _quote(v: str) -> str:
 
 
 def _prom_sums(f: Mapping[str, float], seconds: float) -> dict[str, float]:
-    """One Prometheus bucket as the store's model sums: a bucket whose usage (or prompt) cost grew
-    counts its whole cost as covered by that figure; the gauges' means weigh the bucket's seconds;
-    the floor's mean prices its output tokens (as the weekly report reads them)."""
+    """One Prometheus bucket as the store's model sums: a bucket whose usage cost grew counts its
+    whole cost as covered by that figure; the gauges' means weigh the bucket's seconds; the floor's
+    mean prices its output tokens (as the weekly report reads them)."""
     cost, gen = f.get("cost_usd", 0.0), f.get("generation_tokens", 0.0)
     sums = {k: f[k] for k in PROM_COUNTERS if k in f}
     sums["seconds"] = seconds
     if "usage_usd" in f:
         sums["usage_alloc_usd"] = cost
-    if "prompt_usd" in f:
-        sums["split_usd"] = cost
-    for g in ("roofline", "running"):
+    for g in ("roofline", "running", "prefill_share", "prefill_floor"):
         if g in f:
             sums[g + ".s"], sums[g + ".w"] = f[g] * seconds, seconds
     if "floor" in f and gen > 0:

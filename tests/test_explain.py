@@ -27,27 +27,33 @@ class Inputs:
 
     usd_per_gpu_hour: float = 2.5  # $/GPU-h
     gpus: float = 2.0  # GPUs the engine holds
-    busy: float = 0.8  # 0–1: share of the allocated time a kernel ran
-    prompt_tokens_per_request: float = 500.0  # tokens; sets the prefill share of busy time
-    step_seconds: float = 0.030  # seconds of one decode step as run
+    busy: float = 0.8  # 0–1: share of the allocated time a kernel ran (steps run while one does)
+    prompt_tokens_per_request: float = 500.0  # tokens; sets the prefill share of the steps' time
+    step_seconds: float = 0.030  # seconds of one step's decode part (the step as run less its prefill)
     roofline_step_seconds: float = 0.015  # seconds of the fastest possible step
     batch: float = 24.0  # sequences per step (all replicas)
     seconds: float = 3600.0  # window length
 
 
 PREFILL_SECONDS_PER_TOKEN = 2e-4  # per request's prompt token, against 1 s of decode per request
+FLOOR_OF_SHARE = 0.5  # the FLOP floor of the prefill share the stored efficiency took out, of it
 
 
 def sums_of(x: Inputs) -> dict[str, float]:
-    """The store's model sums of a window with these inputs (hand-derived, one path)."""
+    """The store's model sums of a window with these inputs (hand-derived, one path): steps run
+    back to back while the GPU is busy, each carrying prefill chunks for ``prefill_share`` of its
+    time; the engine's decode request-seconds count every running sequence over the busy time, its
+    prefill request-seconds one prefill at a time."""
     gpu_s = x.gpus * x.seconds
     cost = x.usd_per_gpu_hour * gpu_s / 3600.0
     prefill = x.prompt_tokens_per_request * PREFILL_SECONDS_PER_TOKEN
     prefill_share = prefill / (prefill + 1.0)
-    decode_wall = x.busy * x.seconds * (1.0 - prefill_share)
-    gen = decode_wall / x.step_seconds * x.batch
-    in_decode = x.batch * x.busy * (1.0 - prefill_share)  # sequences in decode over the window
-    floor_per_token = cost / x.seconds * x.roofline_step_seconds / in_decode
+    of_window = prefill_share * x.busy  # prefill's share of the window (what the engine's seconds say)
+    floor_share = of_window * FLOOR_OF_SHARE
+    step_as_run = x.step_seconds / (1.0 - prefill_share)
+    gen = x.busy * x.seconds / step_as_run * x.batch
+    running = x.batch * x.busy  # sequences in the running set over the window
+    floor_per_token = cost / x.seconds * x.roofline_step_seconds / running
     return {
         "seconds": x.seconds,
         "generation_tokens": gen,
@@ -56,11 +62,14 @@ def sums_of(x: Inputs) -> dict[str, float]:
         "gpu_seconds": gpu_s,
         "usage_usd": cost * x.busy,
         "usage_alloc_usd": cost,
-        "prompt_usd": cost * prefill_share,
-        "split_usd": cost,
-        "roofline.s": x.roofline_step_seconds / x.step_seconds * x.seconds,
+        "prefill_share.s": of_window * x.seconds,
+        "prefill_share.w": x.seconds,
+        "prefill_floor.s": floor_share * x.seconds,
+        "prefill_floor.w": x.seconds,
+        # the decode efficiency as the store keeps it: the step as run less the floor of its prefill
+        "roofline.s": x.roofline_step_seconds / (step_as_run * (1.0 - floor_share)) * x.seconds,
         "roofline.w": x.seconds,
-        "running.s": in_decode * x.seconds,
+        "running.s": running * x.seconds,
         "running.w": x.seconds,
         "floor_usd": floor_per_token * gen,
         "floor_tokens": gen,
@@ -79,7 +88,18 @@ def test_closure_is_exact_when_every_series_agrees() -> None:
     assert f.values["batch"] == pytest.approx(1 / 24)
     assert f.values["step_efficiency"] == pytest.approx(2.0)
     assert f.values["idle"] == pytest.approx(1 / 0.8)
+    assert f.values["mix"] == pytest.approx(1 / (1 - 0.1 / 1.1))  # 500 × 2e-4 s of prefill per 1 s
     assert f.display("price") == pytest.approx(2.5)
+
+
+def test_the_prefill_share_moves_mix_not_the_decode_step() -> None:
+    """The stored efficiency took out only the floor of the prefill share: step efficiency puts the
+    rest back, so the decode step it reads is the same at any prompt length."""
+    short, long = (factors_of(sums_of(replace(BASE, prompt_tokens_per_request=n))) for n in (200.0, 8000.0))
+    assert short.values["step_efficiency"] == pytest.approx(2.0)
+    assert long.values["step_efficiency"] == pytest.approx(2.0)
+    assert long.values["mix"] == pytest.approx(1 / (1 - 1.6 / 2.6))
+    assert long.closure_gap is not None and abs(long.closure_gap) < 1e-12
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,8 @@ the same history as the agent's exported series.
 
 The history (one H100 at $3.60/h serving 70B fp16: 140 GB of weights, 320 KiB of KV per token, a
 400,000-token cache a quarter full, 16 sequences running; 1-minute ticks):
-  A  v1, 3 h: decode steps of 60 ms, the GPU 80 % busy, prefill 20 % of the phase time;
+  A  v1, 3 h: steps of 75 ms as run (60 ms of decode, 15 ms of the prefill chunks they carry: prefill
+     20 % of the steps' time), the GPU 80 % busy (steps run while it is);
   B  v2, 3 h: the same load, steps 1.8× longer (a build that lost a fused kernel);
   C  v2, 3 h: steps as in B, the GPU 50 % busy (the rest of the time paid for nothing).
 The roofline step is (140e9 + 100,000 × 327,680) / 3.35e12 = 51.57 ms, so v1 runs at 0.86 of it.
@@ -43,9 +44,9 @@ RUNNING = 16.0
 class Phase:
     version: str
     hours: float
-    step_seconds: float  # seconds of one decode step as run
+    step_seconds: float  # seconds of one step's decode part (the step as run less its prefill)
     busy: float  # 0–1, NVML utilisation
-    prefill_share: float = 0.2  # of the phase time
+    prefill_share: float = 0.2  # of the steps' time
 
 
 PHASES = (Phase("v1", 3, 0.060, 0.8), Phase("v2", 3, 0.108, 0.8), Phase("v2", 3, 0.108, 0.5))
@@ -76,19 +77,20 @@ def write_history(state_dir: Path) -> Path:
                 generation_tokens_total=totals["gen"],
                 prefill_seconds_total=totals["prefill"],
                 decode_seconds_total=totals["decode"],
-                requests_running=RUNNING * p.busy * (1 - p.prefill_share),  # sequences in decode, mean
+                requests_running=RUNNING * p.busy,  # sequences running, mean over the tick
                 kv_cache_usage_ratio=0.25,
             )
             tick = joiner.close_tick(t, {"vllm-0": EngineScrape("vllm-0", "vllm", t, True, 0.01, (page,))},
                                      {"vllm-0": p.version})  # fmt: skip
             store.write_windows(list(tick.windows))
-            # the next tick's counters: decode wall time = busy × (1 − prefill share) of the tick
-            wall = TICK * p.busy * (1 - p.prefill_share)
-            decode = RUNNING * wall  # request-seconds
-            totals["gen"] += wall / p.step_seconds * RUNNING
-            totals["prompt"] += wall / p.step_seconds * RUNNING * 4
-            totals["decode"] += decode
-            totals["prefill"] += decode * p.prefill_share / (1 - p.prefill_share)
+            # the next tick's counters: steps of step ÷ (1 − prefill share) run for busy × the tick, each
+            # a token for every running sequence; decode request-seconds count the running sequences
+            # all along, prefill request-seconds the one prefill at a time
+            steps = TICK * p.busy * (1 - p.prefill_share) / p.step_seconds
+            totals["gen"] += steps * RUNNING
+            totals["prompt"] += steps * RUNNING * 4
+            totals["decode"] += RUNNING * TICK * p.busy
+            totals["prefill"] += TICK * p.busy * p.prefill_share
             t += TICK
     store.close()
     return state_dir
@@ -124,12 +126,12 @@ def test_a_slower_build_at_like_load_is_step_efficiency(
     top = out["factors"][0]
     assert top["name"] == "step_efficiency" and top["share"] > 0.5
     names = {f["name"]: f for f in out["factors"]}
-    assert abs(names["price"]["usd_per_1m"]) < 1e-9 and abs(names["mix"]["usd_per_1m"]) < 1e-6
+    assert abs(names["price"]["usd_per_1m"]) < 1e-9
     assert abs(names["model"]["usd_per_1m"]) < 1e-6
     # v2's minutes at v1's load are phase B's (phase C decodes fewer sequences: another band), but
     # for the tick at the switch to C (the GPU read at 50 % busy, the counters still B's): a few
-    # hundredths of idle and batch, opposite
-    for f in ("idle", "batch", "closure"):
+    # hundredths of idle and batch, opposite, and of mix (prefill's share of the busy time)
+    for f in ("idle", "batch", "mix", "closure"):
         assert abs(names[f]["usd_per_1m"]) < 0.005 * out["total_usd_per_1m"]
     # 1.8× longer steps: +80 %, all of it step efficiency
     assert out["after_usd_per_1m"] == pytest.approx(1.8 * out["before_usd_per_1m"], rel=0.01)
@@ -140,6 +142,7 @@ def test_a_slower_build_at_like_load_is_step_efficiency(
     assert out["values"]["before"]["price"] == pytest.approx(3.6)
     assert out["values"]["before"]["model"] == pytest.approx(51.5725, rel=1e-4)  # GPU-ms per step
     assert out["values"]["before"]["batch"] == pytest.approx(RUNNING)
+    assert out["values"]["before"]["mix"] == pytest.approx(1 / 0.8)
     # phase C's tokens (busy 0.5: 10 of 16 sequences in decode) are in a band v1 never ran at
     c_tokens = 16 * 0.4 / 0.108
     assert out["like_load_matched_share"] == pytest.approx(
@@ -212,7 +215,6 @@ def openmetrics(state_dir: Path) -> str:
         "infercost_generation_tokens_total": "generation_tokens",
         "infercost_gpu_seconds_total": "gpu_seconds",
         "infercost_usage_cost_usd_total": "usage_usd",
-        "infercost_prompt_cost_usd_total": "prompt_usd",
     }
     families: dict[str, list[str]] = defaultdict(list)
     acc: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -225,6 +227,8 @@ def openmetrics(state_dir: Path) -> str:
             families[name].append(f"{name}{{{lbl}}} {acc[v][name]!r} {t:.0f}")
         gauges = {
             "infercost_roofline_efficiency_ratio": mean_of(r.sums, "roofline"),
+            "infercost_prefill_share_ratio": mean_of(r.sums, "prefill_share"),
+            "infercost_prefill_share_floor_ratio": mean_of(r.sums, "prefill_floor"),
             "infercost_requests_running": mean_of(r.sums, "running"),
             "infercost_usd_per_1m_output_tokens_floor": r.sums["floor_usd"] / r.sums["floor_tokens"] * 1e6,
         }

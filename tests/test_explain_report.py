@@ -23,24 +23,24 @@ STEP = 600.0  # seconds per window
 
 
 def windows(model: str, usd_per_hour: float, price_ratio: float, step_ratio: float) -> list[CostWindow]:
-    """Two weeks of one version: 16 sequences per step of 60 ms, the GPU 80 % busy, prefill 20 % of the
-    phase time; this week the price and the step are multiplied as given."""
+    """Two weeks of one version: 16 sequences per step of 60 ms of decode, the GPU 80 % busy, prefill
+    20 % of the steps' time; this week the price and the step are multiplied as given."""
     out = []
     for i in range(int(2 * WEEK / STEP)):
         start = END - 2 * WEEK + i * STEP
         this = start >= END - WEEK
         price = usd_per_hour * (price_ratio if this else 1.0)
         step = 0.06 * (step_ratio if this else 1.0)
-        in_decode = 16 * 0.8 * 0.8
-        gen = in_decode / step * STEP
+        running = 16 * 0.8  # sequences running over the window (steps run while the GPU is busy)
+        gen = running * 0.8 / step * STEP  # a token per sequence per step of step ÷ (1 − 0.2)
         cost = price * STEP / HOUR
         u = UsageWindow(
             "n1", "e1", model, "v1", start, start + STEP, prompt_tokens=gen * 4, generation_tokens=gen,
-            gpu_seconds=STEP, energy_joules=None, requests_running=in_decode,
+            gpu_seconds=STEP, energy_joules=None, requests_running=running,
             prefill_seconds=0.2, decode_seconds=0.8,
         )  # fmt: skip
-        roofline = 0.05 / step  # a 50 ms roofline step
-        floor = cost / STEP * 0.05 / in_decode * 1e6  # $/1M at the roofline, this batch
+        roofline = 0.05 / (step / 0.8)  # a 50 ms roofline step; the step as run, no floor taken out
+        floor = cost / STEP * 0.05 / running * 1e6  # $/1M at the roofline, this batch
         out.append(
             CostWindow(
                 u,
@@ -53,6 +53,8 @@ def windows(model: str, usd_per_hour: float, price_ratio: float, step_ratio: flo
                 prompt_usd=cost * 0.2,
                 usage_usd=cost * 0.8,
                 floor_usd_per_1m_output=floor,
+                prefill_share_ratio=0.2,
+                prefill_share_floor_ratio=0.0,
             )
         )
     return out

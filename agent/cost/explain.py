@@ -4,9 +4,9 @@ For a window, dollars per output token is a chain of factors, each read from its
 
     $/token = price        Σ cost $ ÷ Σ allocated GPU-s                         [$ / GPU-s]
             × idle         Σ allocation $ ÷ Σ usage $ (NVML busy time)            [1, ≥ 1]
-            × mix          1 ÷ (1 − f): a step as run ÷ its decode part, f the
-                           prefill share of the engine's step time (the measure
-                           ``prefill_share``, time-weighted)                       [1, ≥ 1]
+            × mix          busy ÷ decode time, 1 ÷ (1 − f): f the prefill share of
+                           the busy time (the measure ``prefill_share``, prefill's
+                           share of the window, time-weighted, × idle)             [1, ≥ 1]
             × step eff.    decode step ÷ roofline step: the step as run (ITL, or
                            decode seconds per token) less its prefill share f, over
                            the roofline step — the stored decode efficiency, which
@@ -27,10 +27,11 @@ cost per token is (vLLM's decode request time and inter-token latency both span 
 steps carry). Longer prompts show as mix (and as model and context, their KV read by every step); a
 night with fewer requests as a smaller batch; time no kernel ran as idle.
 
-The prefill share f is the engine's prefill request-seconds per replica-second, at least the floor s
-its prefilled tokens' FLOPs at the GPUs' peak put on it (:func:`prefill_shares`): exact where one
-prefill runs at a time per replica, an upper bound where several share a step (then an efficiency
-read above 1 is absent and mix and step efficiency merge).
+Prefill's share of the window is the engine's prefill request-seconds per replica-second, at least
+the floor s its prefilled tokens' FLOPs at the GPUs' peak put on it (:func:`prefill_shares`): exact
+where one prefill runs at a time per replica, an upper bound where several share a step (then an
+efficiency read above 1 is absent and mix and step efficiency merge). Over the busy share it is f,
+the share of the steps' time (a step carries its prefill chunks, or waits for a prefill step).
 
 The product is checked against the measured Σ cost ÷ Σ output tokens; their ratio less 1 is the
 **closure gap**, a measurement (the factors come from different series: price book and GPU time,
@@ -165,20 +166,29 @@ def factors_of(sums: Mapping[str, float], engine_kind: str | None = None) -> Fac
     g = sums.get
     price = _ratio(g("cost_usd", 0.0), g("gpu_seconds", 0.0))
     idle = _ratio(g("usage_alloc_usd", 0.0), g("usage_usd", 0.0))
+    if idle is not None and idle < 1.0:
+        idle = None  # busy > allocated: impossible, absent
+    # prefill's share of the window and the floor of it the stored efficiency took out of the step;
+    # of the busy time (steps run while a kernel runs; without NVML's busy time, all of the window)
     share, share_floor = _mean(sums, "prefill_share"), _mean(sums, "prefill_floor")
-    readable = share is not None and share_floor is not None and 0.0 <= share_floor <= share < 1.0
-    mix = 1.0 / (1.0 - share) if readable and share is not None else None
+    of_busy = None
+    if share is not None and share_floor is not None and 0.0 <= share_floor <= share:
+        of_busy = share * (idle or 1.0)
+        of_busy = of_busy if of_busy < 1.0 else None  # more prefill than busy time: impossible
+    mix = None if of_busy is None else 1.0 / (1.0 - of_busy)
     step = _ratio(g("roofline.w", 0.0), g("roofline.s", 0.0))  # 1 ÷ the mean decode efficiency
-    if step is not None and readable and share is not None and share_floor is not None:
-        step *= (1.0 - share) / (1.0 - share_floor)  # the step less f, where the store's took out s
+    if step is not None and of_busy is not None and share_floor is not None:
+        step *= (1.0 - of_busy) / (1.0 - share_floor)  # the step less f, where the store's took out s
     running = _ratio(g("running.s", 0.0), g("running.w", 0.0))
     floor = _ratio(g("floor_usd", 0.0), g("floor_tokens", 0.0))  # $/token at the roofline, running batch
     model = floor / price * running if floor and price and running else None
     values: dict[str, float | None] = {
         "price": price,
-        "idle": idle if idle is None or idle >= 1.0 else None,  # busy > allocated: impossible, absent
+        "idle": idle,
         "mix": mix,
-        "step_efficiency": step if step is None or step >= 1.0 else None,  # efficiency above 1: absent
+        # efficiency above 1: absent (a step at the roofline itself reads 1 to the rounding of the
+        # product that put the prefill share back)
+        "step_efficiency": step if step is None or step >= 1.0 - ROUNDING else None,
         "model": model,
     }
     for name in ENGINE_MERGES.get(engine_kind or "", ()):
@@ -210,9 +220,9 @@ def _per_step(
 def prefill_shares(
     obs: DecodeObservation, model: ModelFigures, prefill_seconds: float | None
 ) -> tuple[float, float] | None:
-    """The prefill share of a window's step time and the floor of it the decode efficiency takes
-    out (:func:`agent.cost.efficiency.decode_efficiency`), both 0–1 of the window's seconds per
-    replica; None where it cannot be read.
+    """Prefill's share of a window and the floor of it the decode efficiency takes out of the step
+    (:func:`agent.cost.efficiency.decode_efficiency`), both 0–1 of the window's seconds per replica;
+    None where it cannot be read.
 
     The share is the engine's prefill request-seconds per replica-second (``prefill_seconds`` over
     replicas × seconds): exact where one prefill runs at a time per replica, an upper bound where

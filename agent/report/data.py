@@ -96,6 +96,8 @@ class HourRow:
     gpu_util_ratio: float | None = None  # 0–1, time-weighted mean
     requests_running: float | None = None  # mean requests in flight
     roofline_ratio: float | None = None  # observed decode tok/s ÷ bandwidth ceiling, mean
+    prefill_share: float | None = None  # 0–1, mean prefill share of the steps' time (agent.cost.explain)
+    prefill_floor: float | None = None  # 0–1, mean part of it the decode efficiency took out
     split: DollarSplit | None = None  # where the hour's dollars went (None: not known at all)
     bound: BoundSplit | None = None  # where the hour's GPU time went (None: not known at all)
     tokenless_seconds: float = 0.0  # seconds of it whose engine counts no tokens (tokens absent)
@@ -926,6 +928,10 @@ HOUR_SUMS = (
     "running.w",
     "roofline.s",
     "roofline.w",
+    "prefill_share.s",
+    "prefill_share.w",
+    "prefill_floor.s",
+    "prefill_floor.w",
     *SPLIT_SUMS,
     *BOUND_SUMS,
     "tokenless_seconds",
@@ -952,6 +958,8 @@ def hour_row(key: SeriesKey, hour: float, s: Mapping[str, float]) -> HourRow:
         gpu_util_ratio=mean_of(s, "gpu_util"),
         requests_running=mean_of(s, "running"),
         roofline_ratio=mean_of(s, "roofline"),
+        prefill_share=mean_of(s, "prefill_share"),
+        prefill_floor=mean_of(s, "prefill_floor"),
         split=split_from_sums(s),
         bound=bound_from_sums(s),
         tokenless_seconds=s.get("tokenless_seconds", 0.0),

@@ -3,7 +3,7 @@ from last week to this week, and the fleet's (or node's) total, split by factor
 (:mod:`agent.cost.explain`) from the report's hourly rows (pure).
 
 Each side is the ratio of sums over its week's hours; the hourly gauge means (decode efficiency,
-requests running) weigh each hour's seconds."""
+requests running, the prefill shares) weigh each hour's seconds."""
 
 from __future__ import annotations
 
@@ -45,12 +45,17 @@ def sums_of(rows: Iterable[HourRow]) -> dict[str, float]:
         add("cost_usd", r.cost_usd)
         add("generation_tokens", r.output_tokens)
         add("gpu_seconds", r.gpu_seconds)
-        for gauge, value in (("roofline", r.roofline_ratio), ("running", r.requests_running)):
+        for gauge, value in (
+            ("roofline", r.roofline_ratio),
+            ("running", r.requests_running),
+            ("prefill_share", r.prefill_share),
+            ("prefill_floor", r.prefill_floor),
+        ):
             if value is not None:
                 add(gauge + ".s", value * r.seconds)
                 add(gauge + ".w", r.seconds)
         if r.split is not None:
-            for k in ("usage_usd", "usage_alloc_usd", "prompt_usd", "split_usd", "floor_usd", "floor_tokens"):
+            for k in ("usage_usd", "usage_alloc_usd", "floor_usd", "floor_tokens"):
                 add(k, getattr(r.split, k))
     return out
 

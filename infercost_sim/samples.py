@@ -121,7 +121,10 @@ def draw_readings(sim: SimulatedNode, step: float = FINE_STEP_S) -> _Readings:
     tokens_per_seq_s = _per_request(tr.generation_tokens, tr.decode_seconds)[m]  # tokens per request-second
     kv_per_seq = _per_request(tr.kv_usage * ranks, tr.running)[m]  # KV share of one rank per sequence
     prompt_len = _per_request(tr.prompt_tokens, tr.finished)[m]  # tokens per request
-    prefill_s = _per_request(tr.prefill_seconds, tr.finished)[m]  # seconds per request
+    # vLLM's phase times (V1: prefill = scheduled → first token, decode = first → last token): the
+    # step that made the first token (the minute's step as run) is prefill time, not decode time
+    first_step = tr.itl_median[m]  # seconds
+    prefill_s = _per_request(tr.prefill_seconds, tr.finished)[m] + first_step  # seconds per request
     preempt = rng.poisson(np.maximum(tr.preemptions, 0.0)[m] / per_minute)
     return _Readings(
         running=run.present,
@@ -129,7 +132,9 @@ def draw_readings(sim: SimulatedNode, step: float = FINE_STEP_S) -> _Readings:
         kv_usage=np.minimum(1.0, run.present * kv_per_seq[:, None]).mean(axis=1),
         generation=np.cumsum(np.round(run.occupancy_seconds * tokens_per_seq_s[:, None]), axis=0),
         prompt=np.cumsum(run.arrived.sum(axis=1) * np.round(prompt_len)),
-        decode_seconds=np.cumsum(run.lifetime_seconds.sum(axis=1)),
+        decode_seconds=np.cumsum(
+            np.maximum(0.0, run.lifetime_seconds.sum(axis=1) - run.finished.sum(axis=1) * first_step)
+        ),
         prefill_seconds=np.cumsum(run.finished.sum(axis=1) * prefill_s),
         finished=np.cumsum(run.finished.sum(axis=1)),
         preemptions=np.cumsum(preempt),

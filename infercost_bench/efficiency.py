@@ -21,7 +21,9 @@ figure, error the median of ``|figure − truth| ÷ truth`` over the busy window
   the inter-token histogram grown by the share of the minute gone by (with the prefix-cache hits the
   model counts), not through page text. Truth per scrape: the minute's ITL median less the prefill
   share its counters record (``prefill seconds ÷ (60 × replicas)``), against the roofline at the
-  drawn batch of that instant and the minute's context.
+  minute's batch per replica (the one its law ran at, whose step that is: the drawn instant the
+  gauges read is not) and the minute's context. A vLLM e2e histogram's count (requests finished,
+  observed with their phase times) is read with the counters.
   Its law is bounded by the memory at the real context and its prefill by the GPU's tensor cores (so
   its truth stays ≤ 1; windows above 1 would be counted apart, not scored); a line per node gives
   its prefill rate against the GPU's peak.
@@ -30,9 +32,10 @@ Both simulators write their ITL sums as the mean of a log-normal around the step
 so even an exact estimator reads slightly low against them.
 
 Both go through the real window join (:class:`agent.cost.window.WindowJoiner`); "join" is the figure
-the join computes as wired, "+prefill" the same estimator given what the join does not yet pass it
-(the window's prefilled tokens, the GPUs' peak FLOPS and the model's FLOPs per token). It prints one
-line per model and interval and the targets; nothing asserts on them.
+the join computes as wired, "+prefill" the same estimator called directly with the window's inputs
+(prefilled tokens, the GPUs' peak FLOPS, the model's FLOPs per token, prefill seconds and finished
+requests: a check that the join passes them all), with the median prefill share it took out. It
+prints one line per model and interval and the targets; nothing asserts on them.
 """
 
 from __future__ import annotations
@@ -47,7 +50,13 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 
-from agent.cost.efficiency import DecodeObservation, ModelFigures, decode_efficiency, prefill_share_floor
+from agent.cost.efficiency import (
+    DecodeObservation,
+    ModelFigures,
+    decode_efficiency,
+    measured_step_seconds,
+    prefill_share,
+)
 from agent.cost.inputs import EngineSpec
 from agent.cost.model import bandwidth_of
 from agent.cost.window import WindowJoiner
@@ -73,7 +82,7 @@ AZURE_SEGMENT_EVERY_S = 3600  # the Azure model's segments: one an hour (its joi
 AZURE_SEEDS = (7, 8, 9)  # three nodes: GPU, KV size, mix and law drawn per node
 QUICK_AZURE_SEEDS = (7,)
 CORE_SEED = 7
-FIGURES = ("join", "+prefill")  # the figure as the join computes it; with the inputs it does not pass yet
+FIGURES = ("join", "+prefill")  # the figure as the join computes it; the estimator called directly
 USD_PER_GPU_HOUR = 2.0  # any price: the efficiency does not depend on it
 
 
@@ -118,7 +127,7 @@ class _Point:
     truth: float | None  # None: not busy
     joined: float | None  # as the window join computes it
     full: float | None  # with the inputs the join does not pass yet
-    floor: float  # the least prefill share of the window's seconds the estimator takes out
+    floor: float  # the prefill share of the window's seconds the estimator takes out
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +144,7 @@ class Row:
     worst_error: float | None  # 95th percentile of the error
     highest: float | None  # the highest figure seen in any window
     impossible_truth: int  # busy windows whose truth exceeds 1 (not scored)
-    prefill_floor: float | None = None  # median least prefill share taken out (the "+prefill" figure)
+    prefill_floor: float | None = None  # median prefill share taken out (the "+prefill" figure)
 
     def met(self) -> bool:
         return (
@@ -233,7 +242,9 @@ def _azure_readings(sim: SimulatedNode) -> list[_Reading]:
             parts = gen_ranks[k]
             gen = float(sum(parts))
             prompt = float(rd.prompt[k])
-            b = float(rd.running[k].mean())  # the drawn batch per replica at this instant
+            # the batch the minute's law ran at (its step is that batch's): a drawn instant above it
+            # with the minute's step would be a roofline no step of the law meets (a truth above 1)
+            b = float(tr.running[m]) / ranks
             roof = (p.model.weight_bytes + max(1.0, b) * ctx * p.model.kv_bytes_per_token) / bandwidth
             signals = ModelSignals(
                 model=p.model.name,
@@ -244,6 +255,12 @@ def _azure_readings(sim: SimulatedNode) -> list[_Reading]:
                 kv_cache_usage_ratio=float(rd.kv_usage[k]),
                 itl_seconds=Histogram(
                     tuple(zip(le, buckets, strict=True)), itl_before + q * float(itl_sum[m]), buckets[-1]
+                ),
+                # vLLM observes a request's e2e, prefill and decode times together, when it finishes
+                e2e_seconds=Histogram(
+                    ((float("inf"), float(rd.finished[k])),),
+                    float(rd.prefill_seconds[k] + rd.decode_seconds[k]),
+                    float(rd.finished[k]),
                 ),
                 prefill_seconds_total=float(rd.prefill_seconds[k]),
                 decode_seconds_total=float(rd.decode_seconds[k]),
@@ -335,8 +352,9 @@ def _windows(
 def _full(
     w: CostWindow, cur: ModelSignals, cost: EngineSpec, gpu: str, gpus: int, flops: float
 ) -> tuple[float | None, float]:
-    """The estimator with the inputs the join does not pass yet (prefilled tokens, peak FLOPS, FLOPs
-    per token), and the prefill share's floor it took out."""
+    """The estimator called directly with the window's inputs (prefilled tokens, peak FLOPS, FLOPs per
+    token, prefill seconds and finished requests: a check that the join passes them all), and the
+    prefill share it took out."""
     u = w.usage
     spec = gpu_spec(gpu)
     prefilled = None if u.cached_prompt_tokens is None else u.prompt_tokens - u.cached_prompt_tokens
@@ -354,9 +372,12 @@ def _full(
         itl_count=u.itl_delta.count if u.itl_delta is not None else None,
         prefill_tokens=prefilled,
         peak_flops_per_s=(spec.peak_flops if spec else 0.0) * gpus,
+        prefill_seconds=u.prefill_seconds,
+        finished_requests=u.e2e_delta.count if u.e2e_delta is not None else None,
     )
     figures = ModelFigures(cost.weights_bytes, cost.kv_bytes_per_token, cost.kv_capacity_tokens, flops)
-    return decode_efficiency(obs, figures), prefill_share_floor(obs, figures)
+    step = measured_step_seconds(obs, "request", obs.replicas)
+    return decode_efficiency(obs, figures), prefill_share(obs, figures, step)
 
 
 # ------------------------------------------------------------------------------------ scoring
@@ -411,7 +432,7 @@ def run(quick: bool = False) -> list[Row]:
     )
     print(
         f"{'model':<6} {'scrape':>6} {'figure':<9} {'busy':>6} {'present':>8} {'median err':>11} "
-        f"{'median bias':>12} {'p95 err':>8} {'highest':>8} {'truth>1':>8} {'prefill≥':>9}  target"
+        f"{'median bias':>12} {'p95 err':>8} {'highest':>8} {'truth>1':>8} {'prefill':>9}  target"
     )
     for r in rows:
         floor = "" if r.prefill_floor is None else f"{r.prefill_floor:.1%}"

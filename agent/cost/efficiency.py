@@ -22,20 +22,36 @@ of the day) and with how full the batch is (load). The measured step, best first
 
 The prefill share. With chunked prefill a decode step also carries other requests' prompt chunks,
 and both timings see the whole step, so the step as run is longer than the pure-decode step by the
-time those chunks took. The estimator takes that time out with the least it can physically be:
-the window's prefilled tokens (prompt tokens not served from the prefix cache) times the model's
-FLOPs per token, at the GPUs' dense peak, is a lower bound on the seconds prefill kept the replica
-busy, and over the window's seconds a lower bound ``s`` on prefill's share of them (a replica runs
-at most ``window ÷ step`` steps, so per step prefill took at least ``s × step``). The decode step is
-then at most ``step × (1 − s)``: in a step whose prefill and decode work add up (what the ITL and
-decode seconds time) the figure stays a lower bound on the pure-decode efficiency, and it under-reads
-it by ``1 − prefill MFU`` of the prefill share (prefill reaches a fraction of the peak, and nothing
-in the engine's series says which). Where the prompt counter, the model's FLOPs per token or the
-GPUs' peak is unknown, nothing is taken out and the figure is the efficiency of the steps as run:
-a lower bound by the whole prefill share. Summed prefill request-seconds are never used for this:
-they overlap (many prefills share one step) and are no measure of engine time. A lower bound ``s``
-of 1 or more, or a figure above 1, is impossible (the ceilings are peaks): it comes from counters
-that do not line up within a window, and it is absent, not clamped.
+time those chunks took: ``step_pure = step × (1 − s)``, ``s`` the share of the replicas' seconds
+that prefill work took. ``s`` comes from the engine's own request phase times where the engine
+defines them as vLLM does (:data:`PREFILL_HOLDS_FIRST_STEP`): a request's prefill time runs from its
+scheduling to its first token, so it holds its prompt's compute *and* the step that made the first
+token, as that step ran (the other sequences' decode tokens and prompt chunks in it), which is no
+prefill work of its own. Over a window whose counters hold ``n`` finished requests (the e2e
+histogram's count, which vLLM observes in the same call as the phase times) and ``Σ prefill``
+request-seconds, on ``R`` replicas over ``T`` seconds, for steps of ``step`` seconds as run::
+
+    s = (Σ prefill − n·step) ÷ (R·T)
+
+Its bias, stated: where the scheduler packs several prompts into one step, each of them counts that
+step's prompt work, so ``s`` over-reads and the figure reads high (above 1 it is absent); a prompt
+chunked over ``k`` steps holds ``k − 1`` steps more than is taken out, the same direction; where the
+step that made a first token is longer than the window's mean step (it carried that prompt's last
+chunk) ``s`` over-reads by the difference, and where nearly every step carries one prompt's chunk
+the mean step already holds them and ``s`` under-reads by up to the share of steps that do. An
+engine whose prefill time holds no step (the first token timed in decode time) has ``s`` read low
+by ``n·step ÷ (R·T)``. The phase times are added when a request finishes, so over a short window
+they are lumpier than the tokens (their median over windows is not).
+
+Physics bounds ``s`` from below: the window's prefilled tokens (prompt tokens not served from the
+prefix cache) times the model's FLOPs per token, at the GPUs' dense peak, is the least time prefill
+can have kept the replicas busy (:func:`prefill_share_floor`). Where the phase times are absent (no
+e2e count, no prefill seconds, or an engine whose prefill time is defined otherwise) that floor is
+the share taken out, and the figure under-reads by ``1 − prefill MFU`` of the prefill share. Where
+the prompt counter, the model's FLOPs per token and the GPUs' peak are unknown too, nothing is
+taken out and the figure is the efficiency of the steps as run: a lower bound by the whole prefill
+share. A share of 1 or more, or a figure above 1, is impossible (the ceilings are peaks): it comes
+from counters that do not line up within a window, and it is absent, not clamped.
 
 Speculative decoding yields more than one token per sequence per step, which neither timing
 counts; a window in which the engine accepted draft tokens (vLLM ``spec_decode_num_accepted_tokens``)
@@ -99,7 +115,14 @@ class DecodeObservation:
     )
     peak_flops_per_s: float = 0.0  # FLOP/s, dense tensor-core peak summed over the engine's GPUs
     spec_accepted_tokens: float | None = None  # draft tokens accepted in the window (speculative decoding)
+    prefill_seconds: float | None = None  # request-seconds of prefill of the requests finished in the window
+    finished_requests: float | None = None  # requests whose phase times the window holds (e2e count)
 
+
+# Engine kinds whose request prefill time runs from scheduling to the first token (vLLM V1
+# ``first_token_ts − scheduled_ts``), so it holds the step that made that token; for the others the
+# prefill share is the FLOPs floor alone.
+PREFILL_HOLDS_FIRST_STEP = frozenset({"vllm"})
 
 # A window at least this long is coarse history (imported at 5-minute steps, say). Why 2 minutes:
 # twice the longest live tick (60 s), so no live window counts as coarse, and under the 5-minute
@@ -152,14 +175,34 @@ def prefill_share_floor(obs: DecodeObservation, model: ModelFigures) -> float:
     return obs.prefill_tokens * model.flops_per_token / (obs.peak_flops_per_s * obs.window_seconds)
 
 
+def prefill_share(obs: DecodeObservation, model: ModelFigures, step: float) -> float:
+    """Share of the replicas' seconds that prefill work took in the window, for steps of ``step``
+    seconds as run: from the finished requests' prefill times less the decode part of the step each
+    holds, never under :func:`prefill_share_floor` (see the module docstring)."""
+    floor = prefill_share_floor(obs, model)
+    replica_seconds = obs.window_seconds * max(1, obs.replicas)
+    n = obs.finished_requests
+    if (
+        obs.engine_kind not in PREFILL_HOLDS_FIRST_STEP
+        or obs.prefill_seconds is None
+        or obs.prefill_seconds <= 0
+        or n is None
+        or n <= 0
+        or replica_seconds <= 0
+    ):
+        return floor
+    held = n * step  # seconds: the step that made each finished request's first token, as run
+    return max(floor, (obs.prefill_seconds - held) / replica_seconds)
+
+
 def decode_efficiency(obs: DecodeObservation, model: ModelFigures) -> float | None:
-    """Fastest possible decode step ÷ the measured one less its least prefill share, per
-    data-parallel replica, in (0, 1].
+    """Fastest possible decode step ÷ the measured one less its prefill share
+    (:func:`prefill_share`), per data-parallel replica, in (0, 1].
 
     None when the engine has no decode-time series, the window decoded nothing or accepted draft
     tokens, the model's weights or the GPUs' bandwidth are unknown, a coarse window's gauge instant
-    is more than :data:`COARSE_BATCH_AGREEMENT` off its mean batch, the prefill share's floor
-    reaches 1, or the ratio comes out above 1.
+    is more than :data:`COARSE_BATCH_AGREEMENT` off its mean batch, the prefill share reaches 1, or
+    the ratio comes out above 1.
     """
     kind = DECODE_TIME_KIND.get(obs.engine_kind)
     if (
@@ -187,14 +230,15 @@ def decode_efficiency(obs: DecodeObservation, model: ModelFigures) -> float | No
             resident = min(capacity, resident * batch / obs.requests_running)
         elif batch is not None and obs.window_seconds >= COARSE_WINDOW_SECONDS:
             return None
+    step = measured_step_seconds(obs, kind, replicas)
     # batch seconds time decode forward passes alone; request-timed steps carry prompt chunks
-    share = prefill_share_floor(obs, model) if kind == "request" else 0.0
+    share = prefill_share(obs, model, step) if kind == "request" else 0.0
     if share >= 1.0:
         return None  # impossible: prompt and decode counters out of step
     ideal = min_step_seconds(
         model.weights_bytes, resident, model.kv_bytes_per_token or 0.0, obs.bandwidth_bytes_per_s / replicas
     )
-    efficiency = ideal / (measured_step_seconds(obs, kind, replicas) * (1.0 - share))
+    efficiency = ideal / (step * (1.0 - share))
     return efficiency if efficiency <= 1.0 else None  # impossible: counters out of step, not a figure
 
 

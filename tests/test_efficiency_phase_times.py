@@ -1,0 +1,104 @@
+"""The decode efficiency's prefill share from vLLM's request phase times (agent/cost/efficiency.py):
+synthetic counters of an engine whose true pure-decode step and prefill work are known, computed
+by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.cost.efficiency import DecodeObservation, ModelFigures, decode_efficiency, prefill_share
+
+H100_BW = 3.35e12  # bytes/s
+W = 140e9  # bytes of weights: the roofline step is W / H100_BW ≈ 41.79 ms
+PEAK = 1e15  # FLOP/s
+F = 1e11  # FLOPs per token
+
+
+def engine(
+    *,
+    pure_step: float,
+    prefill_work: float,
+    finished: float,
+    window: float = 10.0,
+    replicas: int = 1,
+    prefilled: float = 0.0,
+    **kw: object,
+) -> DecodeObservation:
+    """A window of an engine whose decode steps take ``pure_step`` seconds of decode work and carry
+    ``prefill_work`` seconds of prompt chunks per replica over ``window`` seconds (chunked prefill:
+    the step as run is ``pure_step ÷ (1 − share)``), and whose ``finished`` requests' prefill times
+    are, as vLLM V1 times them, the step that made their first token plus their own prompt's
+    compute (which adds up to the prefill work over all of them)."""
+    share = prefill_work / window
+    step = pure_step / (1.0 - share)
+    tokens = 1000.0 * replicas
+    base: dict[str, object] = {
+        "engine_kind": "vllm", "generation_tokens": tokens, "decode_seconds": tokens * step,
+        "requests_running": None, "kv_cache_usage_ratio": None, "kv_capacity_tokens": None,
+        "replicas": replicas, "bandwidth_bytes_per_s": H100_BW * replicas, "window_seconds": window,
+        "itl_seconds": tokens * step, "itl_count": tokens,
+        "prefill_seconds": finished * step + prefill_work * replicas, "finished_requests": finished,
+        "prefill_tokens": prefilled, "peak_flops_per_s": PEAK * replicas,
+    }  # fmt: skip
+    return DecodeObservation(**{**base, **kw})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("pure_step", "prefill_work", "finished", "replicas"),
+    [
+        (0.05, 2.5, 20.0, 1),  # a quarter of the window prefilling: step as run 66.7 ms
+        (0.05, 6.0, 50.0, 1),  # 60 %: step as run 125 ms, 50 first steps = 6.25 s of prefill time
+        (0.042, 0.0, 5.0, 1),  # no prompt work: the prefill times are the first steps alone
+        (0.08, 4.0, 160.0, 8),  # eight DP replicas, 20 requests each
+    ],
+)
+def test_the_efficiency_is_the_roofline_over_the_true_pure_decode_step(
+    pure_step: float, prefill_work: float, finished: float, replicas: int
+) -> None:
+    fig = ModelFigures(W, None, None, F)
+    o = engine(pure_step=pure_step, prefill_work=prefill_work, finished=finished, replicas=replicas)
+    assert prefill_share(o, fig, o.itl_seconds / o.itl_count) == pytest.approx(prefill_work / 10.0)  # type: ignore[operator]
+    assert decode_efficiency(o, fig) == pytest.approx((W / H100_BW) / pure_step)
+
+
+def test_without_the_finished_count_or_the_prefill_time_the_floor_is_the_share() -> None:
+    fig = ModelFigures(W, None, None, F)
+    # 5,000 prefilled tokens × 1e11 FLOPs at 1e15 FLOP/s = 0.5 s of a 10 s window: a floor of 0.05
+    kw = {"pure_step": 0.05, "prefill_work": 2.5, "finished": 20.0, "prefilled": 5000.0}
+    step = 0.05 / 0.75
+    for missing in ({"finished_requests": None}, {"finished_requests": 0.0}, {"prefill_seconds": None}):
+        o = engine(**kw, **missing)  # type: ignore[arg-type]
+        assert prefill_share(o, fig, step) == pytest.approx(0.05)
+        assert decode_efficiency(o, fig) == pytest.approx((W / H100_BW) / (step * 0.95))
+    # the phase times say a quarter: above the floor, they are the share
+    assert prefill_share(engine(**kw), fig, step) == pytest.approx(0.25)  # type: ignore[arg-type]
+
+
+def test_an_engine_that_defines_prefill_time_otherwise_gets_the_floor() -> None:
+    fig = ModelFigures(W, None, None, F)
+    o = engine(pure_step=0.05, prefill_work=2.5, finished=20.0, prefilled=5000.0, engine_kind="trtllm")
+    assert prefill_share(o, fig, 0.05 / 0.75) == pytest.approx(0.05)
+
+
+def test_phase_times_below_the_physical_floor_leave_the_floor() -> None:
+    fig = ModelFigures(W, None, None, F)
+    # the prefill times hold only the first steps (no prompt work) while the prompt counter says
+    # 20,000 tokens were prefilled: at least 2 s of the 10 s at the GPU's peak
+    o = engine(pure_step=0.05, prefill_work=0.0, finished=20.0, prefilled=20_000.0)
+    assert prefill_share(o, fig, 0.05) == pytest.approx(0.2)
+    # fewer request-seconds than the first steps themselves (counters out of step): the floor again
+    short = engine(pure_step=0.05, prefill_work=0.0, finished=20.0, prefilled=20_000.0, prefill_seconds=0.5)
+    assert prefill_share(short, fig, 0.05) == pytest.approx(0.2)
+
+
+def test_a_share_that_leaves_a_step_under_the_roofline_is_absent_not_clamped() -> None:
+    fig = ModelFigures(W, None, None, F)
+    # step as run 50 ms, prefill times say 50 % prefill: a 25 ms decode step, under the 41.79 ms
+    # roofline: impossible, so no figure (the counters of this window do not line up)
+    o = engine(pure_step=0.05, prefill_work=0.0, finished=20.0, prefill_seconds=20 * 0.05 + 5.0)
+    assert decode_efficiency(o, fig) is None
+    # a share of 1 or more: no decode time left at all
+    assert (
+        decode_efficiency(engine(pure_step=0.05, prefill_work=0.0, finished=20.0, prefill_seconds=20.0), fig)
+        is None
+    )

@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.cost.efficiency import DecodeObservation, ModelFigures, decode_efficiency
 from agent.cost.explain import (
     FACTORS,
     ExplainError,
     factors_of,
     log_mean,
     one_line,
+    prefill_shares,
     split,
 )
 
@@ -27,7 +30,7 @@ class Inputs:
 
     usd_per_gpu_hour: float = 2.5  # $/GPU-h
     gpus: float = 2.0  # GPUs the engine holds
-    busy: float = 0.8  # 0–1: share of the allocated time a kernel ran (steps run while one does)
+    busy: float = 1.0  # 0–1: share of the allocated time a kernel ran (steps run while one does)
     prompt_tokens_per_request: float = 500.0  # tokens; sets the prefill share of the steps' time
     step_seconds: float = 0.030  # seconds of one step's decode part (the step as run less its prefill)
     roofline_step_seconds: float = 0.015  # seconds of the fastest possible step
@@ -87,7 +90,7 @@ def test_closure_is_exact_when_every_series_agrees() -> None:
     assert f.values["model"] == pytest.approx(BASE.gpus * BASE.roofline_step_seconds)
     assert f.values["batch"] == pytest.approx(1 / 24)
     assert f.values["step_efficiency"] == pytest.approx(2.0)
-    assert f.values["idle"] == pytest.approx(1 / 0.8)
+    assert f.values["idle"] == pytest.approx(1.0)
     assert f.values["mix"] == pytest.approx(1 / (1 - 0.1 / 1.1))  # 500 × 2e-4 s of prefill per 1 s
     assert f.display("price") == pytest.approx(2.5)
 
@@ -106,7 +109,7 @@ def test_the_prefill_share_moves_mix_not_the_decode_step() -> None:
     ("change", "factor"),
     [
         ({"usd_per_gpu_hour": 3.1}, "price"),
-        ({"busy": 0.55}, "idle"),
+        ({"busy": 0.55}, "idle"),  # (mix and step efficiency move too, opposite: see below)
         ({"prompt_tokens_per_request": 4000.0}, "mix"),
         ({"step_seconds": 0.045}, "step_efficiency"),
         ({"batch": 12.0}, "batch"),
@@ -119,8 +122,14 @@ def test_one_input_moves_only_its_factor(change: dict[str, float], factor: str) 
     by = {t.name: t for t in s.terms}
     assert s.terms[0].name == factor
     assert by[factor].usd_per_1m == pytest.approx(s.total_usd_per_1m, rel=1e-9)
+    # prefill's share is of the window: where the GPU idles part of it the share reads low by that
+    # part, and mix and step efficiency move opposite by the same dollars
+    if "busy" in change:
+        pair = by["mix"].usd_per_1m + by["step_efficiency"].usd_per_1m
+        assert abs(pair) <= 1e-9 * abs(s.total_usd_per_1m)
     for t in s.terms[1:]:
-        assert abs(t.usd_per_1m) <= 1e-9 * abs(s.total_usd_per_1m), t
+        if t.name not in ("mix", "step_efficiency") or "busy" not in change:
+            assert abs(t.usd_per_1m) <= 1e-9 * abs(s.total_usd_per_1m), t
     assert s.closure_gap_before is not None and abs(s.closure_gap_before) < 1e-12
 
 
@@ -242,3 +251,38 @@ def test_log_mean(a: float, b: float) -> None:
     assert m == pytest.approx(log_mean(b, a), rel=1e-10)
     assert math.sqrt(a * b) * (1 - 1e-12) <= m <= (a + b) / 2 * (1 + 1e-12)
     assert log_mean(a, a) == a
+
+
+def _obs(kind: str = "vllm", **kw: float) -> tuple[DecodeObservation, ModelFigures]:
+    """One replica of 70B fp16 on an H100 (no KV read): a step of 60 ms as run, 10 minutes."""
+    args: dict[str, Any] = dict(
+        engine_kind=kind, generation_tokens=16 * 600 / 0.06, decode_seconds=16 * 600.0,
+        requests_running=16.0, kv_cache_usage_ratio=None, kv_capacity_tokens=None, replicas=1,
+        bandwidth_bytes_per_s=3.35e12, window_seconds=600.0, prefill_tokens=1e6, peak_flops_per_s=989e12,
+    )  # fmt: skip
+    args.update(kw)
+    return DecodeObservation(**args), ModelFigures(140e9, None, None, flops_per_token=2 * 70e9)
+
+
+@pytest.mark.parametrize("prefill_seconds", [0.0, 60.0, 200.0])
+def test_prefill_shares_read_the_share_and_what_the_efficiency_took_out(prefill_seconds: float) -> None:
+    obs, fig = _obs()
+    got = prefill_shares(obs, fig, prefill_seconds)
+    assert got is not None
+    share, taken = got
+    floor = 1e6 * 2 * 70e9 / (989e12 * 600.0)  # the FLOPs at the peak: 0.236 of the window
+    assert share == pytest.approx(max(floor, prefill_seconds / 600.0))
+    # the efficiency's own figure: 1 − the steps as run ÷ (step × efficiency)
+    eff = decode_efficiency(obs, fig)
+    assert eff is not None
+    assert 1 - (140e9 / 3.35e12) / (0.06 * eff) == pytest.approx(taken, rel=1e-9)
+    assert 0 <= taken <= share < 1
+
+
+def test_prefill_shares_absent_or_whole() -> None:
+    obs, fig = _obs()
+    assert prefill_shares(obs, fig, None) is None  # no phase times
+    assert prefill_shares(obs, fig, 600.0) is None  # prefills overlapping a whole replica's time
+    assert prefill_shares(*_obs("sglang"), 60.0) is None  # no decode time at all
+    tgi = prefill_shares(*_obs("tgi", decode_seconds=600.0, prefill_tokens=0.0), 60.0)
+    assert tgi == (pytest.approx(0.1), pytest.approx(0.1))  # decode steps timed alone: all of it out

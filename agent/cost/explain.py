@@ -4,13 +4,13 @@ For a window, dollars per output token is a chain of factors, each read from its
 
     $/token = price        Σ cost $ ÷ Σ allocated GPU-s                         [$ / GPU-s]
             × idle         Σ allocation $ ÷ Σ usage $ (NVML busy time)            [1, ≥ 1]
-            × mix          busy ÷ decode time, 1 ÷ (1 − f): f the prefill share of
-                           the busy time (the measure ``prefill_share``, prefill's
-                           share of the window, time-weighted, × idle)             [1, ≥ 1]
+            × mix          step time ÷ its decode part, 1 ÷ (1 − f): f prefill's
+                           share of the window per replica (the measure
+                           ``prefill_share``, time-weighted)                       [1, ≥ 1]
             × step eff.    decode step ÷ roofline step: the step as run (ITL, or
                            decode seconds per token) less its prefill share f, over
-                           the roofline step — the stored decode efficiency, which
-                           took out only the floor s of f (``prefill_floor``), so
+                           the roofline step — the stored decode efficiency took out
+                           its own estimate s of f (``prefill_floor``), so
                            1 ÷ efficiency × (1 − f) ÷ (1 − s)                     [1, ≥ 1]
             × model        GPU-s of one roofline step (weights + resident KV
                            ÷ bandwidth, × GPUs), from the cost floor: floor $/token
@@ -30,8 +30,10 @@ night with fewer requests as a smaller batch; time no kernel ran as idle.
 Prefill's share of the window is the engine's prefill request-seconds per replica-second, at least
 the floor s its prefilled tokens' FLOPs at the GPUs' peak put on it (:func:`prefill_shares`): exact
 where one prefill runs at a time per replica, an upper bound where several share a step (then an
-efficiency read above 1 is absent and mix and step efficiency merge). Over the busy share it is f,
-the share of the steps' time (a step carries its prefill chunks, or waits for a prefill step).
+efficiency read above 1 is absent and mix and step efficiency merge). It is taken as the share of
+the steps' time (a step carries its prefill chunks, or waits for a prefill step): exact where steps
+run back to back; where the GPU idles part of the window, f reads low by that part, and mix and step
+efficiency move opposite by the same dollars (their product does not depend on f).
 
 The product is checked against the measured Σ cost ÷ Σ output tokens; their ratio less 1 is the
 **closure gap**, a measurement (the factors come from different series: price book and GPU time,
@@ -57,9 +59,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
-from agent.cost.efficiency import DECODE_TIME_KIND, DecodeObservation, ModelFigures, prefill_share_floor
+from agent.cost.efficiency import (
+    DECODE_TIME_KIND,
+    DecodeObservation,
+    ModelFigures,
+    decode_efficiency,
+    prefill_share_floor,
+)
 from agent.cost.model import PER_MILLION
 
 # The chain, in order; each factor's value v enters the product as v (batch as 1 / batch).
@@ -76,7 +85,7 @@ LABELS: Mapping[str, str] = {
 UNITS: Mapping[str, str] = {
     "price": "$/GPU-h",
     "idle": "allocated/busy",
-    "mix": "busy/decode",
+    "mix": "step/decode",
     "step_efficiency": "step/roofline",
     "model": "GPU-ms/step",
     "batch": "sequences/step",
@@ -168,17 +177,14 @@ def factors_of(sums: Mapping[str, float], engine_kind: str | None = None) -> Fac
     idle = _ratio(g("usage_alloc_usd", 0.0), g("usage_usd", 0.0))
     if idle is not None and idle < 1.0:
         idle = None  # busy > allocated: impossible, absent
-    # prefill's share of the window and the floor of it the stored efficiency took out of the step;
-    # of the busy time (steps run while a kernel runs; without NVML's busy time, all of the window)
-    share, share_floor = _mean(sums, "prefill_share"), _mean(sums, "prefill_floor")
-    of_busy = None
-    if share is not None and share_floor is not None and 0.0 <= share_floor <= share:
-        of_busy = share * (idle or 1.0)
-        of_busy = of_busy if of_busy < 1.0 else None  # more prefill than busy time: impossible
-    mix = None if of_busy is None else 1.0 / (1.0 - of_busy)
+    # prefill's share of the window (of the steps' time: steps run back to back, their host gaps
+    # in them) and the part of it the stored efficiency took out of the step
+    share, taken = _mean(sums, "prefill_share"), _mean(sums, "prefill_floor")
+    readable = share is not None and taken is not None and 0.0 <= share < 1.0 and 0.0 <= taken < 1.0
+    mix = 1.0 / (1.0 - share) if readable and share is not None else None
     step = _ratio(g("roofline.w", 0.0), g("roofline.s", 0.0))  # 1 ÷ the mean decode efficiency
-    if step is not None and of_busy is not None and share_floor is not None:
-        step *= (1.0 - of_busy) / (1.0 - share_floor)  # the step less f, where the store's took out s
+    if step is not None and readable and share is not None and taken is not None:
+        step *= (1.0 - share) / (1.0 - taken)  # the step less f, where the store's took out its own
     running = _ratio(g("running.s", 0.0), g("running.w", 0.0))
     floor = _ratio(g("floor_usd", 0.0), g("floor_tokens", 0.0))  # $/token at the roofline, running batch
     model = floor / price * running if floor and price and running else None
@@ -217,19 +223,26 @@ def _per_step(
     return 1.0 / per_step
 
 
+# The observation's fields that feed the prefill share the decode efficiency takes out of the step;
+# blanked, the efficiency is that of the steps as run.
+PREFILL_FIELDS = ("prefill_tokens", "prefill_seconds", "finished_requests")
+
+
 def prefill_shares(
     obs: DecodeObservation, model: ModelFigures, prefill_seconds: float | None
 ) -> tuple[float, float] | None:
-    """Prefill's share of a window and the floor of it the decode efficiency takes out of the step
-    (:func:`agent.cost.efficiency.decode_efficiency`), both 0–1 of the window's seconds per replica;
-    None where it cannot be read.
+    """Prefill's share of a window and the part of it the decode efficiency of ``obs`` takes out of
+    the step, both 0–1 of the window's seconds per replica; None where the share or the efficiency
+    cannot be read.
 
     The share is the engine's prefill request-seconds per replica-second (``prefill_seconds`` over
     replicas × seconds): exact where one prefill runs at a time per replica, an upper bound where
     several share a step. It is at least the floor (the prefilled tokens' FLOPs at the GPUs' peak),
     and a figure of 1 or more (prefills overlapping more than a replica's time) says nothing: None.
-    An engine whose decode time is batch forward time (TGI) times decode steps alone, so its
-    efficiency has the whole share out: the floor returned is the share itself."""
+    The part taken out is read off the efficiency itself: 1 − (the efficiency of the steps as run,
+    with no prefill series) ÷ the efficiency, whatever estimate of it the efficiency used. An engine
+    whose decode time is batch forward time (TGI) times decode steps alone, so its efficiency has the
+    whole share out: the part returned is the share itself."""
     kind = DECODE_TIME_KIND.get(obs.engine_kind)
     if kind is None or prefill_seconds is None or prefill_seconds < 0 or obs.window_seconds <= 0:
         return None
@@ -237,7 +250,15 @@ def prefill_shares(
     share = max(floor, prefill_seconds / (max(1, obs.replicas) * obs.window_seconds))
     if not share < 1.0:
         return None
-    return share, floor if kind == "request" else share
+    efficiency = decode_efficiency(obs, model)
+    if efficiency is None:
+        return None
+    if kind != "request":
+        return share, share
+    blank: dict[str, Any] = {f.name: None for f in fields(obs) if f.name in PREFILL_FIELDS}
+    as_run = decode_efficiency(replace(obs, **blank), model)
+    taken = 0.0 if as_run is None else max(0.0, 1.0 - as_run / efficiency)
+    return share, taken
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ from agent.sources.nvml.sampler import LoadFn, make_backend
 from agent.sources.prices import PriceBook, load_price_book
 from agent.state import HISTORY_NAME, OUTBOX_NAME, StateDir, StateDirError, open_recovering, write_problem
 from agent.state import open_state_dir as _open_state_dir
-from agent.supervisor import Agent, Hooks, StartupError
+from agent.supervisor import Agent, Hooks, Loop, StartupError
 
 if TYPE_CHECKING:
     from agent.detect.rules import RuleSet
@@ -204,8 +204,8 @@ async def _wire_history(
         from agent.report.schedule import WeeklyReporter
 
         reporter = WeeklyReporter(cfg.report, store, path, delivery, clock, state.path / "reports")
-        hooks.tasks.append(reporter.run)
+        hooks.loops.append(Loop("weekly report", run=reporter.run))
     if scorer and not state.temporary:
         from agent.detect.scoring import AnomalyScorer
 
-        hooks.scorer = AnomalyScorer(store.path, state.path)
+        hooks.scorer = AnomalyScorer(store.path, state.path, store)  # the loop's connection, shared

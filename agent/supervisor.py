@@ -1,4 +1,6 @@
-"""The daemon: one asyncio TaskGroup of isolated loops, shut down cleanly on a stop event.
+"""The daemon: one asyncio TaskGroup running a list of :class:`Loop` (each an interval and a round
+to run, or a part that runs until stop, and its close), shut down cleanly on a stop event: every
+part's close gets the one shutdown deadline (:data:`SHUTDOWN_SECONDS`), in the list's order.
 
 Loops (each catches and logs its own failures, so one failing loop never stops the others):
 - NVML: one batched round every ``intervals.nvml_seconds``, off the event loop;
@@ -38,7 +40,7 @@ import math
 import os
 import signal
 import sqlite3
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,6 +67,7 @@ if TYPE_CHECKING:
     from agent.detect.rules import RuleSet
     from agent.detect.scoring import AnomalyScorer
     from agent.sinks.delivery import Delivery
+    from agent.sinks.otlp import OtlpExporter
     from agent.sources.kube.source import KubeEngines as EngineSource
     from agent.store import GpuCostSpan, ModelSpan, Store
 
@@ -98,6 +101,13 @@ MAX_HELD_OUTAGE_SECONDS = 3600.0
 # faster only floods the log, slower leaves history paused long after the fix.
 HISTORY_RETRY_MIN_SECONDS = 1.0
 HISTORY_RETRY_MAX_SECONDS = 300.0
+# Why 20 s: Kubernetes kills a pod 30 s after SIGTERM (terminationGracePeriodSeconds' default); every
+# part closes by this one deadline (an unfinished detection, an OTLP flush, a hung sink abandoned).
+SHUTDOWN_SECONDS = 20.0
+# Why 0.5 s: a part reached after the deadline still gets this long, so what closes at once (a file, a
+# session, killing the fit's process) is never left open; the few parts' slices and the last history
+# write stay inside the 10 s left before the kill.
+CLOSE_GRACE_SECONDS = 0.5
 
 
 # Why 5 s: an edited price book or rule file takes effect within one default scrape interval, and a
@@ -142,6 +152,41 @@ class StartupError(Exception):
     the message says what and how. ``cli.py`` turns it into exit code 2."""
 
 
+@dataclass(frozen=True, slots=True)
+class Loop:
+    """One of the daemon's loops. With ``run_once`` and ``interval`` (seconds): one round every
+    interval of the monotonic clock (aligned to its multiples; a round that fails is logged and the
+    next one runs, a round that hangs is cancelled at stop). With ``run``: started once, runs until
+    the stop event is set (a part with tasks of its own: delivery's one per sink, the Kubernetes
+    watch, the weekly report). At shutdown ``close(deadline)`` is awaited with the one deadline
+    every part shares (the event loop's time, seconds); past it the part is abandoned."""
+
+    name: str
+    run_once: Callable[[], Awaitable[None]] | None = None
+    interval: float | None = None  # seconds, with run_once
+    run: Callable[[asyncio.Event], Awaitable[None]] | None = None
+    close: Callable[[float], Awaitable[None]] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.run_once is None) == (self.run is None) or (self.run_once is None) != (
+            self.interval is None
+        ):
+            raise ValueError(f"loop {self.name}: either run_once with an interval, or run")
+
+
+async def close_by(deadline: float, what: str, close: Awaitable[None]) -> None:
+    """Await one part's close until ``deadline`` (event-loop time; at least
+    :data:`CLOSE_GRACE_SECONDS`); log, never raise, what fails or overruns (a shutdown step that
+    fails must not keep the others from running)."""
+    left = max(CLOSE_GRACE_SECONDS, deadline - asyncio.get_running_loop().time())
+    try:
+        await asyncio.wait_for(close, left)
+    except TimeoutError:
+        logger.warning("%s did not close within the shutdown deadline; abandoned", what)
+    except Exception:
+        logger.exception("shutdown of %s failed", what)
+
+
 @dataclass
 class Hooks:
     """Optional parts wired in by :func:`agent.app.build_agent` (optional so the core runs alone)."""
@@ -159,8 +204,7 @@ class Hooks:
     nvml_expected: bool = False  # nvml.backend auto/real but no backend: export nvml_up 0
     recovered_files: int = 0  # damaged SQLite files moved aside at start
     engine_source: EngineSource | None = None  # engines that come and go (Kubernetes discovery)
-    # more loops, run in the daemon's task group until stop (the weekly report)
-    tasks: list[Callable[[asyncio.Event], Coroutine[Any, Any, None]]] = field(default_factory=list)
+    loops: list[Loop] = field(default_factory=list)  # more loops, run with the daemon's (the weekly report)
     # more GET paths on the /metrics server, behind its TLS and auth (path → aiohttp handler: the cost API)
     routes: dict[str, Callable[[Any], Awaitable[Any]]] = field(default_factory=dict)
 
@@ -472,7 +516,7 @@ class Agent:
             try:
                 web_cfg = load_web_config(exp.prometheus.web_config_file)
             except ConfigError:
-                await self._close_parts()
+                await self._shutdown(self._loops([]))
                 raise
             self.prometheus = PrometheusServer(
                 self.snapshot,
@@ -485,7 +529,7 @@ class Agent:
             try:
                 await self.prometheus.start()
             except OSError as err:
-                await self._close_parts()
+                await self._shutdown(self._loops([]))
                 raise StartupError(
                     f"cannot listen on {exp.prometheus.host}:{exp.prometheus.port}: {err.strerror or err}; "
                     "fix: stop what uses that port or set exporters.prometheus.port to a free one"
@@ -502,47 +546,69 @@ class Agent:
         self.started.set()
         timeout = aiohttp.ClientTimeout(total=None)
         hup = self._on_sighup()
+        loops: list[Loop] = []
         try:
             async with aiohttp.ClientSession(timeout=timeout) as session:
-                scrapers = [EngineScraper(e, session, self.clock, self.cfg.limits) for e in self.engines]
+                self._session = session
+                loops = self._loops(
+                    [EngineScraper(e, session, self.clock, self.cfg.limits) for e in self.engines]
+                )
                 async with asyncio.TaskGroup() as tg:
-                    if self.sampler is not None:
-                        tg.create_task(
-                            self._every(stop, self.cfg.intervals.nvml_seconds, self._nvml_once, "nvml")
-                        )
-                    tg.create_task(
-                        self._every(
-                            stop, self.cfg.intervals.scrape_seconds, lambda: self._tick_once(scrapers), "tick"
-                        )
-                    )
-                    if self.hooks.delivery is not None:
-                        tg.create_task(self.hooks.delivery.run(stop))
-                    if self.hooks.engine_source is not None:
-                        self._session = session
-                        tg.create_task(self.hooks.engine_source.run(stop))
-                    for task in self.hooks.tasks:
-                        tg.create_task(task(stop))
-                    tg.create_task(self._watch_config(stop))
+                    for loop in loops:
+                        tg.create_task(self._run_loop(loop, stop), name=loop.name)
         finally:
             if hup:
                 asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
-            if self._detect_task is not None and not self._detect_task.done():
-                await asyncio.wait({self._detect_task}, timeout=30)
-            self._last_history_write()
-            if otlp is not None:
-                await asyncio.to_thread(otlp.shutdown)
-            await self._close_parts()
+            await self._shutdown(loops or self._loops([]), otlp)
             logger.info("agent stopped")
 
-    async def _close_parts(self) -> None:
+    def _loops(self, scrapers: list[EngineScraper]) -> list[Loop]:
+        """The daemon's loops, in the order they close: NVML, the tick (then detection and the last
+        history write), delivery, engine discovery, the hooks' loops, the config watch."""
+        iv = self.cfg.intervals
+        loops: list[Loop] = []
+        sampler = self.sampler
+        if sampler is not None:
+            loops.append(Loop("nvml", self._nvml_once, iv.nvml_seconds, close=lambda _: sampler.close()))
+        loops.append(
+            Loop("tick", lambda: self._tick_once(scrapers), iv.scrape_seconds, close=self._close_tick)
+        )
+        delivery = self.hooks.delivery
+        if delivery is not None:
+            loops.append(Loop("delivery", run=delivery.run, close=lambda _: delivery.close()))
+        if self.hooks.engine_source is not None:
+            loops.append(Loop("engine discovery", run=self.hooks.engine_source.run))
+        loops.extend(self.hooks.loops)
+        loops.append(Loop("config watch", run=self._watch_config))
+        return loops
+
+    async def _run_loop(self, loop: Loop, stop: asyncio.Event) -> None:
+        if loop.run_once is not None and loop.interval is not None:
+            await self._every(stop, loop.interval, loop.run_once, loop.name)
+        elif loop.run is not None:
+            await loop.run(stop)
+
+    async def _close_tick(self, deadline: float) -> None:
+        """The tick loop's close: let a detection in flight finish (by ``deadline``), then write what
+        is held and buffered."""
+        if self._detect_task is not None and not self._detect_task.done():
+            await close_by(deadline, "detection", asyncio.shield(self._detect_task))
+        self._last_history_write()
+
+    async def _shutdown(self, loops: Sequence[Loop], otlp: OtlpExporter | None = None) -> None:
+        """Close every part by one deadline (:data:`SHUTDOWN_SECONDS` from now, event-loop time):
+        the loops' closes in their order, then a last OTLP flush, the /metrics server, the scorer
+        and the store connections."""
+        deadline = asyncio.get_running_loop().time() + SHUTDOWN_SECONDS
+        for loop in loops:
+            if loop.close is not None:
+                await close_by(deadline, loop.name, loop.close(deadline))
+        if otlp is not None:
+            await close_by(deadline, "OTLP export", asyncio.to_thread(otlp.shutdown))
         if self.prometheus is not None:
-            await self.prometheus.stop()
-        if self.sampler is not None:
-            await self.sampler.close()
+            await close_by(deadline, "the /metrics server", self.prometheus.stop())
         if self.hooks.scorer is not None:
-            await self.hooks.scorer.close()
-        if self.hooks.delivery is not None:
-            await self.hooks.delivery.close()
+            await close_by(deadline, "the anomaly scorer", self.hooks.scorer.close())
         if self.hooks.pipeline is not None:
             with contextlib.suppress(sqlite3.Error):
                 self.hooks.pipeline.store.close()

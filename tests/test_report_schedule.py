@@ -159,7 +159,7 @@ async def test_the_daemon_runs_the_reporter(tmp_path: Path) -> None:
         report=ReportConfig(enabled=True, weekday="wednesday", hour=6, timezone="Asia/Kolkata"),
     )
     agent = await build_agent(cfg, backend=None, engines=[], discover=False, scorer=False)
-    assert len(agent.hooks.tasks) == 1
+    assert [loop.name for loop in agent.hooks.loops] == ["weekly report"]
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
     try:

@@ -376,3 +376,41 @@ def test_the_bucket_limit_counts_per_series_and_names_the_one_past_it() -> None:
     # samples without an le label never count as buckets
     plain = "".join(f'vllm:e2e_request_latency_seconds_count{{model_name="x{i}"}} 1\n' for i in range(10))
     assert len(p.read(plain, max_buckets=1).page["vllm:e2e_request_latency_seconds_count"]) == 10
+
+
+def _fed(p: FamilyParser, pieces: list[str], openmetrics: bool = False) -> object:
+    reader = p.reader(openmetrics)
+    for piece in pieces:
+        reader.feed(piece)
+    return reader.finish()
+
+
+def test_a_page_fed_in_pieces_reads_as_the_whole_page() -> None:
+    from agent.sources.engines.parser import PageRefused
+
+    p = FamilyParser(["m", "n"])
+    lines = ["m 1\n", 'n{a="x"} 2 5000\n', "m 1\n", 'n{a="x"} 3\n', 'n{a="y"} 4\n', "m 1\n"]
+    whole = "".join(lines)
+    # a series repeated with the same value across pieces is one sample; with another value it is
+    # named, in the order of its last line, as when the page is read whole
+    assert (
+        _fed(p, lines)
+        == p.read(whole)
+        == (
+            {"n": [Sample("n", {"a": "y"}, 4.0, None)], "m": [Sample("m", {}, 1.0, None)]},
+            (("n", {"a": "x"}),),
+        )
+    )
+    assert _fed(p, ["m 1\n", "m 2"]) == ({}, (("m", {}),))
+    # OpenMetrics: nothing after the # EOF of a middle piece is read, in that piece or a later one
+    om = ["m 1\n", "n 2\n# EOF\nm 5\n", "n 7\n"]
+    assert _fed(p, om, openmetrics=True) == (
+        {"m": [Sample("m", {}, 1.0, None)], "n": [Sample("n", {}, 2.0, None)]},
+        (),
+    )
+    assert _fed(p, om) == ({}, (("m", {}), ("n", {})))  # the text format reads on: both written twice
+    # the bucket limit counts over pieces
+    buckets = p.reader(max_buckets=2)
+    buckets.feed('m_bucket{le="1"} 1\nm_bucket{le="2"} 1\n')
+    with pytest.raises(PageRefused):
+        buckets.feed('m_bucket{le="3"} 1\n')

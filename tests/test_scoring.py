@@ -77,6 +77,25 @@ async def test_the_daemon_scores_with_numpy_after_a_short_lived_fitting_process(
         await scorer.close()
 
 
+async def test_the_scorer_on_the_daemons_connection_writes_through_it_and_leaves_it_open(
+    tmp_path: Path,
+) -> None:
+    end = 1_780_000_000.0 // DAY * DAY + 14 * 3600
+    store = _store(tmp_path, end)
+    scorer = AnomalyScorer(store.path, tmp_path, store)
+    try:
+        await scorer.step(end)
+        await scorer.wait_fit()
+        ((_, score),) = (await scorer.step(end)).items()
+    finally:
+        await scorer.close()
+    assert score is not None
+    # closed the scorer, not the daemon's connection: the score reads back through it
+    rec = store.records(end - MINUTE, end, kinds=("model",))[0]  # the minute scored at ``end``
+    assert rec.sums["anomaly.s"] / rec.sums["anomaly.w"] == pytest.approx(score, rel=1e-12)
+    store.close()
+
+
 def test_the_daemon_never_imports_scikit_learn() -> None:
     modules = "agent.cli, agent.supervisor, agent.detect.scoring, infercost_sim.demo"
     code = f"import sys, {modules}; print('sklearn' in sys.modules)"

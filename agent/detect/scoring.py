@@ -121,10 +121,14 @@ class ForestScoring:
 class AnomalyScorer:
     """The daemon's side: numpy scoring in process, fits in a short-lived process."""
 
-    def __init__(self, store_path: Path, state_dir: Path) -> None:
+    def __init__(self, store_path: Path, state_dir: Path, store: Store | None = None) -> None:
+        """``store``: a connection to ``store_path`` used on the event loop too, shared (left open
+        by :meth:`close`: its owner closes it); None opens one of its own. Why share: each SQLite
+        connection holds its own page cache and schema."""
         self.store_path = store_path
         self.state_dir = state_dir
-        self._store = Store(store_path)
+        self._own_store = store is None
+        self._store = Store(store_path) if store is None else store
         self._scoring = ForestScoring(self._store, state_dir)
         self._proc: asyncio.subprocess.Process | None = None
         self._started_at = 0.0  # event-loop time the fitting process started
@@ -178,14 +182,15 @@ class AnomalyScorer:
         return self._scoring.score(now)
 
     async def close(self) -> None:
-        """Stop a running fit (it is redone later) and close the store connection."""
+        """Stop a running fit (it is redone later) and close the store connection if it is its own."""
         proc = self._proc
         if proc is not None and proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
         self._proc = None
-        self._store.close()
+        if self._own_store:
+            self._store.close()
 
 
 def fit_main(store_path: Path, state_dir: Path, now: float) -> int:

@@ -240,7 +240,9 @@ def prefill_shares(
     several share a step. It is at least the floor (the prefilled tokens' FLOPs at the GPUs' peak),
     and a figure of 1 or more (prefills overlapping more than a replica's time) says nothing: None.
     The part taken out is read off the efficiency itself: 1 − (the efficiency of the steps as run,
-    with no prefill series) ÷ the efficiency, whatever estimate of it the efficiency used. An engine
+    with no prefill series) ÷ the efficiency, whatever estimate of it the efficiency used. The share
+    is at most what leaves the step's decode part at the roofline step (1 − the efficiency as run),
+    and at least the part taken out. An engine
     whose decode time is batch forward time (TGI) times decode steps alone, so its efficiency has the
     whole share out: the part returned is the share itself."""
     kind = DECODE_TIME_KIND.get(obs.engine_kind)
@@ -257,8 +259,11 @@ def prefill_shares(
         return share, share
     blank: dict[str, Any] = {f.name: None for f in fields(obs) if f.name in PREFILL_FIELDS}
     as_run = decode_efficiency(replace(obs, **blank), model)
-    taken = 0.0 if as_run is None else max(0.0, 1.0 - as_run / efficiency)
-    return share, taken
+    if as_run is None:
+        return None
+    taken = max(0.0, 1.0 - as_run / efficiency)
+    # the decode part of a step is at least the roofline step: prefill took at most 1 − as_run of it
+    return max(taken, min(share, 1.0 - as_run)), taken
 
 
 @dataclass(frozen=True, slots=True)

@@ -193,12 +193,15 @@ def _as_padded(path: Path, to: Path) -> None:
     """Rewrite a saved forest in the release before's layout (format 9: trees × nodes, padded,
     separate thresholds, children and leaf depths)."""
     with np.load(path) as z:
-        out = {k: z[k] for k in z.files if not k.endswith(("/value", "/right_step", "/roots", "/feature"))}
+        tree_keys = ("/value", "/right_step", "/roots", "/feature", "/leaf_values")
+        out = {k: z[k] for k in z.files if not k.endswith(tree_keys)}
         out["format"] = np.array([9])
         for name in {k.rsplit("/", 1)[0] for k in z.files if k.endswith("/roots")}:
             feature, value, step, roots = (
                 z[f"{name}/{k}"] for k in ("feature", "value", "right_step", "roots")
             )
+            leaf_depth = z[f"{name}/leaf_values"][np.where(feature < 0, value, 0).astype(int)]
+            value = np.where(feature >= 0, value.astype(np.float64), leaf_depth)
             ends = [*roots[1:], len(feature)]
             size = max(e - r for r, e in zip(roots, ends, strict=True))
             shape = (len(roots), size)

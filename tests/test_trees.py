@@ -65,8 +65,8 @@ def test_the_earlier_padded_layout_loads_with_the_same_scores_in_fewer_bytes() -
     ens = TreeEnsemble.from_padded(old)
     assert np.array_equal(ens.score_samples(x[2000:]), from_sklearn(forest).score_samples(x[2000:]))
     assert np.max(np.abs(ens.score_samples(x[2000:]) - forest.score_samples(x[2000:]))) < 1e-9
-    # no padding, one number per node, the left child implied: well under half the bytes
-    assert sum(v.nbytes for v in ens.arrays().values()) < 0.5 * sum(v.nbytes for v in old.values())
+    # no padding, one float32 per node, the left child implied: well under a third of the bytes
+    assert sum(v.nbytes for v in ens.arrays().values()) < sum(v.nbytes for v in old.values()) / 3
     assert len(ens.value) == sum(e.tree_.node_count for e in forest.estimators_)
 
 
@@ -74,7 +74,8 @@ def test_a_row_that_reaches_a_shallow_leaf_stays_there() -> None:
     # one tree: root splits x0 at 0.5; left is a leaf (depth 1), right splits x1 at 2.0 into two leaves
     ens = TreeEnsemble(
         feature=np.array([0, -1, 1, -1, -1], dtype=np.int8),
-        value=np.array([0.5, 1.0, 2.0, 2.0, 2.5]),
+        value=np.array([0.5, 0, 2.0, 1, 2], dtype=np.float32),  # thresholds, and at leaves an index
+        leaf_values=np.array([1.0, 2.0, 2.5]),
         right_step=np.array([2, 0, 2, 0, 0], dtype=np.uint16),
         roots=np.array([0]),
         denominator=1.0,
@@ -82,3 +83,16 @@ def test_a_row_that_reaches_a_shallow_leaf_stays_there() -> None:
     )
     rows = np.array([[0.0, 9.0], [1.0, 1.0], [1.0, 3.0], [np.nan, 3.0]])
     assert ens.score_samples(rows).tolist() == [-(2.0**-1.0), -(2.0**-2.0), -(2.0**-2.5), -(2.0**-2.5)]
+
+
+def test_float32_thresholds_keep_every_decision_at_and_next_to_each_threshold() -> None:
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(2000, 3)) * np.array([1e-3, 1.0, 1e3])
+    forest = IsolationForest(n_estimators=50, max_samples=256, random_state=5).fit(x)
+    t = np.concatenate([e.tree_.threshold[e.tree_.children_left != -1] for e in forest.estimators_])
+    t32 = t.astype(np.float32)
+    near = np.concatenate(
+        [t32, np.nextafter(t32, np.float32(np.inf)), np.nextafter(t32, np.float32(-np.inf))]
+    )
+    rows = np.tile(near.astype(np.float64)[:, None], (1, 3))
+    assert np.array_equal(from_sklearn(forest).score_samples(rows), forest.score_samples(rows))

@@ -51,9 +51,9 @@ from agent.samples import CostWindow
 
 logger = logging.getLogger(__name__)
 
-# bump when the persisted layout or its calibration changes (10: the trees flat in pre-order, see
-# agent.detect.trees); others are ignored on load (then refit), except the one before it
-STATE_FORMAT = 10
+# bump when the persisted layout or its calibration changes (11: the trees flat in pre-order, float32
+# values, see agent.detect.trees); others are ignored on load (then refit), except format 9 below
+STATE_FORMAT = 11
 STATE_FILE = f"forest-v{STATE_FORMAT}.npz"
 # Format 9 held the same trees padded (trees × nodes): they are read and converted, so a restart after
 # an upgrade scores with the forest it had (the same scores) and keeps its daily refit schedule.

@@ -13,9 +13,12 @@ scikit-learn's ``IsolationForest.score_samples``, computed the same way:
 
 Layout: the nodes of all trees in one flat run, each tree in pre-order (a node, its left subtree,
 its right subtree), so a node's left child is the next node and only the step to its right child
-is stored. A node holds one number: its threshold, or at a leaf its depth (a node is either). No
-padding. The trees are walked together, one level at a time: ``max_depth`` vectorised steps over
-a (trees × rows) array of node indices; a row that reached a leaf stays there (its step is 0).
+is stored. A node holds one float32: its threshold, or at a leaf the index of its depth in a short
+table of the ensemble's distinct leaf depths (float64). No padding. A float32 threshold loses no
+decision: the rows are float32, and for a float32 ``x``, ``x <= t`` exactly when ``x`` is at most
+the largest float32 not above ``t``, which is what is stored. The trees are walked together, one
+level at a time: ``max_depth`` vectorised steps over a (trees × rows) array of node indices; a row
+that reached a leaf stays there (its step is 0).
 """
 
 from __future__ import annotations
@@ -50,13 +53,14 @@ class TreeEnsemble:
     """The fitted trees of one isolation forest, flat in pre-order (see the module docstring)."""
 
     feature: np.ndarray  # FEATURE_DTYPE: column of the input compared at each node; LEAF at leaves
-    value: np.ndarray  # float64: the threshold (go left when x[feature] <= it), at a leaf its depth
+    value: np.ndarray  # float32: the threshold (go left when x[feature] <= it), at a leaf an index
+    leaf_values: np.ndarray  # float64: the leaf depths a leaf's value indexes
     right_step: np.ndarray  # STEP_DTYPE: right child's index − the node's; 0 at leaves
     roots: np.ndarray  # int64: each tree's first node
     denominator: float  # trees × c(max_samples)
     max_depth: int  # levels to walk
 
-    ARRAY_NAMES = ("feature", "value", "right_step", "roots", "meta")  # keys of arrays()
+    ARRAY_NAMES = ("feature", "value", "right_step", "roots", "leaf_values", "meta")  # keys of arrays()
 
     def score_samples(self, x: np.ndarray) -> np.ndarray:
         """scikit-learn's ``score_samples`` of rows ``x`` (higher = more normal)."""
@@ -80,7 +84,7 @@ class TreeEnsemble:
             go_left = np.take(flat_rows, row_base + np.maximum(f, 0)) <= np.take(self.value, node)
             # left child: the next node; a leaf steps 0 either way and stays
             node += np.where(go_left, inner, np.take(self.right_step, node))
-        depths = np.take(self.value, node).sum(axis=0)
+        depths = np.take(self.leaf_values, np.take(self.value, node).astype(np.int64)).sum(axis=0)
         return np.asarray(-(2.0 ** (-depths / self.denominator)))
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -90,6 +94,7 @@ class TreeEnsemble:
             "value": self.value,
             "right_step": self.right_step,
             "roots": self.roots,
+            "leaf_values": self.leaf_values,
             "meta": np.array([self.denominator, float(self.max_depth)]),
         }
 
@@ -99,7 +104,8 @@ class TreeEnsemble:
         meta = a["meta"]
         return cls(
             np.asarray(a["feature"], dtype=FEATURE_DTYPE),
-            np.asarray(a["value"], dtype=np.float64),
+            np.asarray(a["value"], dtype=np.float32),
+            np.asarray(a["leaf_values"], dtype=np.float64),
             np.asarray(a["right_step"], dtype=STEP_DTYPE),
             np.asarray(a["roots"], dtype=np.int64),
             float(meta[0]),
@@ -149,10 +155,22 @@ def _preorder(
 
 
 def _flat(trees: list[Tree], denominator: float, max_depth: int) -> TreeEnsemble:
+    """The trees (float64 thresholds and leaf depths) in the stored layout."""
     sizes = np.array([len(t[0]) for t in trees], dtype=np.int64)
+    feature = np.concatenate([t[0] for t in trees])
+    wide = np.concatenate([t[1] for t in trees])
+    leaf = feature == LEAF
+    leaf_values, index = np.unique(wide[leaf], return_inverse=True)
+    if len(leaf_values) > 2**24:  # a float32 holds every integer up to 2**24 exactly
+        raise ValueError(f"{len(leaf_values)} distinct leaf depths are too many to index")
+    value = wide.astype(np.float32)  # the thresholds rounded down to a float32 (see the module docstring)
+    up = value.astype(np.float64) > wide
+    value[up] = np.nextafter(value[up], np.float32(-np.inf))
+    value[leaf] = index
     return TreeEnsemble(
-        np.concatenate([t[0] for t in trees]),
-        np.concatenate([t[1] for t in trees]),
+        feature,
+        value,
+        leaf_values,
         np.concatenate([t[2] for t in trees]),
         np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64),
         denominator,

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from agent.clock import ManualClock
+from agent.detect.deploys import record_deploy
 from agent.report.data import WEEK_SECONDS, ModelWeek, WeeklyReport, build_from_store, build_from_windows
 from agent.report.render import render_csv, render_html, render_json, render_markdown, render_slack
 from agent.samples import CostWindow, UsageWindow
@@ -125,7 +126,9 @@ def test_like_load_from_windows() -> None:
 @pytest.fixture(scope="module")
 def store_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("like_load") / "history.sqlite"
-    store = Store(path, retention_days=35, clock=ManualClock(start=T))
+    store = Store(
+        path, retention_days=35, clock=ManualClock(start=T), deploys=record_deploy
+    )  # as app.py builds it
     store.write_windows(scenario())
     store.close()
     return path

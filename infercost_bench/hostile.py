@@ -17,7 +17,8 @@ Cases:
   when the agent's RSS stays within its steady figure + 20 MB, the churning models on /metrics stay
   within what the series lifetime allows, each refused page is down with its reason named, and the
   good engine's counters keep advancing. Printed too: ``/metrics`` latency (the HTTP answer alone,
-  one GET every 0.25 s throughout), which passes when the slowest is under 200 ms.
+  one GET every 0.25 s throughout, from a process of its own), which passes when the slowest is
+  under 200 ms.
 - config reload: a bad price book edit keeps the last good one with one log line and
   ``infercost_config_reload_success`` 0; the fix sets it back to 1.
 - check: ``infercost check`` refuses a rule duration beyond its maximum and warns on a book with only
@@ -159,29 +160,52 @@ class HostileServer:
 
 
 # ------------------------------------------------------------------------------------------ daemon
-class MetricsProbe:
-    """GETs of /metrics with the right password every METRICS_EVERY_SECONDS, in a thread of the
-    bench: each one's seconds until the whole answer is read (no parsing counted)."""
+_PROBE = r"""
+import base64, http.client, json, sys, time
+port, auth, every, seconds = int(sys.argv[1]), sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+end = time.monotonic() + seconds
+out = []
+while time.monotonic() < end:
+    t0 = time.perf_counter()
+    status = 0
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        c.request("GET", "/metrics", headers={"Authorization": "Basic " + auth})
+        r = c.getresponse()
+        r.read()
+        status = r.status
+        c.close()
+    except OSError:
+        pass
+    took = time.perf_counter() - t0
+    out.append([status, took])
+    time.sleep(max(0.0, every - took))
+print(json.dumps(out))
+"""
 
-    def __init__(self, d: Daemon) -> None:
-        self.d = d
+
+class MetricsProbe:
+    """GETs of /metrics with the right password every METRICS_EVERY_SECONDS for ``seconds``, from a
+    process of its own (so the bench's own parsing and its engine server never delay them): each
+    one's seconds until the whole answer is read."""
+
+    def __init__(self, d: Daemon, seconds: float) -> None:
+        auth = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _PROBE, str(d.port), auth, str(METRICS_EVERY_SECONDS), str(seconds)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.seconds: list[float] = []
         self.failed = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> MetricsProbe:
-        self._thread.start()
         return self
 
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(30)
-
-    def _run(self) -> None:
-        while not self._stop.wait(METRICS_EVERY_SECONDS):
-            status, _, seconds = self.d.get("/metrics")
-            self.seconds.append(seconds)
+    def __exit__(self, *_exc: object) -> None:
+        out, _ = self._proc.communicate(timeout=120)
+        for status, took in json.loads(out or "[]"):
+            self.seconds.append(took)
             self.failed += status != 200
 
 
@@ -367,7 +391,7 @@ def hostile_pages(d: Daemon, server: HostileServer, seconds: float) -> list[bool
     most_rss, most_churn = steady, 0
     live = int(SERIES_TTL_SECONDS / SCRAPE_SECONDS) + 2
     marks: list[float] = []  # RSS at each quarter of the run: a plateau or a climb
-    with MetricsProbe(d) as probe:
+    with MetricsProbe(d, seconds) as probe:
         while time.monotonic() - t0 < seconds:
             rss = status_mb(d.pid, "VmRSS") or 0.0
             most_rss = max(most_rss, rss)

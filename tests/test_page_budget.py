@@ -23,10 +23,10 @@ from agent.sources.engines.scraper import EngineScraper, PageBudget
 
 MIB = 1024 * 1024
 
-# The engines' process: /NAME/metrics?kb=K[&declared=1] is a vLLM page whose counter is the
-# request's number, padded with K kB of series nobody reads, written 64 kB at a time with a pause
-# between writes (so pages of several engines are in flight together), with a Content-Length
-# only when declared=1.
+# The engines' process: /NAME/metrics?kb=K[&buckets=B][&declared=1] is a vLLM page whose counter is
+# the request's number, padded with K kB of series nobody reads (and a histogram of B buckets),
+# written 64 kB at a time with a pause between writes (so pages of several engines are in flight
+# together), with a Content-Length only when declared=1.
 _SERVER = r"""
 import asyncio, sys
 from aiohttp import web
@@ -41,10 +41,17 @@ def page(name, n, kb):
     pad = "".join(f'http_padding_bytes{{i="{i:08d}"}} 1\n' for i in range(kb * 1024 // 32 + 1))
     return (head + pad[: kb * 1024]).rsplit("\n", 1)[0] + "\n"
 
+def histogram(name, buckets):
+    return "".join(
+        f'vllm:e2e_request_latency_seconds_bucket{{le="{i}",model_name="{name}"}} {i}\n'
+        for i in range(buckets)
+    )
+
 async def handle(request):
     name = request.match_info["name"]
     n = counts[name] = counts.get(name, 0) + 1
-    body = page(name, n, int(request.query.get("kb", "0"))).encode()
+    body = page(name, n, int(request.query.get("kb", "0")))
+    body = (body + histogram(name, int(request.query.get("buckets", "0")))).encode()
     resp = web.StreamResponse(headers={"Content-Type": "text/plain"})
     if request.query.get("declared") == "1":
         resp.content_length = len(body)
@@ -198,3 +205,29 @@ async def test_a_page_is_read_as_it_arrives_never_held_whole(engines_port: int) 
     # bytes: a chunk or two and their text at a time; a page read whole (bytes, text and a copy of
     # the text) would be three times the page, and even its bytes alone are the page
     assert peak < r.size_bytes / 2, (peak, r.size_bytes)
+
+
+async def test_a_refused_page_is_freed_at_once_not_by_a_later_cyclic_gc(engines_port: int) -> None:
+    import gc
+    import tracemalloc
+
+    # a histogram of 100,000 buckets: refused once its series passes 1,000, its reader then holding
+    # a thousand samples; a failed scrape's traceback would keep them until a full cyclic GC
+    pages = {"buckets": "buckets=100000", "good": "kb=1"}
+    async with _scrapers(engines_port, pages, PageBudget(64 * MIB)) as scrapers:
+        await _round(scrapers)  # the connections and the parser warm
+        gc.collect()
+        gc.disable()  # what is freed must be freed by reference counts
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for _ in range(5):
+                got = await _round(scrapers)
+                assert got["good"].up
+                why = got["buckets"].error
+                assert not got["buckets"].up and why is not None and "limits.max_histogram_buckets" in why
+            held = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+            gc.enable()
+    assert held < 256 * 1024, held  # bytes: not one refused page's thousand samples (~0.5 MB) kept

@@ -210,6 +210,7 @@ class EngineScraper:
             raise
         except Exception as err:
             reason = self._reason(err)
+            _forget(err)
             if skipped:  # refused for its cost, or for something else and costly too
                 if "limits.scrape_cpu_seconds" not in reason:
                     reason += f"; reading it cost {self.cpu_seconds:.2f} s of CPU (limits.scrape_cpu_seconds)"
@@ -476,6 +477,22 @@ class _Page:
         for piece in _drain(self._unknown):
             self._reader.feed(piece)
         self._reader.feed(text)
+
+
+def _forget(err: BaseException) -> None:
+    """Drop the tracebacks of a failed scrape's exceptions (only their messages are kept). Their
+    frames hold the page's reader and chunks, and through ``wait_for``'s task a cycle back to the
+    exception: only a full pass of the cyclic GC over the whole daemon, which stalls the event loop
+    for that long, would free them."""
+    stack: list[BaseException] = [err]
+    seen: set[int] = set()
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        e.__traceback__ = None
+        stack.extend(x for x in (e.__cause__, e.__context__) if x is not None)
 
 
 def _drain(items: list[_T]) -> Iterator[_T]:

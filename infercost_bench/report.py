@@ -42,10 +42,11 @@ def fill_store(path: Path, series: int, days: float, end: float, seed: int = 1) 
     """Write ``days`` of 1-minute history of ``series`` model versions ending at ``end``; returns
     windows written. Every 4th series gets a new version each week (a deploy)."""
     from agent.clock import ManualClock
+    from agent.detect.deploys import record_deploy
     from agent.samples import CostWindow, UsageWindow
     from agent.store import Store
 
-    store = Store(path, retention_days=days + 1, clock=ManualClock(start=end))
+    store = Store(path, retention_days=days + 1, clock=ManualClock(start=end), deploys=record_deploy)
     rng = random.Random(seed)
     start = math.floor((end - days * DAY) / MINUTE) * MINUTE
     written = 0

@@ -287,3 +287,13 @@ def test_prefill_shares_absent_or_whole() -> None:
     assert prefill_shares(*_obs("sglang"), 60.0) is None  # no decode time at all
     tgi = prefill_shares(*_obs("tgi", decode_seconds=600.0, prefill_tokens=0.0), 60.0)
     assert tgi == (pytest.approx(0.1), pytest.approx(0.1))  # decode steps timed alone: all of it out
+
+
+def test_where_the_efficiency_read_the_phase_times_its_share_is_the_share() -> None:
+    # 100 finished requests, 150 s of prefill less the first-token step each holds: above the floor
+    obs, fig = _obs(prefill_seconds=150.0, finished_requests=100.0)
+    got = prefill_shares(obs, fig, 150.0)
+    assert got is not None
+    share, taken = got
+    assert share == taken > 1e6 * 2 * 70e9 / (989e12 * 600.0)
+    assert share < 150.0 / 600.0  # the held steps are not prefill

@@ -240,9 +240,10 @@ def prefill_shares(
     several share a step. It is at least the floor (the prefilled tokens' FLOPs at the GPUs' peak),
     and a figure of 1 or more (prefills overlapping more than a replica's time) says nothing: None.
     The part taken out is read off the efficiency itself: 1 − (the efficiency of the steps as run,
-    with no prefill series) ÷ the efficiency, whatever estimate of it the efficiency used. The share
-    is at most what leaves the step's decode part at the roofline step (1 − the efficiency as run),
-    and at least the part taken out. An engine
+    with no prefill series) ÷ the efficiency, whatever estimate of it the efficiency used. Where that
+    estimate is above the floor (the efficiency read the engine's phase times) it is the share too;
+    else the share is at most what leaves the step's decode part at the roofline step (1 − the
+    efficiency as run), and at least the part taken out. An engine
     whose decode time is batch forward time (TGI) times decode steps alone, so its efficiency has the
     whole share out: the part returned is the share itself."""
     kind = DECODE_TIME_KIND.get(obs.engine_kind)
@@ -262,7 +263,11 @@ def prefill_shares(
     if as_run is None:
         return None
     taken = max(0.0, 1.0 - as_run / efficiency)
-    # the decode part of a step is at least the roofline step: prefill took at most 1 − as_run of it
+    # the efficiency's own estimate where it has one above the floor (vLLM: the phase times less the
+    # first-token step each holds, agent.cost.efficiency): one share for mix and step efficiency
+    if taken > floor:
+        return taken, taken
+    # else the request-seconds, at most what leaves a step's decode part at the roofline step
     return max(taken, min(share, 1.0 - as_run)), taken
 
 

@@ -27,10 +27,10 @@ cost per token is (vLLM's decode request time and inter-token latency both span 
 steps carry). Longer prompts show as mix (and as model and context, their KV read by every step); a
 night with fewer requests as a smaller batch; time no kernel ran as idle.
 
-Prefill's share of the window is the engine's prefill request-seconds per replica-second, at least
-the floor s its prefilled tokens' FLOPs at the GPUs' peak put on it (:func:`prefill_shares`): exact
-where one prefill runs at a time per replica, an upper bound where several share a step (then an
-efficiency read above 1 is absent and mix and step efficiency merge). It is taken as the share of
+Prefill's share of the window is the decode efficiency's own estimate where it read the engine's
+phase times, else the engine's prefill request-seconds per replica-second, at least the floor its
+prefilled tokens' FLOPs at the GPUs' peak put on it and at most what leaves a step's decode part at
+the roofline step (:func:`prefill_shares`). It is taken as the share of
 the steps' time (a step carries its prefill chunks, or waits for a prefill step): exact where steps
 run back to back; where the GPU idles part of the window, f reads low by that part, and mix and step
 efficiency move opposite by the same dollars (their product does not depend on f).

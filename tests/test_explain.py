@@ -251,6 +251,15 @@ def test_log_mean(a: float, b: float) -> None:
     assert m == pytest.approx(log_mean(b, a), rel=1e-10)
     assert math.sqrt(a * b) * (1 - 1e-12) <= m <= (a + b) / 2 * (1 + 1e-12)
     assert log_mean(a, a) == a
+    # L(a, b) · ln(a/b) = a − b to the rounding of the larger, at any ratio (the LMDI shares' sum)
+    assert m * math.log(a / b) == pytest.approx(a - b, rel=1e-13, abs=1e-15 * max(a, b))
+
+
+def test_log_mean_keeps_its_digits_at_a_ratio_of_a_billion() -> None:
+    """Where a/b − 1 is near −1, log1p of it amplifies its rounding (found by the shares' property:
+    a $0.27/token window against one of $5.7e-10 summed 1.1e-9 off the change)."""
+    a, b = 5.747189854048964e-10, 0.26666666666666666
+    assert log_mean(a, b) * math.log(a / b) == pytest.approx(a - b, rel=1e-15)
 
 
 def _obs(kind: str = "vllm", **kw: float) -> tuple[DecodeObservation, ModelFigures]:

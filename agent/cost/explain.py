@@ -306,10 +306,12 @@ class Split:
 
 def log_mean(a: float, b: float) -> float:
     """The logarithmic mean L(a, b) = (a − b) / (ln a − ln b), L(a, a) = a; a, b > 0."""
-    x = a / b - 1.0
+    x = (a - b) / b  # a − b is exact when a and b are within a factor of 2 of each other (Sterbenz)
     if abs(x) < 1e-6:  # the series (1 + x/2 − x²/12) is exact to double precision here
         return b * (1.0 + x / 2.0 - x * x / 12.0)
-    return (a - b) / math.log1p(x)
+    # log1p near a ratio of 1 (where ln(a/b) would lose the digits of a/b − 1); ln(a/b) far from it,
+    # where x is near −1 and log1p(x) would amplify x's rounding (a ratio of 1e-9: by 1e-7 relative)
+    return (a - b) / (math.log1p(x) if abs(x) < 0.5 else math.log(a / b))
 
 
 class ExplainError(ValueError):

@@ -102,3 +102,20 @@ def test_a_share_that_leaves_a_step_under_the_roofline_is_absent_not_clamped() -
         decode_efficiency(engine(pure_step=0.05, prefill_work=0.0, finished=20.0, prefill_seconds=20.0), fig)
         is None
     )
+
+
+def test_small_but_real_readings_count_at_their_boundaries() -> None:
+    """One prefilled token, a one-second window, one finished request, one inter-token interval and
+    intervals summing under a second are readings, not "unknown" (each a boundary of the guards)."""
+    from agent.cost.efficiency import measured_step_seconds, prefill_share_floor
+
+    fig = ModelFigures(W, None, None, F)
+    one = engine(pure_step=0.05, prefill_work=0.0, finished=1.0, window=1.0, prefilled=1.0)
+    assert prefill_share_floor(one, fig) == pytest.approx(1.0 * F / (PEAK * 1.0))  # 1 token, 1 s
+    # one finished request whose prefill time is its first step plus 0.2 s of prompt compute
+    o = engine(pure_step=0.05, prefill_work=0.2, finished=1.0, window=1.0)
+    step = o.itl_seconds / o.itl_count  # type: ignore[operator]
+    assert prefill_share(o, fig, step) == pytest.approx(0.2)
+    # one interval of 40 ms observed: the step is the interval, not decode seconds ÷ tokens
+    itl = engine(pure_step=0.05, prefill_work=0.0, finished=1.0, itl_seconds=0.04, itl_count=1.0)
+    assert measured_step_seconds(itl, "request", 1) == pytest.approx(0.04)

@@ -197,7 +197,15 @@ def prefill_share(obs: DecodeObservation, model: ModelFigures, step: float) -> f
 
 def decode_efficiency(obs: DecodeObservation, model: ModelFigures) -> float | None:
     """Fastest possible decode step ÷ the measured one less its prefill share
-    (:func:`prefill_share`), per data-parallel replica, in (0, 1].
+    (:func:`prefill_share`), per data-parallel replica, in (0, 1]; None as
+    :func:`decode_efficiency_parts` says."""
+    parts = decode_efficiency_parts(obs, model)
+    return None if parts is None else parts[0]
+
+
+def decode_efficiency_parts(obs: DecodeObservation, model: ModelFigures) -> tuple[float, float] | None:
+    """The decode efficiency (:func:`decode_efficiency`) and the prefill share it took out of the
+    step (0 for an engine whose decode time counts decode passes alone), in one computation.
 
     None when the engine has no decode-time series, the window decoded nothing or accepted draft
     tokens, the model's weights or the GPUs' bandwidth are unknown, a coarse window's gauge instant
@@ -239,7 +247,7 @@ def decode_efficiency(obs: DecodeObservation, model: ModelFigures) -> float | No
         model.weights_bytes, resident, model.kv_bytes_per_token or 0.0, obs.bandwidth_bytes_per_s / replicas
     )
     efficiency = ideal / (step * (1.0 - share))
-    return efficiency if efficiency <= 1.0 else None  # impossible: counters out of step, not a figure
+    return (efficiency, share) if efficiency <= 1.0 else None  # above 1: counters out of step, no figure
 
 
 def measured_step_seconds(obs: DecodeObservation, kind: DecodeTime, replicas: int) -> float:

@@ -59,14 +59,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from dataclasses import dataclass
 
 from agent.cost.efficiency import (
     DECODE_TIME_KIND,
     DecodeObservation,
     ModelFigures,
-    decode_efficiency,
+    decode_efficiency_parts,
     prefill_share_floor,
 )
 from agent.cost.model import PER_MILLION
@@ -223,13 +222,11 @@ def _per_step(
     return 1.0 / per_step
 
 
-# The observation's fields that feed the prefill share the decode efficiency takes out of the step;
-# blanked, the efficiency is that of the steps as run.
-PREFILL_FIELDS = ("prefill_tokens", "prefill_seconds", "finished_requests")
-
-
 def prefill_shares(
-    obs: DecodeObservation, model: ModelFigures, prefill_seconds: float | None
+    obs: DecodeObservation,
+    model: ModelFigures,
+    prefill_seconds: float | None,
+    parts: tuple[float, float] | None = None,
 ) -> tuple[float, float] | None:
     """Prefill's share of a window and the part of it the decode efficiency of ``obs`` takes out of
     the step, both 0–1 of the window's seconds per replica; None where the share or the efficiency
@@ -239,8 +236,8 @@ def prefill_shares(
     replicas × seconds): exact where one prefill runs at a time per replica, an upper bound where
     several share a step. It is at least the floor (the prefilled tokens' FLOPs at the GPUs' peak),
     and a figure of 1 or more (prefills overlapping more than a replica's time) says nothing: None.
-    The part taken out is read off the efficiency itself: 1 − (the efficiency of the steps as run,
-    with no prefill series) ÷ the efficiency, whatever estimate of it the efficiency used. Where that
+    The part taken out is the efficiency's own (:func:`~agent.cost.efficiency.decode_efficiency_parts`,
+    or ``parts`` when the caller has them), whatever estimate of it the efficiency used. Where that
     estimate is above the floor (the efficiency read the engine's phase times) it is the share too;
     else the share is at most what leaves the step's decode part at the roofline step (1 − the
     efficiency as run), and at least the part taken out. An engine
@@ -253,16 +250,13 @@ def prefill_shares(
     share = max(floor, prefill_seconds / (max(1, obs.replicas) * obs.window_seconds))
     if not share < 1.0:
         return None
-    efficiency = decode_efficiency(obs, model)
-    if efficiency is None:
+    parts = parts or decode_efficiency_parts(obs, model)
+    if parts is None:
         return None
     if kind != "request":
         return share, share
-    blank: dict[str, Any] = {f.name: None for f in fields(obs) if f.name in PREFILL_FIELDS}
-    as_run = decode_efficiency(replace(obs, **blank), model)
-    if as_run is None:
-        return None
-    taken = max(0.0, 1.0 - as_run / efficiency)
+    efficiency, taken = parts
+    as_run = efficiency * (1.0 - taken)  # the efficiency of the steps as run, no prefill taken out
     # the efficiency's own estimate where it has one above the floor (vLLM: the phase times less the
     # first-token step each holds, agent.cost.efficiency): one share for mix and step efficiency
     if taken > floor:

@@ -36,7 +36,7 @@ from agent.cost.counters import (
     generation_ceiling,
     prompt_ceiling,
 )
-from agent.cost.efficiency import DecodeObservation, ModelFigures, decode_efficiency, mean_decode_batch
+from agent.cost.efficiency import DecodeObservation, ModelFigures, decode_efficiency_parts, mean_decode_batch
 from agent.cost.explain import prefill_shares
 from agent.cost.floor import CostFloor, cost_floor
 from agent.cost.inputs import EngineSpec, PriceTable
@@ -640,8 +640,10 @@ def _efficiency(
     figures = ModelFigures(
         spec.weights_bytes, spec.kv_bytes_per_token, spec.kv_capacity_tokens, spec.flops_per_token
     )
-    roof = decode_efficiency(obs, figures)
-    return roof, None if roof is None else prefill_shares(obs, figures, usage.prefill_seconds)
+    parts = decode_efficiency_parts(obs, figures)  # once a tick: the efficiency and its prefill share
+    if parts is None:
+        return None, None
+    return parts[0], prefill_shares(obs, figures, usage.prefill_seconds, parts)
 
 
 def _all_known(values: Iterable[float | None]) -> float | None:

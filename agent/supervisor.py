@@ -57,7 +57,7 @@ from agent.sinks.prometheus import PrometheusServer
 from agent.sinks.webconfig import load_web_config
 from agent.snapshot import Ledger, Snapshot
 from agent.sources.discovery import VersionReader
-from agent.sources.engines.scraper import EngineScraper
+from agent.sources.engines.scraper import EngineScraper, PageBudget
 from agent.sources.nvml.backend import NvmlBackend
 from agent.sources.nvml.sampler import NvmlSampler
 from agent.sources.prices import PriceBook, load_price_book
@@ -397,6 +397,8 @@ class Agent:
         self.book = book
         self.engines = tuple(cfg.engines if engines is None else engines)
         self.hooks = hooks or Hooks()
+        # one budget of page bytes in flight for every scraper, static and discovered alike
+        self.page_budget = PageBudget(cfg.limits.page_bytes_in_flight)
         self.ledger = Ledger(
             cfg.node,
             __version__,
@@ -551,7 +553,10 @@ class Agent:
             async with aiohttp.ClientSession(timeout=timeout) as session:
                 self._session = session
                 loops = self._loops(
-                    [EngineScraper(e, session, self.clock, self.cfg.limits) for e in self.engines]
+                    [
+                        EngineScraper(e, session, self.clock, self.cfg.limits, self.page_budget)
+                        for e in self.engines
+                    ]
                 )
                 async with asyncio.TaskGroup() as tg:
                     for loop in loops:
@@ -780,7 +785,7 @@ class Agent:
         scrapers[:] = [
             old[e.name]
             if e.name in old and old[e.name].cfg == e
-            else EngineScraper(e, self._session, self.clock, self.cfg.limits)
+            else EngineScraper(e, self._session, self.clock, self.cfg.limits, self.page_budget)
             for e in self.engines
         ]
         self.joiner.engines = tuple(e.cost_spec() for e in self.engines)

@@ -116,14 +116,6 @@ class PageBudget:
                 fut.set_result(None)
 
 
-_BUDGETS: dict[int, PageBudget] = {}  # limits.page_bytes_in_flight -> the budget every scraper shares
-
-
-def shared_budget(limits: LimitsConfig) -> PageBudget:
-    """The process' one budget for ``limits.page_bytes_in_flight`` (every scraper of the daemon)."""
-    return _BUDGETS.setdefault(limits.page_bytes_in_flight, PageBudget(limits.page_bytes_in_flight))
-
-
 class _Hold:
     """One scrape's share of a :class:`PageBudget`."""
 
@@ -163,7 +155,8 @@ class EngineScraper:
         self.session = session
         self.clock = clock
         self.limits = limits or LimitsConfig()
-        self.budget = budget or shared_budget(self.limits)
+        # the daemon's one budget (agent.supervisor hands every scraper the same); alone, its own
+        self.budget = budget or PageBudget(self.limits.page_bytes_in_flight)
         self.cpu_seconds = 0.0  # CPU seconds of the last page read (decode, parse, map), on any thread
         self._over_budget = 0  # pages over the CPU budget in a row
         self._skip = 0  # scrapes still to skip after one

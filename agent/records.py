@@ -33,6 +33,13 @@ MINUTE = 60.0  # seconds; the rollup and evaluation granularity
 # Why a microsecond: summed window edges (4 × 15 s) differ from the minute by float rounding only.
 EDGE_SECONDS = 1e-6
 
+
+def tokens_counted(tokenless_seconds: float, seconds: float) -> bool:
+    """Whether a span of ``seconds`` with ``tokenless_seconds`` of it from engines without token
+    counters has tokens to show: only a span tokenless all through has them absent."""
+    return not 0.0 < tokenless_seconds >= seconds - EDGE_SECONDS
+
+
 Kind = Literal["model", "engine", "gpu", "node"]
 Labels = tuple[tuple[str, str], ...]
 
@@ -210,7 +217,7 @@ def window_from_record(r: MinuteRecord) -> CostWindow:
         energy_joules=s.get("energy_joules"),
         preemptions=s.get("preemptions"),
         # a minute wholly without token counters (a tokenless engine) has its tokens absent
-        tokens_counted=not 0.0 < s.get("tokenless_seconds", 0.0) >= secs - EDGE_SECONDS,
+        tokens_counted=tokens_counted(s.get("tokenless_seconds", 0.0), secs),
         queue_seconds=s.get("request_queue_seconds") if timed else None,
         compute_seconds=s.get("request_compute_seconds") if timed else None,
         timed_requests=s.get("timed_requests") if timed else None,

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.cost.bound import BOUNDS
-from agent.records import BOUND_SUMS, EDGE_SECONDS, SPLIT_SUMS, DeployEvent, mean_of, model_sums
+from agent.records import BOUND_SUMS, SPLIT_SUMS, DeployEvent, mean_of, model_sums, tokens_counted
 from agent.report.budget import BudgetLine
 from agent.report.waterfall import Waterfall, week_over_week
 from agent.samples import CostWindow
@@ -733,7 +733,7 @@ def _model_week(
         split=t.split,
         gpu_seconds=t.gpu_seconds,
         bound=t.bound,
-        tokens_counted=not 0.0 < t.tokenless_seconds >= t.seconds - EDGE_SECONDS,
+        tokens_counted=tokens_counted(t.tokenless_seconds, t.seconds),
     )
 
 

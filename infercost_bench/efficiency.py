@@ -23,7 +23,10 @@ figure, error the median of ``|figure − truth| ÷ truth`` over the busy window
   share its counters record (``prefill seconds ÷ (60 × replicas)``), against the roofline at the
   minute's batch per replica (the one its law ran at, whose step that is: the drawn instant the
   gauges read is not) and the minute's context. A vLLM e2e histogram's count (requests finished,
-  observed with their phase times) is read with the counters.
+  observed with their phase times) is read with the counters, and a TTFT count (first tokens,
+  observed as they are made: the minute's served requests, the ones its law prefilled, grown like
+  the inter-token counts). The two differ after a burst: the batch a saturated minute admitted
+  drains in the next, whose finished requests then carry prefills of the minute before.
   Its law is bounded by the memory at the real context and its prefill by the GPU's tensor cores (so
   its truth stays ≤ 1; windows above 1 would be counted apart, not scored); a line per node gives
   its prefill rate against the GPU's peak.
@@ -33,9 +36,9 @@ so even an exact estimator reads slightly low against them.
 
 Both go through the real window join (:class:`agent.cost.window.WindowJoiner`); "join" is the figure
 the join computes as wired, "+prefill" the same estimator called directly with the window's inputs
-(prefilled tokens, the GPUs' peak FLOPS, the model's FLOPs per token, prefill seconds and finished
-requests: a check that the join passes them all), with the median prefill share it took out. It
-prints one line per model and interval and the targets; nothing asserts on them.
+(prefilled tokens, the GPUs' peak FLOPS, the model's FLOPs per token, prefill seconds, finished
+requests and first tokens: a check that the join passes them all), with the median prefill share
+it took out. It prints one line per model and interval and the targets; nothing asserts on them.
 """
 
 from __future__ import annotations
@@ -222,6 +225,11 @@ def _azure_readings(sim: SimulatedNode) -> list[_Reading]:
     itl_cum = _cumulative_hist(ITL_BUCKETS, itl_n, tr.itl_median, ITL_SIGMA)  # minutes × buckets
     itl_minute = np.diff(np.vstack([np.zeros(itl_cum.shape[1]), itl_cum]), axis=0)
     itl_sum = itl_n * tr.itl_median * np.exp(ITL_SIGMA**2 / 2)
+    # vLLM observes a request's TTFT when its first token is made (the step that ends its prefill):
+    # the minute's first tokens are the requests its law prefilled, grown like the inter-token counts
+    ttft_sum = tr.finished * tr.ttft_median
+    ttft_before = np.concatenate(([0.0], np.cumsum(tr.finished)))
+    ttft_sum_before = np.concatenate(([0.0], np.cumsum(ttft_sum)))
     le = (*ITL_BUCKETS, float("inf"))
     rank_series = [f"vllm:generation_tokens_total,engine={r}" for r in range(ranks)]
     bandwidth = p.gpu.hbm_bandwidth_bytes_per_s
@@ -255,6 +263,11 @@ def _azure_readings(sim: SimulatedNode) -> list[_Reading]:
                 kv_cache_usage_ratio=float(rd.kv_usage[k]),
                 itl_seconds=Histogram(
                     tuple(zip(le, buckets, strict=True)), itl_before + q * float(itl_sum[m]), buckets[-1]
+                ),
+                ttft_seconds=Histogram(
+                    ((float("inf"), float(ttft_before[m] + q * tr.finished[m])),),
+                    float(ttft_sum_before[m] + q * ttft_sum[m]),
+                    float(ttft_before[m] + q * tr.finished[m]),
                 ),
                 # vLLM observes a request's e2e, prefill and decode times together, when it finishes
                 e2e_seconds=Histogram(
@@ -353,7 +366,8 @@ def _full(
     w: CostWindow, cur: ModelSignals, cost: EngineSpec, gpu: str, gpus: int, flops: float
 ) -> tuple[float | None, float]:
     """The estimator called directly with the window's inputs (prefilled tokens, peak FLOPS, FLOPs per
-    token, prefill seconds and finished requests: a check that the join passes them all), and the
+    token, prefill seconds, finished requests and first tokens: a check that the join passes them
+    all), and the
     prefill share it took out."""
     u = w.usage
     spec = gpu_spec(gpu)
@@ -374,6 +388,7 @@ def _full(
         peak_flops_per_s=(spec.peak_flops if spec else 0.0) * gpus,
         prefill_seconds=u.prefill_seconds,
         finished_requests=u.e2e_delta.count if u.e2e_delta is not None else None,
+        first_tokens=u.ttft_delta.count if u.ttft_delta is not None else None,
     )
     figures = ModelFigures(cost.weights_bytes, cost.kv_bytes_per_token, cost.kv_capacity_tokens, flops)
     step = measured_step_seconds(obs, "request", obs.replicas)

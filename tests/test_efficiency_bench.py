@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from infercost_bench.efficiency import TARGET_ERROR, _Point, score
+from infercost_bench.efficiency import SCRAPE_S, TARGET_ERROR, _azure_readings, _Point, score
+from infercost_sim.workload import DAY, MINUTE, WEEK, simulate_node
 
 
 def test_a_row_scores_busy_windows_and_counts_impossible_truths_apart() -> None:
@@ -35,3 +37,21 @@ def test_a_row_meets_its_targets_only_with_all_three() -> None:
     assert not score("m", 60, [*good, _Point(0.8, 1.01, None, 0.0)], "join").met()  # a figure above 1
     assert not score("m", 60, [_Point(0.8, 0.6, None, 0.0)] * 10, "join").met()  # 25 % off
     assert not score("m", 60, [], "join").met()  # nothing busy: nothing shown
+
+
+def test_the_azure_scrapes_count_first_tokens_when_made_and_finishes_when_they_finish() -> None:
+    """vLLM observes TTFT at the step that makes the first token and the phase times (with the e2e
+    count) when a request finishes: the Azure model's scrapes count each minute's first tokens as
+    the requests its law prefilled, while its finishes are the drawn population's, which after a
+    saturated minute drains the batch that minute admitted."""
+    sim = simulate_node("azure", seed=7, weeks=DAY / WEEK, node="azure-7")
+    ends = [r.signals for r in _azure_readings(sim)[int(MINUTE // SCRAPE_S) - 1 :: int(MINUTE // SCRAPE_S)]]
+    first = np.diff([0.0, *(s.ttft_seconds.count for s in ends if s.ttft_seconds is not None)])
+    done = np.diff([0.0, *(s.e2e_seconds.count for s in ends if s.e2e_seconds is not None)])
+    assert len(first) == len(done) == sim.minutes
+    assert first == pytest.approx(sim.trace.finished)
+    running = sim.trace.running
+    drained = np.flatnonzero((running[:-1] > 2.0 * running[1:]) & (running[1:] >= sim.physics.replicas)) + 1
+    assert len(drained) > 0
+    # the minutes after a fall of the batch by half or more finish more requests than they begin
+    assert float(np.median(done[drained] / first[drained])) > 1.1

@@ -119,3 +119,53 @@ def test_small_but_real_readings_count_at_their_boundaries() -> None:
     # one interval of 40 ms observed: the step is the interval, not decode seconds ÷ tokens
     itl = engine(pure_step=0.05, prefill_work=0.0, finished=1.0, itl_seconds=0.04, itl_count=1.0)
     assert measured_step_seconds(itl, "request", 1) == pytest.approx(0.04)
+
+
+@pytest.mark.parametrize(
+    ("finished", "first_tokens"),
+    [
+        (30.0, 20.0),  # after a burst: 10 of the finished requests were prefilled before the window
+        (10.0, 20.0),  # in a burst: half the requests prefilled have not finished yet
+        (20.0, 20.0),  # steady: the two counts agree
+    ],
+)
+def test_the_windows_prefills_are_its_first_tokens_at_the_finished_requests_mean(
+    finished: float, first_tokens: float
+) -> None:
+    """20 requests prefilled in the window (2.5 s of prompt work in 10 s, 0.125 s each), whatever
+    number of requests finished in it, each finished request's prefill time its first step plus
+    its 0.125 s of prompt compute (vLLM times the phases when a request finishes, TTFT when its
+    first token is made)."""
+    fig = ModelFigures(W, None, None, F)
+    pure_step = 0.05
+    step = pure_step / 0.75
+    o = engine(
+        pure_step=pure_step, prefill_work=2.5, finished=20.0, finished_requests=finished,
+        prefill_seconds=finished * (step + 0.125), first_tokens=first_tokens,
+    )  # fmt: skip
+    assert prefill_share(o, fig, step) == pytest.approx(0.25)
+    assert decode_efficiency(o, fig) == pytest.approx((W / H100_BW) / pure_step)
+
+
+def test_without_the_first_token_count_the_finished_requests_count_the_prefills() -> None:
+    fig = ModelFigures(W, None, None, F)
+    step = 0.05 / 0.75
+    drained = {"finished_requests": 30.0, "prefill_seconds": 30 * (step + 0.125)}
+    o = engine(pure_step=0.05, prefill_work=2.5, finished=20.0, **drained)  # type: ignore[arg-type]
+    # 30 finished requests' prompt work, 3.75 s of the 10: a share of 0.375 for the true 0.25, so a
+    # decode step of 41.7 ms for the true 50 ms: under the 41.79 ms roofline, no figure
+    assert prefill_share(o, fig, step) == pytest.approx(0.375)
+    assert decode_efficiency(o, fig) is None
+    # the TTFT count says 20 prefills: the window's own share, and a figure
+    counted = engine(pure_step=0.05, prefill_work=2.5, finished=20.0, first_tokens=20.0, **drained)  # type: ignore[arg-type]
+    assert decode_efficiency(counted, fig) == pytest.approx((W / H100_BW) / 0.05)
+
+
+def test_a_window_without_first_tokens_prefilled_at_most_its_floor() -> None:
+    fig = ModelFigures(W, None, None, F)
+    step = 0.05 / 0.75
+    # requests finished (prefilled before the window) but none began: no prompt work from the phase
+    # times, so the share is the prompt counter's FLOPs floor (5,000 tokens: 0.05) or nothing
+    for prefilled, share in ((5000.0, 0.05), (0.0, 0.0)):
+        o = engine(pure_step=0.05, prefill_work=2.5, finished=20.0, prefilled=prefilled, first_tokens=0.0)
+        assert prefill_share(o, fig, step) == pytest.approx(share)

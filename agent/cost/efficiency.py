@@ -27,11 +27,22 @@ that prefill work took. ``s`` comes from the engine's own request phase times wh
 defines them as vLLM does (:data:`PREFILL_HOLDS_FIRST_STEP`): a request's prefill time runs from its
 scheduling to its first token, so it holds its prompt's compute *and* the step that made the first
 token, as that step ran (the other sequences' decode tokens and prompt chunks in it), which is no
-prefill work of its own. Over a window whose counters hold ``n`` finished requests (the e2e
-histogram's count, which vLLM observes in the same call as the phase times) and ``Σ prefill``
-request-seconds, on ``R`` replicas over ``T`` seconds, for steps of ``step`` seconds as run::
+prefill work of its own. The phase times are observed when a request *finishes*, its first token
+when it is made (vLLM observes TTFT at that step), so a window's finished requests are not the
+requests it prefilled: in the minute after a burst the batch the burst admitted drains, and its
+requests, prefilled before the window, finish in it; during a burst the window prefills more than
+finish. The window's prefills are therefore counted by its first tokens (``m``, the TTFT
+histogram's count), each at the mean prefill time of the requests it finished. Over a window
+whose counters hold ``n`` finished requests (the e2e histogram's count, which vLLM observes in the
+same call as the phase times) with ``Σ prefill`` request-seconds, and ``m`` first tokens, on ``R``
+replicas over ``T`` seconds, for steps of ``step`` seconds as run::
 
-    s = (Σ prefill − n·step) ÷ (R·T)
+    s = m · (Σ prefill ÷ n − step) ÷ (R·T)
+
+Where the page has no TTFT count, ``m = n`` (``s = (Σ prefill − n·step) ÷ (R·T)``): after a burst
+that over-reads the share, often to a figure above 1 (absent). The per-request mean still lags by
+the finished requests' lifetimes: where the prompt mix moves within them, ``s`` follows a little
+late.
 
 Its bias, stated: where the scheduler packs several prompts into one step, each of them counts that
 step's prompt work, so ``s`` over-reads and the figure reads high (above 1 it is absent); a prompt
@@ -117,6 +128,7 @@ class DecodeObservation:
     spec_accepted_tokens: float | None = None  # draft tokens accepted in the window (speculative decoding)
     prefill_seconds: float | None = None  # request-seconds of prefill of the requests finished in the window
     finished_requests: float | None = None  # requests whose phase times the window holds (e2e count)
+    first_tokens: float | None = None  # requests whose first token the window made (TTFT count)
 
 
 # Engine kinds whose request prefill time runs from scheduling to the first token (vLLM V1
@@ -177,8 +189,9 @@ def prefill_share_floor(obs: DecodeObservation, model: ModelFigures) -> float:
 
 def prefill_share(obs: DecodeObservation, model: ModelFigures, step: float) -> float:
     """Share of the replicas' seconds that prefill work took in the window, for steps of ``step``
-    seconds as run: from the finished requests' prefill times less the decode part of the step each
-    holds, never under :func:`prefill_share_floor` (see the module docstring)."""
+    seconds as run: the window's first tokens (the finished requests where the count is unknown),
+    each at the finished requests' mean prefill time less the decode part of the step it holds,
+    never under :func:`prefill_share_floor` (see the module docstring)."""
     floor = prefill_share_floor(obs, model)
     replica_seconds = obs.window_seconds * max(1, obs.replicas)
     n = obs.finished_requests
@@ -191,8 +204,10 @@ def prefill_share(obs: DecodeObservation, model: ModelFigures, step: float) -> f
         or replica_seconds <= 0
     ):
         return floor
-    held = n * step  # seconds: the step that made each finished request's first token, as run
-    return max(floor, (obs.prefill_seconds - held) / replica_seconds)
+    prefills = n if obs.first_tokens is None else obs.first_tokens  # the window's own prefills
+    # seconds of prompt work per request: its prefill time less the step that made its first token
+    per_request = obs.prefill_seconds / n - step
+    return max(floor, prefills * per_request / replica_seconds)
 
 
 def decode_efficiency(obs: DecodeObservation, model: ModelFigures) -> float | None:

@@ -66,6 +66,7 @@ short and synchronous; the agent writes at most a few rows per second.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import operator
@@ -720,13 +721,11 @@ class Store:
                 cols = ", ".join([*t.keys, "minute", *t.cols])
                 sql = f"SELECT {cols} FROM {t.name} WHERE {' AND '.join(conds)}"
                 nk = len(t.keys)
-                names = [_sum_name(c) for c in t.cols]
+                plan = _read_plan(t)
                 for row in self._db.execute(sql, params):
                     labels = tuple(zip(t.keys, row[:nk], strict=True))
-                    sums = {
-                        n: v for n, v in zip(names, row[nk + 1 :], strict=True) if v or not n.endswith(".w")
-                    }
-                    out.append(MinuteRecord(kind, labels, float(row[nk]), _drop_empty_gauges(sums)))
+                    sums = {n: row[i] for n, i, w in plan if w < 0 or row[w]}
+                    out.append(MinuteRecord(kind, labels, float(row[nk]), sums))
         out.sort(key=lambda r: (r.minute, r.kind, r.labels))
         return out
 
@@ -876,6 +875,21 @@ def _sum_name(col: str) -> str:
     return col
 
 
-def _drop_empty_gauges(sums: dict[str, float]) -> dict[str, float]:
-    """Gauge pairs with no weight are absent (not zero)."""
-    return {k: v for k, v in sums.items() if not k.endswith(".s") or sums.get(k[:-2] + ".w")}
+@functools.cache
+def _read_plan(t: _Table) -> tuple[tuple[str, int, int], ...]:
+    """How :meth:`Store.records` turns a row of ``t`` (its keys, its minute, then its columns) into
+    sums: (sum name, the value's index, the index that must be non-zero for it to be kept, -1 for
+    always). A gauge pair with no weight is absent, not zero: its weight is kept only when non-zero
+    and its value only when its weight is; a value column without a weight column is never kept."""
+    first = len(t.keys) + 1
+    at = {_sum_name(c): first + i for i, c in enumerate(t.cols)}
+    plan = []
+    for name, i in at.items():
+        if name.endswith(".w"):
+            plan.append((name, i, i))
+        elif name.endswith(".s"):
+            if (w := at.get(name[:-2] + ".w")) is not None:
+                plan.append((name, i, w))
+        else:
+            plan.append((name, i, -1))
+    return tuple(plan)

@@ -131,8 +131,8 @@ def table(body: Mapping[str, Any]) -> str:
                 *(str(key.get(a, "")) for a in agg),
                 _money(it["costUsd"]),
                 _money(it["idleUsd"]),
-                f"{it['promptTokens']:,.0f}",
-                f"{it['outputTokens']:,.0f}",
+                _tokens(it["promptTokens"]),
+                _tokens(it["outputTokens"]),
                 _money(it["usdPer1MInputTokens"]),
                 _money(it["usdPer1MOutputTokens"]),
             ]
@@ -146,3 +146,7 @@ def table(body: Mapping[str, Any]) -> str:
 
 def _money(v: float | None) -> str:
     return "-" if v is None else f"${v:,.2f}"
+
+
+def _tokens(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.0f}"

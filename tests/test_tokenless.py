@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ from agent.sinks.prometheus import render
 from agent.snapshot import Ledger
 from agent.store import Store
 
-T0 = 1_800_000_000.0  # epoch seconds, a minute boundary
+T0 = 1_794_999_960.0  # epoch seconds, a minute boundary in the past (the cost API answers no future window)
 TICK = 15.0  # seconds between ticks
 TICKS = 8  # two minutes of windows
 USD_PER_HOUR = 0.36  # dollars per hour of each CPU engine: 0.0015 $ per 15 s tick
@@ -169,3 +170,26 @@ def test_the_report_shows_absent_tokens_as_absent(windows: list[CostWindow]) -> 
     assert tiny.split("|")[4].strip() == "—" and llm.split("|")[4].strip() == "0"
     rows = {line.split(",")[0]: line.split(",") for line in render_csv(rep).splitlines()}
     assert rows["tiny"][3:5] == ["", ""] and rows["llm"][3:5] == ["0", "0"]
+
+
+def test_the_cost_api_shows_absent_tokens_as_null(windows: list[CostWindow], tmp_path: Path) -> None:
+    store = Store(tmp_path / "history.sqlite", clock=ManualClock(start=T0 + TICKS * TICK))
+    store.write_windows(windows)
+    store.close()
+    window = f"{T0:.0f},{T0 + TICKS * TICK:.0f}"
+    query = [sys.executable, "-m", "agent.cli", "query", "--state-dir", str(tmp_path), "--window", window]
+    out = subprocess.run([*query, "--aggregate", "engine"], capture_output=True, text=True, check=True)
+    items = {it["key"]["engine"]: it for it in json.loads(out.stdout)["items"]}
+    assert items["plain"]["costUsd"] == pytest.approx(USD_PER_HOUR * TICKS * TICK / 3600)
+    assert items["plain"]["outputTokens"] is None and items["plain"]["promptTokens"] is None
+    assert items["plain"]["usdPer1MOutputTokens"] is None
+    assert items["quiet"]["outputTokens"] == 0.0 and items["quiet"]["promptTokens"] == 0.0
+    # a group holding both has its tokens counted: the counting engine's zero is a figure
+    both = subprocess.run([*query, "--aggregate", "node"], capture_output=True, text=True, check=True)
+    (item,) = json.loads(both.stdout)["items"]
+    assert item["outputTokens"] == 0.0
+    table = subprocess.run(
+        [*query, "--aggregate", "engine", "--format", "table"], capture_output=True, text=True, check=True
+    ).stdout
+    plain = next(line.split() for line in table.splitlines() if line.startswith("plain"))
+    assert plain[3:5] == ["-", "-"]

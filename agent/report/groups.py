@@ -90,6 +90,9 @@ def prometheus_rows(api: PromApi, start: float, end: float) -> tuple[list[Minute
                 split_usd=cost if "prompt_usd" in f else 0.0,
                 usage_usd=f.get("usage_usd", 0.0),
                 usage_alloc_usd=cost if "usage_usd" in f else 0.0,
+                # no token series at all over the window: its engine counts none (absent, not 0)
+                seconds=end - start,
+                tokenless_seconds=0.0 if "prompt_tokens" in f or "generation_tokens" in f else end - start,
             )
         )
     expr = (

@@ -40,7 +40,7 @@ from typing import Any, Literal
 from aiohttp import web
 
 from agent.config import cost_label_name
-from agent.records import MINUTE
+from agent.records import MINUTE, tokens_counted
 from agent.sinks.costlabels import TABLE, has_table, parse_info
 
 Basis = Literal["allocation", "usage"]
@@ -102,6 +102,8 @@ class MinuteSums:
     split_usd: float = 0.0  # dollars of the minutes with a split
     usage_usd: float = 0.0  # dollars of GPU busy time, over the minutes with a utilisation reading
     usage_alloc_usd: float = 0.0  # allocation dollars of those minutes
+    seconds: float = 0.0  # seconds the minutes cover
+    tokenless_seconds: float = 0.0  # seconds of them whose engine has no token counter
 
 
 @dataclass(slots=True)
@@ -117,26 +119,32 @@ class Item:
     _prompt_usd: float = 0.0
     _split_usd: float = 0.0
     own_usd: float = field(default=0.0, repr=False)  # before any shared idle
+    seconds: float = 0.0
+    tokenless_seconds: float = 0.0
 
     def as_json(self) -> dict[str, Any]:
-        """The item in the API's camelCase shape; per-token prices null where not known."""
+        """The item in the API's camelCase shape; per-token prices null where not known, and the
+        tokens themselves null for a group whose engines count none (a plain Triton): absent, not 0."""
         prompt = None if self.prompt_share is None else self.cost_usd * self.prompt_share
         output = None if prompt is None else self.cost_usd - prompt
+        counted = tokens_counted(self.tokenless_seconds, self.seconds)
+        prompt_tokens = self.prompt_tokens if counted else None
+        output_tokens = self.output_tokens if counted else None
         return {
             "key": dict(self.key),
             "costUsd": self.cost_usd,
             "idleUsd": self.idle_usd,
             "promptCostUsd": prompt,
             "outputCostUsd": output,
-            "promptTokens": self.prompt_tokens,
-            "outputTokens": self.output_tokens,
-            "usdPer1MInputTokens": _per_million(prompt, self.prompt_tokens),
-            "usdPer1MOutputTokens": _per_million(output, self.output_tokens),
+            "promptTokens": prompt_tokens,
+            "outputTokens": output_tokens,
+            "usdPer1MInputTokens": _per_million(prompt, prompt_tokens),
+            "usdPer1MOutputTokens": _per_million(output, output_tokens),
         }
 
 
-def _per_million(usd: float | None, tokens: float) -> float | None:
-    return None if usd is None or tokens <= 0 else usd / tokens * 1e6
+def _per_million(usd: float | None, tokens: float | None) -> float | None:
+    return None if usd is None or tokens is None or tokens <= 0 else usd / tokens * 1e6
 
 
 # ------------------------------------------------------------------------------- parameters
@@ -260,6 +268,8 @@ _SUMS = (
     "split_usd",
     "usage_usd",
     "usage_alloc_usd",
+    "seconds",
+    "tokenless_seconds",
 )
 
 
@@ -422,6 +432,8 @@ def allocate(
         it.output_tokens += r.generation_tokens
         it._prompt_usd += r.prompt_usd
         it._split_usd += r.split_usd
+        it.seconds += r.seconds
+        it.tokenless_seconds += r.tokenless_seconds
     total_own = sum(it.own_usd for it in groups.values())
     items = list(groups.values())
     if share_idle and total_own > 0:

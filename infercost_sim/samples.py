@@ -1,13 +1,13 @@
 """Simulated engine state → the samples the real sources produce (offline, no HTTP, no sleeping).
 
 :func:`ticks` turns a :class:`~infercost_sim.workload.SimulatedNode` into, per agent tick, what the
-vLLM adapter reads from a page (:class:`~agent.samples.ModelSignals`: cumulative counters split
-over the engine's data-parallel ranks as vLLM's ``engine`` label splits them, cumulative TTFT and
-inter-token histograms with vLLM's buckets, the KV cache's size as ``cache_config_info`` gives it)
-and what the NVML sampler reads (:class:`~agent.samples.NvmlRound`: utilisation, DRAM bandwidth,
-power and the energy counter per GPU, with the fake NVML library's power model). The benchmark
-feeds them to the real :class:`~agent.cost.window.WindowJoiner`, so the cost, the efficiency and
-every other signal the detectors see are computed by the daemon's own code.
+vLLM adapter reads from a page (:class:`~agent.samples.ModelSignals`: cumulative counters split over
+the engine's data-parallel ranks as vLLM's ``engine`` label splits them, cumulative TTFT,
+inter-token and end-to-end latency histograms with vLLM's buckets, the KV cache's size as
+``cache_config_info`` gives it) and what the NVML sampler reads (:class:`~agent.samples.NvmlRound`:
+utilisation, DRAM bandwidth, power and the energy counter per GPU, with the fake NVML library's
+power model). The benchmark feeds them to the real :class:`~agent.cost.window.WindowJoiner`, so the
+cost, the efficiency and every other signal the detectors see are computed by the daemon's own code.
 """
 
 from __future__ import annotations
@@ -25,12 +25,18 @@ from agent.samples import CostWindow, EngineScrape, GpuLoad, GpuSample, Histogra
 from agent.sources.nvml.fake import PROFILES, DeviceProfile, model_power_watts
 from agent.sources.prices import PriceBook, parse_price_book
 from infercost_sim import population
-from infercost_sim.engine import ITL_BUCKETS, TTFT_BUCKETS, lognormal_bin_probabilities
+from infercost_sim.engine import (
+    ITL_BUCKETS,
+    REQUEST_LATENCY_BUCKETS,
+    TTFT_BUCKETS,
+    lognormal_bin_probabilities,
+)
 from infercost_sim.workload import MINUTE, SimulatedNode
 
 ENGINE = "vllm-0"  # the simulated engine's name on every node
 TTFT_SIGMA = 0.7  # log-normal shape of TTFT within a minute: prompt lengths vary a lot
 ITL_SIGMA = 0.2  # log-normal shape of inter-token latency: step times vary ±20 %
+E2E_SIGMA = 0.8  # log-normal shape of request latency within a minute: output lengths vary a lot
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +97,8 @@ class _Readings:
     prefill_seconds: np.ndarray  # request-seconds, cumulative, added as requests finish
     finished: np.ndarray  # requests, cumulative
     preemptions: np.ndarray  # cumulative
+    e2e_buckets: np.ndarray  # requests per latency bucket (+Inf last), cumulative, as requests finish
+    e2e_sum: np.ndarray  # seconds of request latency, cumulative, as requests finish
 
 
 def _per_request(total: np.ndarray, requests: np.ndarray) -> np.ndarray:
@@ -126,6 +134,16 @@ def draw_readings(sim: SimulatedNode, step: float = FINE_STEP_S) -> _Readings:
     first_step = tr.itl_median[m]  # seconds
     prefill_s = _per_request(tr.prefill_seconds, tr.finished)[m] + first_step  # seconds per request
     preempt = rng.poisson(np.maximum(tr.preemptions, 0.0)[m] / per_minute)
+    # vLLM observes a request's end-to-end latency in the same call as its phase times, so the e2e
+    # histogram's count moves with the phase-time counters (the efficiency reads the finished
+    # requests those hold from it): queue wait, prefill and the decode lifetime, log-normal per minute
+    done = run.finished.sum(axis=1)
+    latency = wait[m] + prefill_s + life[m]  # seconds
+    e2e_probs = lognormal_bin_probabilities(
+        np.asarray(REQUEST_LATENCY_BUCKETS),
+        np.maximum(latency, 1e-6) * np.exp(-(E2E_SIGMA**2) / 2),
+        E2E_SIGMA,
+    )
     return _Readings(
         running=run.present,
         waiting=queue_present.sum(axis=1),
@@ -138,6 +156,8 @@ def draw_readings(sim: SimulatedNode, step: float = FINE_STEP_S) -> _Readings:
         prefill_seconds=np.cumsum(run.finished.sum(axis=1) * prefill_s),
         finished=np.cumsum(run.finished.sum(axis=1)),
         preemptions=np.cumsum(preempt),
+        e2e_buckets=np.cumsum(e2e_probs * done[:, None], axis=0),
+        e2e_sum=np.cumsum(done * latency),
     )
 
 
@@ -169,12 +189,24 @@ def ticks(sim: SimulatedNode) -> Iterator[Tick]:
         rd.prefill_seconds[at].tolist(),
     )
     finished, preempt = rd.finished[at].tolist(), rd.preemptions[at].tolist()
+    e2e_buckets, e2e_sum = np.cumsum(rd.e2e_buckets[at], axis=1).tolist(), rd.e2e_sum[at].tolist()
+    e2e_le = (*REQUEST_LATENCY_BUCKETS, float("inf"))
     hit = p.prefix_cache_hit_ratio
     ttft = _cumulative_hist(TTFT_BUCKETS, tr.finished, tr.ttft_median, TTFT_SIGMA)
     ttft_sum = np.cumsum(tr.finished * tr.ttft_median * np.exp(TTFT_SIGMA**2 / 2)).tolist()
+    # a request's inter-token intervals add up to its decode time (first to last token), so a
+    # minute's intervals have the mean its decode request-seconds give per interval: the step as
+    # run where every running sequence gains a token per step, longer where the KV cache thrashes
+    # (a preempted sequence's stall is one long interval). The law's per-token time is that mean;
+    # the log-normal's median sits below it by exp(σ²/2)
     itl_n = np.maximum(tr.generation_tokens - tr.finished, 0.0)
-    itl = _cumulative_hist(ITL_BUCKETS, itl_n, tr.itl_median, ITL_SIGMA)
-    itl_sum = np.cumsum(itl_n * tr.itl_median * np.exp(ITL_SIGMA**2 / 2)).tolist()
+    itl_mean = np.where(
+        itl_n > 0,
+        _per_request(np.maximum(tr.decode_seconds - tr.finished * tr.itl_median, 0.0), itl_n),
+        tr.itl_median,
+    )
+    itl = _cumulative_hist(ITL_BUCKETS, itl_n, itl_mean * np.exp(-(ITL_SIGMA**2) / 2), ITL_SIGMA)
+    itl_sum = np.cumsum(itl_n * itl_mean).tolist()
     # per minute: the buckets' cumulative counts (over the buckets) and the count
     ttft_buckets, ttft_count = np.cumsum(ttft, axis=1).tolist(), ttft.sum(axis=1).tolist()
     itl_buckets, itl_count = np.cumsum(itl, axis=1).tolist(), itl.sum(axis=1).tolist()
@@ -223,6 +255,9 @@ def ticks(sim: SimulatedNode) -> Iterator[Tick]:
                 requests_finished_total={"stop": finished[k]},
                 ttft_seconds=Histogram(tuple(zip(ttft_le, hists[0], strict=True)), hists[1], hists[2]),
                 itl_seconds=Histogram(tuple(zip(itl_le, hists[3], strict=True)), hists[4], hists[5]),
+                e2e_seconds=Histogram(
+                    tuple(zip(e2e_le, e2e_buckets[k], strict=True)), e2e_sum[k], finished[k]
+                ),
                 prefill_seconds_total=prefill_s[k],
                 decode_seconds_total=decode_s[k],
                 cached_prompt_tokens_total=float(round(prompt[k] * hit)),

@@ -1,7 +1,10 @@
-"""``infercost bench explain``'s bookkeeping: every incident kind the schedule has is mapped, and the
-comparison window is the same hours a week away that hold no incident."""
+"""``infercost bench explain``'s bookkeeping: every incident kind the schedule has is mapped, the
+comparison window is the same hours a week away that hold no incident, and the rendered counters the
+factors read agree with each other as an engine's do."""
 
 from __future__ import annotations
+
+import pytest
 
 from agent.cost.explain import FACTORS
 from infercost_bench.explain import IMPLIED, comparison_shift
@@ -26,3 +29,29 @@ def test_the_week_before_unless_it_holds_an_incident_then_the_week_after() -> No
     other = _inc("drift", 8 * 86400 - WEEK + 3600, 24)  # overlaps the week before
     assert comparison_shift(step, [step, other], t0, 3 * WEEK) == WEEK
     assert comparison_shift(step, [step, other], t0, 2 * WEEK) is None  # no week after in the span
+
+
+def test_the_rendered_inter_token_latency_adds_up_to_the_decode_time_and_e2e_counts_the_finished() -> None:
+    """A request's inter-token intervals add up to its decode time (first to last token), so the
+    rendered histogram's sum is the decode request-seconds less the first-token step each finished
+    request's prefill time holds; vLLM observes the e2e latency with the phase times, so its count
+    is the finished requests' at every scrape."""
+    import numpy as np
+
+    from infercost_sim.samples import ticks
+    from infercost_sim.workload import simulate_node
+
+    sim = simulate_node("core", seed=3, weeks=1 / 7, warmup_days=0, tick_seconds=300.0)
+    tr = sim.trace
+    seen = 0
+    for tick in ticks(sim):
+        if not tick.scrape.up:
+            continue
+        (sig,) = tick.scrape.models
+        assert sig.e2e_seconds is not None and sig.itl_seconds is not None
+        assert sig.e2e_seconds.count == sig.requests_finished_total["stop"]
+        whole = int((tick.t - sim.start) // 60)  # the histograms hold the minutes before the scrape
+        held = tr.decode_seconds[:whole] - tr.finished[:whole] * tr.itl_median[:whole]
+        assert sig.itl_seconds.sum == pytest.approx(float(np.maximum(held, 0.0).sum()), rel=1e-9)
+        seen += 1
+    assert seen > 200

@@ -306,3 +306,17 @@ def test_where_the_efficiency_read_the_phase_times_its_share_is_the_share() -> N
     share, taken = got
     assert share == taken > 1e6 * 2 * 70e9 / (989e12 * 600.0)
     assert share < 150.0 / 600.0  # the held steps are not prefill
+
+
+def test_the_phase_time_share_stands_where_the_request_seconds_overlap_the_replicas_time() -> None:
+    # 8,000 short requests finished, each holding its first-token step (60 ms as run) in its prefill
+    # time: of 630 request-seconds of prefill (1.05 of the window: past a replica's time), 480 s are
+    # those steps and 150 s (0.25 of the window) prefill work
+    obs, fig = _obs(prefill_seconds=630.0, finished_requests=8000.0, prefill_tokens=1e5)
+    got = prefill_shares(obs, fig, 630.0)
+    assert got is not None
+    share, taken = got
+    assert share == taken == pytest.approx((630.0 - 8000.0 * 0.06) / 600.0)
+    # the same request-seconds without the finished requests' count: only the raw figure, absent
+    obs, fig = _obs(prefill_seconds=630.0, prefill_tokens=1e5)
+    assert prefill_shares(obs, fig, 630.0) is None

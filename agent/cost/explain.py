@@ -247,20 +247,23 @@ def prefill_shares(
     if kind is None or prefill_seconds is None or prefill_seconds < 0 or obs.window_seconds <= 0:
         return None
     floor = prefill_share_floor(obs, model) if kind == "request" else 0.0
-    share = max(floor, prefill_seconds / (max(1, obs.replicas) * obs.window_seconds))
-    if not share < 1.0:
-        return None
     parts = parts or decode_efficiency_parts(obs, model)
     if parts is None:
         return None
+    efficiency, taken = parts
+    # the efficiency's own estimate where it has one above the floor (vLLM: the phase times less the
+    # first-token step each holds, agent.cost.efficiency): one share for mix and step efficiency.
+    # It is tested before the raw request-seconds: those hold every finished request's first-token
+    # step as well, which on short outputs (a few tokens each) adds up to more than the replicas'
+    # time although the prefill work in it is a fraction of it
+    if kind == "request" and taken > floor:
+        return taken, taken
+    share = max(floor, prefill_seconds / (max(1, obs.replicas) * obs.window_seconds))
+    if not share < 1.0:
+        return None
     if kind != "request":
         return share, share
-    efficiency, taken = parts
     as_run = efficiency * (1.0 - taken)  # the efficiency of the steps as run, no prefill taken out
-    # the efficiency's own estimate where it has one above the floor (vLLM: the phase times less the
-    # first-token step each holds, agent.cost.efficiency): one share for mix and step efficiency
-    if taken > floor:
-        return taken, taken
     # else the request-seconds, at most what leaves a step's decode part at the roofline step
     return max(taken, min(share, 1.0 - as_run)), taken
 

@@ -169,3 +169,10 @@ def test_a_window_without_first_tokens_prefilled_at_most_its_floor() -> None:
     for prefilled, share in ((5000.0, 0.05), (0.0, 0.0)):
         o = engine(pure_step=0.05, prefill_work=2.5, finished=20.0, prefilled=prefilled, first_tokens=0.0)
         assert prefill_share(o, fig, step) == pytest.approx(share)
+
+
+def test_a_window_of_no_seconds_takes_no_share_from_the_phase_times() -> None:
+    """No replica-seconds to share: the phase times say nothing (not a division by zero)."""
+    fig = ModelFigures(W, None, None, F)
+    o = engine(pure_step=0.05, prefill_work=2.5, finished=20.0, window_seconds=0.0, first_tokens=20.0)
+    assert prefill_share(o, fig, 0.05) == 0.0

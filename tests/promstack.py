@@ -12,6 +12,8 @@ for 5 s, so the first scrape lands about 5–6 s after start; Alertmanager gets
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import shutil
 import subprocess
@@ -19,9 +21,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from netutil import free_port
@@ -36,6 +38,9 @@ from prometheus_client.core import (
 )
 
 from agent.catalog import CATALOG, COST_LABELS_MARK, HISTOGRAMS, MetricSpec
+
+if TYPE_CHECKING:
+    from agent.supervisor import Agent
 
 READY_TIMEOUT_S = 15.0  # seconds; Prometheus is ready in ~0.4 s, Alertmanager in ~0.6 s
 
@@ -243,6 +248,27 @@ def test_copy_of_rules(src: Path, dest: Path, alert_for: str | None = None) -> P
 
 
 test_copy_of_rules.__test__ = False  # type: ignore[attr-defined]  # not a pytest test
+
+
+@contextlib.asynccontextmanager
+async def scraped_by_prometheus(agent: Agent, workdir: Path, rules: Path) -> AsyncIterator[Prometheus]:
+    """Run a built agent and a real Prometheus scraping its ``/metrics`` with a test copy of
+    ``rules`` (:func:`test_copy_of_rules`); on exit the agent stops (within 30 s), then Prometheus."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop))
+    prom = None
+    try:
+        await agent.started.wait()
+        assert agent.prometheus is not None
+        copy = test_copy_of_rules(rules, workdir / "rules.yml")
+        target = f"127.0.0.1:{agent.prometheus.port}"
+        prom = await asyncio.to_thread(Prometheus, workdir / "prom", [target], [copy])
+        yield prom
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        if prom is not None:
+            await asyncio.to_thread(prom.close)
 
 
 class Prometheus(_Process):

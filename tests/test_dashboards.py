@@ -21,7 +21,14 @@ from typing import Any
 
 import pytest
 import yaml
-from promstack import CatalogueCollector, CatalogueExporter, Prometheus, binary, test_copy_of_rules
+from promstack import (
+    CatalogueCollector,
+    CatalogueExporter,
+    Prometheus,
+    binary,
+    scraped_by_prometheus,
+    test_copy_of_rules,
+)
 
 from agent.catalog import CATALOG, HISTOGRAMS
 
@@ -457,38 +464,28 @@ async def test_every_query_returns_data_from_a_real_agent(tmp_path: Path) -> Non
     )
     book = parse_price_book({"gpus": [{"match": "H100", "usd_per_hour": 2.0}]}, "test-book")
     agent = await build_agent(cfg, clock=clock, book=book, load=sim.gpu_load, engines=sim.engine_configs())
-    stop = asyncio.Event()
-    task = asyncio.create_task(agent.run(stop))
-    prom = None
     try:
-        await agent.started.wait()
-        assert agent.prometheus is not None
-        rules = test_copy_of_rules(RULES, tmp_path / "rules.yml")
-        target = f"127.0.0.1:{agent.prometheus.port}"
-        prom = await asyncio.to_thread(Prometheus, tmp_path / "prom", [target], [rules])
-        p = prom
+        async with scraped_by_prometheus(agent, tmp_path, RULES) as p:
 
-        async def has(expr: str) -> bool:
-            return bool(await asyncio.to_thread(p.query, expr))
+            async def has(expr: str) -> bool:
+                return bool(await asyncio.to_thread(p.query, expr))
 
-        await async_wait_until(lambda: has("infercost_usd_per_1m_output_tokens"), 60, what="first scrape")
-        sim.rollout("llama-70b-canary", "2024-10", 0.65)
-        await async_wait_until(
-            lambda: has('infercost_deploy_timestamp_seconds{model_version="2024-10"}'), 60, what="deploy"
-        )
-        await async_wait_until(lambda: has("node:infercost_gpu_idle_cost_usd_per_hour:rate1h"), 60)
-        await async_wait_until(
-            lambda: has('rate(infercost_generation_tokens_total{model_version="2024-10"}[1m]) > 0'), 60
-        )
-        await asyncio.sleep(3)  # a few more scrapes for the like-load subqueries
-        real = {**SUBSTITUTIONS, "$version_a": "2024-09", "$version_b": "2024-10"}
-        queries = [(n, q) for n, q in all_queries(real) if not any(k in q for k in ABSENT_FROM_A_FRESH_AGENT)]
-        assert await asyncio.to_thread(empty_queries, p, queries) == []
+            await async_wait_until(lambda: has("infercost_usd_per_1m_output_tokens"), 60, what="first scrape")
+            sim.rollout("llama-70b-canary", "2024-10", 0.65)
+            await async_wait_until(
+                lambda: has('infercost_deploy_timestamp_seconds{model_version="2024-10"}'), 60, what="deploy"
+            )
+            await async_wait_until(lambda: has("node:infercost_gpu_idle_cost_usd_per_hour:rate1h"), 60)
+            await async_wait_until(
+                lambda: has('rate(infercost_generation_tokens_total{model_version="2024-10"}[1m]) > 0'), 60
+            )
+            await asyncio.sleep(3)  # a few more scrapes for the like-load subqueries
+            real = {**SUBSTITUTIONS, "$version_a": "2024-09", "$version_b": "2024-10"}
+            queries = [
+                (n, q) for n, q in all_queries(real) if not any(k in q for k in ABSENT_FROM_A_FRESH_AGENT)
+            ]
+            assert await asyncio.to_thread(empty_queries, p, queries) == []
     finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
-        if prom is not None:
-            await asyncio.to_thread(prom.close)
         await sim.stop()
 
 

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import pytest
 from kubeapi import FakeKubeApi, pod, write_kubeconfig
 from netutil import async_wait_until, free_port
-from promstack import Prometheus, test_copy_of_rules
+from promstack import scraped_by_prometheus
 from test_fleet_cost_sim_prom import at_some_evaluation
 from test_podresources import Kubelet
 
@@ -95,7 +95,6 @@ async def test_groups_pools_and_workers_from_discovered_pods(tmp_path: Path) -> 
             "containers": [("jupyter", [("nvidia.com/gpu", [uuid[6]])])],
         }
     )  # GPU 7: held by nobody
-    prom = None
     with tempfile.TemporaryDirectory(prefix="k") as d:
         sock = Path(d) / "kubelet.sock"
         with Kubelet(sock, kubelet_pods):
@@ -118,80 +117,74 @@ async def test_groups_pools_and_workers_from_discovered_pods(tmp_path: Path) -> 
             agent = await build_agent(
                 cfg, clock=clock, book=book, backend=NvmlBackend(fake), detection=False, scorer=False
             )
-            stop = asyncio.Event()
-            task = asyncio.create_task(agent.run(stop))
             try:
-                await agent.started.wait()
-                assert agent.prometheus is not None
-                rules = test_copy_of_rules(RULES, tmp_path / "rules.yml")
-                target = f"127.0.0.1:{agent.prometheus.port}"
-                prom = await asyncio.to_thread(Prometheus, tmp_path / "prom", [target], [rules])
-                p = prom
+                async with scraped_by_prometheus(agent, tmp_path, RULES) as p:
 
-                async def ready() -> bool:
-                    got = await asyncio.to_thread(
-                        p.query, "engine_group_model_version:infercost_worker_cost_usd:rate1h"
-                    )
-                    both = await asyncio.to_thread(
-                        p.query, "model_version_role:infercost_cost_share:ratio_rate1h"
-                    )
-                    return bool(got) and {b["metric"]["engine_role"] for b in both} >= {"prefill", "decode"}
+                    async def ready() -> bool:
+                        got = await asyncio.to_thread(
+                            p.query, "engine_group_model_version:infercost_worker_cost_usd:rate1h"
+                        )
+                        both = await asyncio.to_thread(
+                            p.query, "model_version_role:infercost_cost_share:ratio_rate1h"
+                        )
+                        return bool(got) and {b["metric"]["engine_role"] for b in both} >= {
+                            "prefill",
+                            "decode",
+                        }
 
-                await async_wait_until(ready, 120, what="the pools and the worker's dollars recorded")
-                await asyncio.sleep(3)
+                    await async_wait_until(ready, 120, what="the pools and the worker's dollars recorded")
+                    await asyncio.sleep(3)
 
-                def check(at: float) -> None:
-                    def one(expr: str) -> float:
-                        [s] = p.query(expr, at)
-                        return float(s["value"][1])
+                    def check(at: float) -> None:
+                        def one(expr: str) -> float:
+                            [s] = p.query(expr, at)
+                            return float(s["value"][1])
 
-                    def by(expr: str, label: str) -> dict[str, float]:
-                        return {s["metric"].get(label, ""): float(s["value"][1]) for s in p.query(expr, at)}
+                        def by(expr: str, label: str) -> dict[str, float]:
+                            return {
+                                s["metric"].get(label, ""): float(s["value"][1]) for s in p.query(expr, at)
+                            }
 
-                    def rate(name: str, sel: str) -> float:
-                        return one(f"sum(rate({name}{{{sel}}}[1h]))")
+                        def rate(name: str, sel: str) -> float:
+                            return one(f"sum(rate({name}{{{sel}}}[1h]))")
 
-                    chat_usd = rate("infercost_cost_usd_total", 'engine=~"chat-.*"')
-                    leader = rate("infercost_cost_usd_total", 'engine="lws-0"')
-                    worker = rate("infercost_engine_gpu_cost_usd_total", 'engine="lws-0-1"')
-                    unheld = rate("infercost_gpu_cost_usd_total", 'gpu=~"6|7"')
-                    assert min(chat_usd, leader, worker, unheld) > 0
-                    ns = by("engine_namespace:infercost_cost_usd:rate1h", "engine_namespace")
-                    team = by("team:infercost_cost_usd:rate1h", "label_team")
-                    want = {"chat": chat_usd, "search": leader + worker, "__idle__": unheld}
-                    assert ns == pytest.approx(want, rel=1e-9) and team == pytest.approx(want, rel=1e-9)
-                    # (that the groups add up to the GPUs' dollars is the promtool test's: here the
-                    # GPUs' counters start before the engines are discovered and their models'
-                    # counters one window later, and rate() over [1h] extrapolates each from its own
-                    # first sample until the hour has passed)
-                    shared = by("team:infercost_cost_usd_idle_shared:rate1h", "label_team")
-                    k = 1 + unheld / (chat_usd + leader + worker)
-                    assert shared == pytest.approx(
-                        {"chat": chat_usd * k, "search": (leader + worker) * k}, rel=1e-9
-                    )
+                        chat_usd = rate("infercost_cost_usd_total", 'engine=~"chat-.*"')
+                        leader = rate("infercost_cost_usd_total", 'engine="lws-0"')
+                        worker = rate("infercost_engine_gpu_cost_usd_total", 'engine="lws-0-1"')
+                        unheld = rate("infercost_gpu_cost_usd_total", 'gpu=~"6|7"')
+                        assert min(chat_usd, leader, worker, unheld) > 0
+                        ns = by("engine_namespace:infercost_cost_usd:rate1h", "engine_namespace")
+                        team = by("team:infercost_cost_usd:rate1h", "label_team")
+                        want = {"chat": chat_usd, "search": leader + worker, "__idle__": unheld}
+                        assert ns == pytest.approx(want, rel=1e-9) and team == pytest.approx(want, rel=1e-9)
+                        # (that the groups add up to the GPUs' dollars is the promtool test's: here the
+                        # GPUs' counters start before the engines are discovered and their models'
+                        # counters one window later, and rate() over [1h] extrapolates each from its own
+                        # first sample until the hour has passed)
+                        shared = by("team:infercost_cost_usd_idle_shared:rate1h", "label_team")
+                        k = 1 + unheld / (chat_usd + leader + worker)
+                        assert shared == pytest.approx(
+                            {"chat": chat_usd * k, "search": (leader + worker) * k}, rel=1e-9
+                        )
 
-                    # the disaggregated version: both pools' dollars over the decode pod's tokens; the
-                    # multi-node one: the leader's and its worker's
-                    def model_of(engine: str) -> str:
-                        [s] = p.query(f'infercost_cost_usd_total{{engine="{engine}"}}', at)
-                        return str(s["metric"]["model"])
+                        # the disaggregated version: both pools' dollars over the decode pod's tokens; the
+                        # multi-node one: the leader's and its worker's
+                        def model_of(engine: str) -> str:
+                            [s] = p.query(f'infercost_cost_usd_total{{engine="{engine}"}}', at)
+                            return str(s["metric"]["model"])
 
-                    llama, mistral = model_of("chat-decode-0"), model_of("lws-0")
-                    assert model_of("chat-prefill-0") == llama != mistral
-                    decode_out = rate("infercost_generation_tokens_total", 'engine="chat-decode-0"')
-                    per_1m = by(
-                        "model_version:infercost_pooled_usd_per_1m_output_tokens:ratio_rate1h", "model"
-                    )
-                    assert per_1m[llama] == pytest.approx(chat_usd / decode_out * 1e6, rel=1e-9)
-                    cost = by("model_version:infercost_pooled_cost_usd:rate1h", "model")
-                    assert cost == pytest.approx({llama: chat_usd, mistral: leader + worker}, rel=1e-9)
+                        llama, mistral = model_of("chat-decode-0"), model_of("lws-0")
+                        assert model_of("chat-prefill-0") == llama != mistral
+                        decode_out = rate("infercost_generation_tokens_total", 'engine="chat-decode-0"')
+                        per_1m = by(
+                            "model_version:infercost_pooled_usd_per_1m_output_tokens:ratio_rate1h", "model"
+                        )
+                        assert per_1m[llama] == pytest.approx(chat_usd / decode_out * 1e6, rel=1e-9)
+                        cost = by("model_version:infercost_pooled_cost_usd:rate1h", "model")
+                        assert cost == pytest.approx({llama: chat_usd, mistral: leader + worker}, rel=1e-9)
 
-                record = 'engine_namespace:infercost_cost_usd:rate1h{engine_namespace="chat"}'
-                await asyncio.to_thread(at_some_evaluation, p, record, check)
+                    record = 'engine_namespace:infercost_cost_usd:rate1h{engine_namespace="chat"}'
+                    await asyncio.to_thread(at_some_evaluation, p, record, check)
             finally:
-                stop.set()
-                await asyncio.wait_for(task, 30)
-                if prom is not None:
-                    await asyncio.to_thread(prom.close)
                 await sim.stop()
                 await api.stop()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from netutil import async_wait_until, free_port
-from promstack import Prometheus, test_copy_of_rules
+from promstack import Prometheus, scraped_by_prometheus
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "rules" / "prometheus" / "infercost.rules.yml"
@@ -100,76 +100,72 @@ async def test_pools_groups_and_workers_over_a_real_agent(tmp_path: Path) -> Non
     )
     book = parse_price_book({"gpus": [{"match": "H100", "usd_per_hour": 2.0}]}, "test-book")
     agent = await build_agent(cfg, clock=clock, book=book, load=sim.gpu_load)
-    stop = asyncio.Event()
-    task = asyncio.create_task(agent.run(stop))
-    prom = None
     try:
-        await agent.started.wait()
-        assert agent.prometheus is not None
-        rules = test_copy_of_rules(RULES, tmp_path / "rules.yml")
-        target = f"127.0.0.1:{agent.prometheus.port}"
-        prom = await asyncio.to_thread(Prometheus, tmp_path / "prom", [target], [rules])
-        p = prom
+        async with scraped_by_prometheus(agent, tmp_path, RULES) as p:
 
-        async def ready() -> bool:
-            got = await asyncio.to_thread(
-                p.query, "engine_group_model_version:infercost_worker_cost_usd:rate1h"
-            )
-            return bool(got)
+            async def ready() -> bool:
+                got = await asyncio.to_thread(
+                    p.query, "engine_group_model_version:infercost_worker_cost_usd:rate1h"
+                )
+                return bool(got)
 
-        await async_wait_until(ready, 90, what="the worker's dollars recorded")
-        await asyncio.sleep(3)  # a few more scrapes
+            await async_wait_until(ready, 90, what="the worker's dollars recorded")
+            await asyncio.sleep(3)  # a few more scrapes
 
-        def check(at: float) -> None:
-            r = "[1h]"
-            # the disaggregated model: every pool's dollars over the decode pods' output tokens
-            pooled = one(
-                p,
-                'model_version:infercost_pooled_usd_per_1m_output_tokens:ratio_rate1h{model_version="v1"}',
-                at,
-            )
-            cost = one(p, f'sum(rate(infercost_cost_usd_total{{engine=~"prefill-0|decode-.*"}}{r}))', at)
-            out = one(p, f'sum(rate(infercost_generation_tokens_total{{engine=~"decode-.*"}}{r}))', at)
-            assert pooled == pytest.approx(cost / out * 1e6, rel=1e-9)
-            prefill_out = one(p, f'sum(rate(infercost_generation_tokens_total{{engine="prefill-0"}}{r}))', at)
-            assert prefill_out > 0  # counted by the prefill pod, and left out of the figure
-            share = by(
-                p,
-                'model_version_role:infercost_cost_share:ratio_rate1h{model_version="v1"}',
-                at,
-                "engine_role",
-            )
-            prefill_cost = one(p, f'sum(rate(infercost_cost_usd_total{{engine="prefill-0"}}{r}))', at)
-            assert share["prefill"] == pytest.approx(prefill_cost / cost, rel=1e-9)
-            assert share["prefill"] + share["decode"] == pytest.approx(1.0, rel=1e-12)
-            # the multi-node engine: the worker's GPU dollars on the leader's version
-            pooled2 = one(p, 'model_version:infercost_pooled_cost_usd:rate1h{model_version="v2"}', at)
-            leader = one(p, f'sum(rate(infercost_cost_usd_total{{engine="lws-0"}}{r}))', at)
-            worker_usd = one(p, f'sum(rate(infercost_engine_gpu_cost_usd_total{{engine="lws-0-1"}}{r}))', at)
-            assert worker_usd > 0 and pooled2 == pytest.approx(leader + worker_usd, rel=1e-9)
-            # groups: namespaces and teams hold their pods' dollars; all GPUs are held by engines
-            ns = by(p, "engine_namespace:infercost_cost_usd:rate1h", at, "engine_namespace")
-            team = by(p, "team:infercost_cost_usd:rate1h", at, "label_team")
-            assert ns.keys() == team.keys() == {"chat", "search", "__idle__"}
-            assert ns["chat"] == pytest.approx(cost, rel=1e-9) and team["chat"] == pytest.approx(
-                cost, rel=1e-9
-            )
-            assert ns["search"] == pytest.approx(leader + worker_usd, rel=1e-9)
-            assert ns["__idle__"] == pytest.approx(0.0, abs=1e-12)
-            # (the groups add up to the GPUs' dollars in the promtool test; here a model's counters start a
-            # window after its GPUs', and rate() over [1h] extrapolates each from its own first sample)
-            per_1m = by(
-                p, "engine_namespace:infercost_usd_per_1m_output_tokens:ratio_rate1h", at, "engine_namespace"
-            )
-            search_out = one(p, f'sum(rate(infercost_generation_tokens_total{{engine="lws-0"}}{r}))', at)
-            assert per_1m["chat"] == pytest.approx(cost / out * 1e6, rel=1e-9)
-            assert per_1m["search"] == pytest.approx((leader + worker_usd) / search_out * 1e6, rel=1e-9)
+            def check(at: float) -> None:
+                r = "[1h]"
+                # the disaggregated model: every pool's dollars over the decode pods' output tokens
+                pooled = one(
+                    p,
+                    'model_version:infercost_pooled_usd_per_1m_output_tokens:ratio_rate1h{model_version="v1"}',
+                    at,
+                )
+                cost = one(p, f'sum(rate(infercost_cost_usd_total{{engine=~"prefill-0|decode-.*"}}{r}))', at)
+                out = one(p, f'sum(rate(infercost_generation_tokens_total{{engine=~"decode-.*"}}{r}))', at)
+                assert pooled == pytest.approx(cost / out * 1e6, rel=1e-9)
+                prefill_out = one(
+                    p, f'sum(rate(infercost_generation_tokens_total{{engine="prefill-0"}}{r}))', at
+                )
+                assert prefill_out > 0  # counted by the prefill pod, and left out of the figure
+                share = by(
+                    p,
+                    'model_version_role:infercost_cost_share:ratio_rate1h{model_version="v1"}',
+                    at,
+                    "engine_role",
+                )
+                prefill_cost = one(p, f'sum(rate(infercost_cost_usd_total{{engine="prefill-0"}}{r}))', at)
+                assert share["prefill"] == pytest.approx(prefill_cost / cost, rel=1e-9)
+                assert share["prefill"] + share["decode"] == pytest.approx(1.0, rel=1e-12)
+                # the multi-node engine: the worker's GPU dollars on the leader's version
+                pooled2 = one(p, 'model_version:infercost_pooled_cost_usd:rate1h{model_version="v2"}', at)
+                leader = one(p, f'sum(rate(infercost_cost_usd_total{{engine="lws-0"}}{r}))', at)
+                worker_usd = one(
+                    p, f'sum(rate(infercost_engine_gpu_cost_usd_total{{engine="lws-0-1"}}{r}))', at
+                )
+                assert worker_usd > 0 and pooled2 == pytest.approx(leader + worker_usd, rel=1e-9)
+                # groups: namespaces and teams hold their pods' dollars; all GPUs are held by engines
+                ns = by(p, "engine_namespace:infercost_cost_usd:rate1h", at, "engine_namespace")
+                team = by(p, "team:infercost_cost_usd:rate1h", at, "label_team")
+                assert ns.keys() == team.keys() == {"chat", "search", "__idle__"}
+                assert ns["chat"] == pytest.approx(cost, rel=1e-9) and team["chat"] == pytest.approx(
+                    cost, rel=1e-9
+                )
+                assert ns["search"] == pytest.approx(leader + worker_usd, rel=1e-9)
+                assert ns["__idle__"] == pytest.approx(0.0, abs=1e-12)
+                # (the groups add up to the GPUs' dollars in the promtool test; here a model's counters
+                # start a window after its GPUs', and rate() over [1h] extrapolates each from its own
+                # first sample)
+                per_1m = by(
+                    p,
+                    "engine_namespace:infercost_usd_per_1m_output_tokens:ratio_rate1h",
+                    at,
+                    "engine_namespace",
+                )
+                search_out = one(p, f'sum(rate(infercost_generation_tokens_total{{engine="lws-0"}}{r}))', at)
+                assert per_1m["chat"] == pytest.approx(cost / out * 1e6, rel=1e-9)
+                assert per_1m["search"] == pytest.approx((leader + worker_usd) / search_out * 1e6, rel=1e-9)
 
-        record = 'model_version:infercost_pooled_cost_usd:rate1h{model_version="v1"}'
-        await asyncio.to_thread(at_some_evaluation, p, record, check)
+            record = 'model_version:infercost_pooled_cost_usd:rate1h{model_version="v1"}'
+            await asyncio.to_thread(at_some_evaluation, p, record, check)
     finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
-        if prom is not None:
-            await asyncio.to_thread(prom.close)
         await sim.stop()

@@ -250,6 +250,31 @@ def test_copy_of_rules(src: Path, dest: Path, alert_for: str | None = None) -> P
 test_copy_of_rules.__test__ = False  # type: ignore[attr-defined]  # not a pytest test
 
 
+def backfill(openmetrics: str, workdir: Path, max_block: str = "384h") -> Path:
+    """TSDB blocks made from an OpenMetrics text by ``promtool tsdb create-blocks-from openmetrics``,
+    in ``workdir/data`` (the text kept beside it as ``history.om``); blocks of at most ``max_block``."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    om = workdir / "history.om"
+    om.write_text(openmetrics)
+    data = workdir / "data"
+    cmd = [binary("promtool"), "tsdb", "create-blocks-from", "openmetrics", "--quiet"]
+    out = subprocess.run(
+        [*cmd, f"--max-block-duration={max_block}", str(om), str(data)], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return data
+
+
+@contextlib.contextmanager
+def backfilled_prometheus(workdir: Path, openmetrics: str) -> Iterator[Prometheus]:
+    """A real Prometheus over the history an OpenMetrics text holds (:func:`backfill`), closed on exit."""
+    prom = Prometheus(workdir, data_dir=backfill(openmetrics, workdir))
+    try:
+        yield prom
+    finally:
+        prom.close()
+
+
 @contextlib.asynccontextmanager
 async def scraped_by_prometheus(agent: Agent, workdir: Path, rules: Path) -> AsyncIterator[Prometheus]:
     """Run a built agent and a real Prometheus scraping its ``/metrics`` with a test copy of

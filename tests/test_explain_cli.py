@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from promstack import Prometheus, binary
+from promstack import Prometheus, backfilled_prometheus
 
 from agent.cli import main
 from agent.clock import ManualClock
@@ -251,18 +250,8 @@ def openmetrics(state_dir: Path) -> str:
 
 @pytest.fixture(scope="module")
 def prometheus(state_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
-    work = tmp_path_factory.mktemp("explain_prom")
-    om = work / "history.om"
-    om.write_text(openmetrics(state_dir))
-    data = work / "data"
-    cmd = [binary("promtool"), "tsdb", "create-blocks-from", "openmetrics", "--quiet", str(om), str(data)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout + done.stderr
-    prom = Prometheus(work, data_dir=data)
-    try:
+    with backfilled_prometheus(tmp_path_factory.mktemp("explain_prom"), openmetrics(state_dir)) as prom:
         yield prom
-    finally:
-        prom.close()
 
 
 def test_from_prometheus_as_from_the_store(

@@ -11,7 +11,6 @@ import datetime as dt
 import json
 import logging
 import math
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from promstack import Prometheus, binary, test_copy_of_rules
+from promstack import Prometheus, backfill, test_copy_of_rules
 
 from agent.cli import main
 from agent.config import load_config
@@ -122,15 +121,7 @@ def test_month_to_date_forecast_alert_and_report_agree(
     om = [f"# TYPE {RECORD} gauge"]
     for team, values in data.items():
         om += [f'{RECORD}{{name="{team}",scope="team"}} {v!r} {t:.0f}' for t, v in sorted(values.items())]
-    (tmp_path / "history.om").write_text("\n".join(om) + "\n# EOF\n")
-    blocks = tmp_path / "tsdb"
-    backfill = ["tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=1000h"]
-    out = subprocess.run(
-        [binary("promtool"), *backfill, str(tmp_path / "history.om"), str(blocks)],
-        capture_output=True,
-        text=True,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
+    blocks = backfill("\n".join(om) + "\n# EOF\n", tmp_path / "tsdb", max_block="1000h")
     rules = test_copy_of_rules(RULES, tmp_path / "rules.yml", alert_for="0s")
     prom = Prometheus(tmp_path / "prom", [target], [rules], data_dir=blocks)
     try:

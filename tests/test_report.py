@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from promstack import Prometheus, binary
+from promstack import Prometheus, backfilled_prometheus
 
 from agent.clock import ManualClock
 from agent.report.cli import run_report
@@ -272,30 +272,8 @@ def test_small_versions_are_not_regressions() -> None:
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
-    work = tmp_path_factory.mktemp("report_prom")
-    om = work / "history.om"
-    om.write_text(openmetrics())
-    data = work / "data"
-    out = subprocess.run(
-        [
-            binary("promtool"),
-            "tsdb",
-            "create-blocks-from",
-            "openmetrics",
-            "--quiet",
-            "--max-block-duration=384h",
-            str(om),
-            str(data),
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    prom = Prometheus(work, data_dir=data)
-    try:
+    with backfilled_prometheus(tmp_path_factory.mktemp("report_prom"), openmetrics()) as prom:
         yield prom
-    finally:
-        prom.close()
 
 
 def test_from_prometheus(prometheus: Prometheus) -> None:

@@ -26,14 +26,13 @@ import csv
 import io
 import json
 import math
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from promstack import Prometheus, binary
+from promstack import Prometheus, backfilled_prometheus
 
 from agent.clock import ManualClock
 from agent.cost.bound import BOUNDS
@@ -205,20 +204,8 @@ def test_from_the_store(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
-    work = tmp_path_factory.mktemp("report_bound")
-    om = work / "history.om"
-    om.write_text(openmetrics())
-    data = work / "data"
-    cmd = [binary("promtool"), "tsdb", "create-blocks-from", "openmetrics", "--quiet"]
-    out = subprocess.run(
-        [*cmd, "--max-block-duration=384h", str(om), str(data)], capture_output=True, text=True
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    prom = Prometheus(work, data_dir=data)
-    try:
+    with backfilled_prometheus(tmp_path_factory.mktemp("report_bound"), openmetrics()) as prom:
         yield prom
-    finally:
-        prom.close()
 
 
 def test_from_prometheus(prometheus: Prometheus) -> None:

@@ -1,4 +1,5 @@
-"""Shared test setup: the ``slow`` marker for tests that start real servers or run long simulations.
+"""Shared test setup: the ``slow`` marker for tests that start real servers or run long simulations,
+and the ``read_only_dir`` fixture (a real read-only directory) of the fault tests.
 
 ``pytest -m "not slow"`` is the quick loop (see the README); ``.ci/run`` runs everything. A test is
 slow when it is marked ``@pytest.mark.slow`` itself, lives in one of ``SLOW_MODULES``: whole files
@@ -8,6 +9,11 @@ that are otherwise quick (``pytest --durations=0`` shows which).
 """
 
 from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -34,6 +40,28 @@ SLOW_TESTS = {
         "a real fitting process importing scikit-learn"
     ),
 }
+
+
+@pytest.fixture
+def read_only_dir(tmp_path: Path) -> Iterator[Path]:
+    """A real read-only directory: a read-only tmpfs mount as root (chmod does not bind root), else
+    mode 0555."""
+    d = tmp_path / "ro"
+    d.mkdir()
+    if os.geteuid() == 0:
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(d)], capture_output=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a read-only tmpfs here: {r.stderr.decode().strip()}")
+        try:
+            yield d
+        finally:
+            subprocess.run(["umount", str(d)], check=False)
+    else:
+        d.chmod(0o555)
+        try:
+            yield d
+        finally:
+            d.chmod(0o755)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

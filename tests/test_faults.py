@@ -9,14 +9,12 @@ import asyncio
 import json
 import logging
 import math
-import os
 import resource
 import signal
 import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -291,28 +289,6 @@ async def test_damaged_history_and_outbox_are_moved_aside_and_counted(
         status, body = await _get(run.port, "/healthz")
     assert Store(state / "history.sqlite").schema_version() >= 1  # recreated, usable
     assert status in (200, 503) and '"history": {"state": "ok"}' in body.replace("\n", "")
-
-
-@pytest.fixture
-def read_only_dir(tmp_path: Path) -> Iterator[Path]:
-    """A real read-only directory: a read-only tmpfs mount as root (chmod does not bind root), else
-    mode 0555."""
-    d = tmp_path / "ro"
-    d.mkdir()
-    if os.geteuid() == 0:
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(d)], capture_output=True)
-        if r.returncode != 0:
-            pytest.skip(f"cannot mount a read-only tmpfs here: {r.stderr.decode().strip()}")
-        try:
-            yield d
-        finally:
-            subprocess.run(["umount", str(d)], check=False)
-    else:
-        d.chmod(0o555)
-        try:
-            yield d
-        finally:
-            d.chmod(0o755)
 
 
 async def test_a_read_only_state_dir_runs_without_history_and_says_so(read_only_dir: Path) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import http.server
 import math
-import os
 import resource
 import signal
 import subprocess
@@ -361,27 +360,6 @@ def test_a_full_disk_loses_no_minute_and_no_minute_claims_what_it_does_not_have(
         assert r.sums["seconds"] == pytest.approx(MINUTE, abs=2 * SCRAPE), r.minute
     assert err.count("history store failed") == 1 and err.count("works again") == 1, err[-3000:]
     assert "dropping the oldest" not in err
-
-
-@pytest.fixture
-def read_only_dir(tmp_path: Path) -> Iterator[Path]:
-    """A real read-only directory: a read-only tmpfs as root (chmod does not bind root), else 0555."""
-    d = tmp_path / "ro"
-    d.mkdir()
-    if os.geteuid() == 0:
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(d)], capture_output=True)
-        if r.returncode != 0:
-            pytest.skip(f"cannot mount a read-only tmpfs here: {r.stderr.decode().strip()}")
-        try:
-            yield d
-        finally:
-            subprocess.run(["umount", str(d)], check=False)
-    else:
-        d.chmod(0o555)
-        try:
-            yield d
-        finally:
-            d.chmod(0o755)
 
 
 @pytest.mark.slow

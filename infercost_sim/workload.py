@@ -183,7 +183,9 @@ class NodeTrace:
     prefill_seconds: np.ndarray  # request-seconds of prefill in the minute
     finished: np.ndarray  # requests finished in the minute
     ttft_median: np.ndarray  # seconds, median time to first token
-    itl_median: np.ndarray  # seconds, median inter-token latency
+    # seconds, a sequence's time per token as the steps run (the step that made a first token; the
+    # rendered inter-token latency's mean is the decode seconds per interval, infercost_sim.samples)
+    itl_median: np.ndarray
     util: np.ndarray  # 0–1, NVML .gpu per GPU
     dram_bw: np.ndarray  # 0–1, GPM DRAM bandwidth per GPU
     price: np.ndarray  # $ per GPU-hour in effect

@@ -57,7 +57,7 @@ from agent.sinks.prometheus import PrometheusServer
 from agent.sinks.webconfig import load_web_config
 from agent.snapshot import Ledger, Snapshot
 from agent.sources.discovery import VersionReader
-from agent.sources.engines.scraper import EngineScraper, PageBudget
+from agent.sources.engines.scraper import EngineScraper, PageBudget, PageThread
 from agent.sources.nvml.backend import NvmlBackend
 from agent.sources.nvml.sampler import NvmlSampler
 from agent.sources.prices import PriceBook, load_price_book
@@ -399,6 +399,7 @@ class Agent:
         self.hooks = hooks or Hooks()
         # one budget of page bytes in flight for every scraper, static and discovered alike
         self.page_budget = PageBudget(cfg.limits.page_bytes_in_flight)
+        self.page_thread = PageThread()  # and one thread where every page is parsed, off the event loop
         self.ledger = Ledger(
             cfg.node,
             __version__,
@@ -552,12 +553,7 @@ class Agent:
         try:
             async with aiohttp.ClientSession(timeout=timeout) as session:
                 self._session = session
-                loops = self._loops(
-                    [
-                        EngineScraper(e, session, self.clock, self.cfg.limits, self.page_budget)
-                        for e in self.engines
-                    ]
-                )
+                loops = self._loops([self._scraper(e) for e in self.engines])
                 async with asyncio.TaskGroup() as tg:
                     for loop in loops:
                         tg.create_task(self._run_loop(loop, stop), name=loop.name)
@@ -602,14 +598,15 @@ class Agent:
 
     async def _shutdown(self, loops: Sequence[Loop], otlp: OtlpExporter | None = None) -> None:
         """Close every part by one deadline (:data:`SHUTDOWN_SECONDS` from now, event-loop time):
-        the loops' closes in their order, then a last OTLP flush, the /metrics server, the scorer
-        and the store connections."""
+        the loops' closes in their order, then a last OTLP flush, the page thread, the /metrics
+        server, the scorer and the store connections."""
         deadline = asyncio.get_running_loop().time() + SHUTDOWN_SECONDS
         for loop in loops:
             if loop.close is not None:
                 await close_by(deadline, loop.name, loop.close(deadline))
         if otlp is not None:
             await close_by(deadline, "OTLP export", asyncio.to_thread(otlp.shutdown))
+        self.page_thread.close()
         if self.prometheus is not None:
             await close_by(deadline, "the /metrics server", self.prometheus.stop())
         if self.hooks.scorer is not None:
@@ -783,13 +780,16 @@ class Agent:
         self.engines = src.engines()
         old = {s.cfg.name: s for s in scrapers}
         scrapers[:] = [
-            old[e.name]
-            if e.name in old and old[e.name].cfg == e
-            else EngineScraper(e, self._session, self.clock, self.cfg.limits, self.page_budget)
-            for e in self.engines
+            old[e.name] if e.name in old and old[e.name].cfg == e else self._scraper(e) for e in self.engines
         ]
         self.joiner.engines = tuple(e.cost_spec() for e in self.engines)
         self.versions = VersionReader(self.engines)
+
+    def _scraper(self, engine: EngineConfig) -> EngineScraper:
+        """A scraper of one engine, sharing the daemon's session, page budget and page thread."""
+        return EngineScraper(
+            engine, self._session, self.clock, self.cfg.limits, self.page_budget, self.page_thread
+        )
 
     async def _tick_once(self, scrapers: list[EngineScraper]) -> None:
         self._check_clock()

@@ -15,8 +15,9 @@ beyond ``max_models`` counted in ``dropped_series``. The content type decides th
 
 A page is read as it arrives, its bytes counted against the shared :class:`PageBudget`: each
 chunk's whole lines are decoded and parsed at once (a histogram over its limit is refused after its
-first thousand buckets, not after the whole page), so neither its bytes nor its text are held whole;
-the mapping runs on a worker thread, so the event loop (``/metrics``) keeps answering meanwhile.
+first thousand buckets, not after the whole page), so neither its bytes nor its text are held whole.
+Decoding, parsing and mapping run on the shared :class:`PageThread`, never on the event loop, so
+``/metrics`` keeps answering while every engine's pages are read.
 
 Values are cumulative, as read. Counter resets, glitches and spikes are told apart downstream, in
 the window join (:func:`agent.cost.counters.counter_increase`).
@@ -28,7 +29,8 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import NoReturn, TypeVar
 
 import aiohttp
@@ -116,6 +118,40 @@ class PageBudget:
                 fut.set_result(None)
 
 
+class PageThread:
+    """The one worker thread on which every engine page is decoded, parsed and mapped, a chunk at a
+    time, over every scraper that shares it (the daemon's one, built in :mod:`agent.supervisor`).
+
+    Why off the event loop: a chunk parsed there holds the loop for the whole chunk, and the chunks
+    of every engine that arrived together run back to back before the loop looks at its sockets
+    again, so a ``/metrics`` request waited behind all of them. On a worker the loop waits at most
+    the interpreter's switch interval for the GIL. Why one thread, not a pool: one contender for the
+    GIL (the loop never waits behind several parsing threads), and the pages' CPU spent one chunk at
+    a time in arrival order. ``jobs`` counts what ran on it; after :meth:`close` work runs inline.
+    """
+
+    def __init__(self) -> None:
+        self.jobs = 0  # calls run on the thread, ever
+        self._pool: ThreadPoolExecutor | None = None
+        self._closed = False
+
+    async def run(self, fn: Callable[..., _T], *args: object) -> _T:
+        """``fn(*args)`` on the thread (FIFO: what one page submits runs in order)."""
+        if self._closed:
+            return fn(*args)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="infercost-pages")
+        self.jobs += 1
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def close(self) -> None:
+        """Stop the thread (what is running finishes; what is queued is dropped)."""
+        self._closed = True
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
 class _Hold:
     """One scrape's share of a :class:`PageBudget`."""
 
@@ -150,6 +186,7 @@ class EngineScraper:
         clock: Clock,
         limits: LimitsConfig | None = None,
         budget: PageBudget | None = None,
+        thread: PageThread | None = None,
     ) -> None:
         self.cfg = cfg
         self.session = session
@@ -157,6 +194,7 @@ class EngineScraper:
         self.limits = limits or LimitsConfig()
         # the daemon's one budget (agent.supervisor hands every scraper the same); alone, its own
         self.budget = budget or PageBudget(self.limits.page_bytes_in_flight)
+        self.thread = thread or PageThread()  # the daemon's one (agent.supervisor); alone, its own
         self.cpu_seconds = 0.0  # CPU seconds of the last page read (decode, parse, map), on any thread
         self._over_budget = 0  # pages over the CPU budget in a row
         self._skip = 0  # scrapes still to skip after one
@@ -189,14 +227,14 @@ class EngineScraper:
                     if hold.waiting:
                         raise ScrapeFailed(self._budget_timeout()) from None
                     raise
-                # mapped on a worker thread: with the GIL the loop still gets its time slices, so
-                # /metrics answers while a large page is mapped
-                adapter, reading = await asyncio.to_thread(page.map)
+                adapter, reading = await self.thread.run(page.map)
             finally:
-                page.close()
-                hold.release()
-                self.cpu_seconds = page.cpu_seconds
-                skipped = self._note_cost()
+                try:  # on the thread too, so after a chunk still being parsed there (a timeout)
+                    await self.thread.run(page.close)
+                finally:
+                    hold.release()
+                    self.cpu_seconds = page.cpu_seconds
+                    skipped = self._note_cost()
             if skipped:
                 raise ScrapeFailed(self.over_cpu(self.cpu_seconds))
         except asyncio.CancelledError:
@@ -279,8 +317,8 @@ class EngineScraper:
                 if page.size + len(chunk) > self.cfg.max_bytes:
                     raise ScrapeFailed(f"page too large: over max_bytes {self.cfg.max_bytes}")
                 await hold.grow_to(page.size + len(chunk))
-                page.feed(chunk)
-            page.end()
+                await self.thread.run(page.feed, chunk)
+            await self.thread.run(page.end)
 
     def _note_cost(self) -> int:
         """After a page costing more CPU than ``limits.scrape_cpu_seconds`` (refused or not), the
@@ -347,10 +385,10 @@ class EngineScraper:
 
 
 class _Page:
-    """One page, read as it arrives: each chunk's whole lines decoded and parsed at once (on the
-    loop, one chunk at a time), so neither the page's bytes nor its text are ever held whole; the
-    mapping of what was read runs on a worker thread. A page whose reading passes the CPU budget is
-    parsed no further but still read to its end, so a page too large is named as that."""
+    """One page, read as it arrives: each chunk's whole lines decoded and parsed at once, so neither
+    the page's bytes nor its text are ever held whole. Every method runs on the :class:`PageThread`
+    (one at a time, in order). A page whose reading passes the CPU budget is parsed no further but
+    still read to its end, so a page too large is named as that."""
 
     def __init__(self, scraper: EngineScraper) -> None:
         self.scraper = scraper

@@ -28,6 +28,9 @@ N = 120  # minutes
 # the share of step time a chunked prefill can keep in the measured step beyond the floor the
 # estimator takes out (agent/cost/efficiency.py): at most the prompt work of the benchmark's traffic
 PREFILL_SHARE_BOUND = 0.1
+# how far one minute's decode efficiency may stray from the truth without prefill: the batch and the
+# context are read from a drawn population of hundreds of sequences (a few percent of sampling error)
+SAMPLING = 0.03
 
 
 def test_fleet_share_lags_scale_up_by_the_delay_and_scales_down_at_once() -> None:
@@ -97,17 +100,19 @@ def test_the_daemons_decode_efficiency_is_the_kernels_bandwidth_efficiency_at_an
     windows = priced_windows(_node(p, _drivers(p, demand, slowdown)))
     eff = [w.roofline_ratio for w in windows[1:]]
     # memory-bound decode, no host gap: decode step = (W + resident KV) / (BW × efficiency) × slowdown,
-    # so the pure-decode truth is efficiency / slowdown. The daemon reads the step as run, less a
-    # lower bound of its prefill share (prompt FLOPs at peak): never above the truth, below it by at
-    # most the prefill share this traffic leaves in the step, and the same at every load
+    # so the pure-decode truth is efficiency / slowdown. The daemon reads the step as run (the
+    # window's inter-token latencies, whose sum is its decode time), less its prefill share: the
+    # truth at every load, but for the drawn population's sampling (the batch from the window's
+    # request-seconds, the context from one instant, each a few percent off the window's truth)
     truth = p.bandwidth_efficiency / slowdown
-    assert all(e is not None and 0.0 < e <= truth * (1 + 1e-9) for e in eff), eff
-    if not prefill:  # prefill-heavy steps read low by their prefill share (the stated bias)
-        assert min(eff) >= truth * (1 - PREFILL_SHARE_BOUND), (min(eff), truth)
-    # load-independent but for the drawn population's sampling: the batch comes from the window's
-    # request-seconds and the context from one instant, each a few percent off the window's truth
-    # (with prefill, also the prompt tokens of the minute's arrivals against its decode)
-    assert max(eff) / min(eff) <= (1.10 if prefill else 1.05)
+    assert all(e is not None and 0.0 < e <= 1.0 for e in eff), eff
+    ratios = sorted(e / truth for e in eff if e is not None)
+    assert abs(ratios[len(ratios) // 2] - 1.0) <= 0.01, ratios
+    if not prefill:  # every window within the sampling's few percent
+        assert ratios[0] >= 1 - SAMPLING and ratios[-1] <= 1 + SAMPLING, ratios
+    # with prefill, also the phase times of the minute's finished requests against its own
+    # prefills (they are observed when a request finishes): lumpier over one-minute windows
+    assert max(eff) / min(eff) <= (1.35 if prefill else 1.05)
 
 
 def test_cost_per_token_is_the_price_over_the_tokens_through_the_window_join() -> None:

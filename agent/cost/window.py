@@ -636,6 +636,7 @@ def _efficiency(
         peak_flops_per_s=_all_known(peak_flops_of(n) for n in gpu_names) or 0.0,
         prefill_seconds=usage.prefill_seconds,
         finished_requests=usage.e2e_delta.count if usage.e2e_delta is not None else None,
+        first_tokens=usage.ttft_delta.count if usage.ttft_delta is not None else None,
     )
     figures = ModelFigures(
         spec.weights_bytes, spec.kv_bytes_per_token, spec.kv_capacity_tokens, spec.flops_per_token

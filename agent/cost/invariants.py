@@ -57,33 +57,53 @@ def _window_name(w: CostWindow) -> str:
     return f"window {u.engine}/{u.model}/{u.model_version} [{u.start:.0f}, {u.end:.0f}]"
 
 
-def _numbers(obj: object, prefix: str = "") -> Iterator[tuple[str, float]]:
+_FIELDS: dict[type, tuple[str, ...]] = {}  # dataclass → its field names but "sample" (read once)
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls) if f.name != "sample")
+    return names
+
+
+# one number a window or GPU tick carries: (path of the dataclasses it is in, field, what in the
+# field: "" for the field itself, ".sum" / ".count" of a histogram, "[le=…]" / "[key]" of an entry)
+_Number = tuple[str, str, str, float]
+
+
+def _numbers(obj: object, prefix: str = "") -> Iterator[_Number]:
     """Every number a window or GPU tick carries (histograms: their sums and counts; not the inputs
-    a GPU tick keeps as read, nor the bucket bounds, of which the last is +Inf by definition)."""
-    for f in dataclasses.fields(obj):  # type: ignore[arg-type]
-        if f.name == "sample":
-            continue
-        v = getattr(obj, f.name)
-        name = prefix + f.name
+    a GPU tick keeps as read, nor the bucket bounds, of which the last is +Inf by definition). Its
+    name is put together only where a law fails (every tick walks thousands of them)."""
+    for name in _field_names(type(obj)):
+        v = getattr(obj, name)
         if isinstance(v, bool) or v is None:
             continue
         if isinstance(v, int | float):
-            yield name, float(v)
+            yield prefix, name, "", float(v)
         elif isinstance(v, Histogram):
-            yield f"{name}.sum", v.sum
-            yield f"{name}.count", v.count
+            yield prefix, name, ".sum", v.sum
+            yield prefix, name, ".count", v.count
             for le, count in v.buckets:
-                yield f"{name}[le={le}]", count
+                yield prefix, name, f"[le={le}]", count
         elif isinstance(v, Mapping):
             for k, x in v.items():
-                yield f"{name}[{k}]", x
+                yield prefix, name, f"[{k}]", x
         elif dataclasses.is_dataclass(v):
-            yield from _numbers(v, name + ".")
+            yield from _numbers(v, prefix + name + ".")
 
 
-def _finite(where: str, obj: object) -> list[str]:
-    """Every number finite: NaN or ±Inf is no measurement (absent is None)."""
-    return [f"{where}: {n} = {v} is not finite" for n, v in _numbers(obj) if not math.isfinite(v)]
+def _number_laws(where: str, obj: object) -> list[str]:
+    """Every number finite (NaN or ±Inf is no measurement: absent is None), and none negative
+    (tokens, seconds, joules, watts, requests and dollars)."""
+    out = []
+    for prefix, name, part, v in _numbers(obj):
+        if not math.isfinite(v):
+            out.append(f"{where}: {prefix}{name}{part} = {v} is not finite")
+        elif v < 0:
+            out.append(f"{where}: {prefix}{name}{part} = {v} < 0")
+    return out
 
 
 def _in_unit(where: str, name: str, v: float | None, open_low: bool = False) -> list[str]:
@@ -93,15 +113,10 @@ def _in_unit(where: str, name: str, v: float | None, open_low: bool = False) -> 
     return [f"{where}: {name} = {v} outside {'(0, 1]' if open_low else '[0, 1]'}"]
 
 
-def _not_negative(where: str, obj: object) -> list[str]:
-    """Tokens, seconds, joules, watts, requests and dollars never negative."""
-    return [f"{where}: {n} = {v} < 0" for n, v in _numbers(obj) if v < 0]
-
-
 def _gpu_laws(g: GpuTick) -> list[str]:
     """One GPU's dollars: 0 ≤ unallocated ≤ idle ≤ cost (unallocated dollars are idle too)."""
     where = f"GPU {g.sample.uuid}"
-    out = _finite(where, g) + _not_negative(where, g)
+    out = _number_laws(where, g)
     tol = _tol(g.cost_usd)
     if g.idle_usd > g.cost_usd + tol:
         out.append(f"{where}: idle ${g.idle_usd!r} > cost ${g.cost_usd!r}")
@@ -284,7 +299,7 @@ def violations(
     for w in tick.windows:
         where = _window_name(w)
         u = w.usage
-        out += _finite(where, w) + _not_negative(where, w)
+        out += _number_laws(where, w)
         for name in ("gpu_util_ratio", "mem_bw_ratio", "kv_cache_usage_ratio"):
             out += _in_unit(where, name, getattr(u, name))
         out += _in_unit(where, "roofline_ratio", w.roofline_ratio, open_low=True)

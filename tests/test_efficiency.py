@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from agent.cost.efficiency import (
@@ -168,3 +170,37 @@ def test_a_coarse_window_whose_instant_is_more_than_2x_off_its_mean_batch_has_no
         window_seconds=60.0,
     )
     assert decode_efficiency(tick, FIG) is not None
+
+
+def test_the_batch_is_the_inter_token_intervals_the_window_observed_where_it_has_them() -> None:
+    """A request's inter-token intervals add up to its decode time and each is observed as its step
+    runs, so the window's Σ ITL is the request-seconds of decode it accrued itself; the decode
+    request-seconds are added when requests finish, so after a burst they hold the drained batch's
+    whole lifetimes."""
+    # 60 s at 8 sequences: Σ ITL 480 s; the finished requests' decode time says 12 (720 s)
+    assert mean_decode_batch("vllm", 720.0, 60.0, 480.0) == 8.0
+    # no interval observed (a page without the histogram, or none in the window): the request-seconds
+    for itl in (None, 0.0):
+        assert mean_decode_batch("vllm", 720.0, 60.0, itl) == 12.0
+    assert mean_decode_batch("vllm", None, 60.0, 0.0) is None
+    assert mean_decode_batch("vllm", 0.0, 60.0, None) is None
+    assert mean_decode_batch("vllm", 720.0, 0.0, 480.0) is None
+    assert mean_decode_batch("tgi", 720.0, 60.0, 480.0) is None  # engine time, not request-seconds
+    assert mean_decode_batch("vllm", 720.0, 60.0, 0.5) == pytest.approx(0.5 / 60.0)  # under a second
+    assert mean_decode_batch("vllm", 720.0, 0.5, 4.0) == 8.0  # a window under a second is a window
+    # the figure: 4,800 intervals of 0.1 s over 60 s with the gauge at 8 sequences and half the cache in
+    # use (50,000 tokens): resident 50,000 at the intervals' batch of 8, not 75,000 at the finished
+    # requests' 12
+    drained = obs(
+        decode_seconds=720.0, generation_tokens=4800.0, requests_running=8.0, window_seconds=60.0,
+        itl_seconds=480.0, itl_count=4800.0,
+    )  # fmt: skip
+    assert decode_efficiency(drained, FIG) == pytest.approx((140e9 + 50_000 * KV70) / H100_BW / 0.1)
+    # a coarse window is judged against the intervals' batch too: the finished requests' 48 is 3× the
+    # gauge's 16, the intervals' 24 is not
+    coarse = obs(
+        decode_seconds=14_400.0, generation_tokens=72_000.0, requests_running=16.0, window_seconds=300.0,
+        itl_seconds=7200.0, itl_count=72_000.0,
+    )  # fmt: skip
+    assert decode_efficiency(coarse, FIG) == pytest.approx((140e9 + 75_000 * KV70) / H100_BW / 0.1)
+    assert decode_efficiency(replace(coarse, itl_seconds=None, itl_count=None), FIG) is None

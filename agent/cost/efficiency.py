@@ -140,30 +140,36 @@ PREFILL_HOLDS_FIRST_STEP = frozenset({"vllm"})
 # twice the longest live tick (60 s), so no live window counts as coarse, and under the 5-minute
 # steps history is imported at.
 COARSE_WINDOW_SECONDS = 120.0
-# The batch of every window comes from the engine's request-seconds of decode (a counter: the whole
-# window) where it has them, not from the running gauge (one instant: at night a few sequences, so one
-# reading is ±50 %). The context per sequence still comes from the gauges (KV in use ÷ sequences
-# running at the same instant). In a coarse window, when that instant's batch is more than 2× off the
-# window's mean batch (a lull or a burst of arrivals), the instant says little of the window's
-# context: no efficiency for it, not a guess. The price: on bursty traffic read at coarse steps, a
-# share of the windows get no figure (the cost rules and the forest still judge them on their cost).
+# The batch of every window comes from the engine's counters of decode time (the whole window) where it
+# has them, not from the running gauge (one instant: at night a few sequences, so one reading is ±50 %):
+# the inter-token intervals the window observed (a request's intervals add up to its decode time, and
+# each is observed as its step runs, so their sum is the request-seconds of decode the window itself
+# accrued), else the request-seconds of decode (added when requests finish: after a burst the drained
+# batch's whole lifetimes land in the next window, whose batch they over-read). The context per
+# sequence still comes from the gauges (KV in use ÷ sequences running at the same instant). In a
+# coarse window, when that instant's batch is more than 2× off the window's mean batch (a lull or a
+# burst of arrivals), the instant says little of the window's context: no efficiency for it, not a
+# guess. The price: on bursty traffic read at coarse steps, a share of the windows get no figure (the
+# cost rules and the forest still judge them on their cost).
 # Why 2×: an instant of a Poisson population of n sequences is off its mean by more than 2× with
 # a probability that falls below a few percent from n ≈ 4; a live window's instant is close to its
 # window's mean by construction (a tick long), so the check is for coarse windows only.
 COARSE_BATCH_AGREEMENT = 2.0
 
 
-def mean_decode_batch(engine_kind: str, decode_seconds: float | None, window_seconds: float) -> float | None:
-    """Mean sequences in decode over a window, from the engine's request-seconds of decode (a
-    counter); None for an engine whose decode time is not per request, or none in the window."""
-    if (
-        window_seconds <= 0
-        or DECODE_TIME_KIND.get(engine_kind) != "request"
-        or decode_seconds is None
-        or decode_seconds <= 0
-    ):
+def mean_decode_batch(
+    engine_kind: str, decode_seconds: float | None, window_seconds: float, itl_seconds: float | None = None
+) -> float | None:
+    """Mean sequences in decode over a window: the inter-token intervals it observed (``itl_seconds``,
+    the request-seconds of decode accrued as its steps ran), else the engine's request-seconds of
+    decode (a counter added to as requests finish); None for an engine whose decode time is not per
+    request, or none in the window."""
+    if window_seconds <= 0 or DECODE_TIME_KIND.get(engine_kind) != "request":
         return None
-    return decode_seconds / window_seconds
+    seconds = itl_seconds if itl_seconds is not None and itl_seconds > 0 else decode_seconds
+    if seconds is None or seconds <= 0:
+        return None
+    return seconds / window_seconds
 
 
 def min_step_seconds(
@@ -243,7 +249,7 @@ def decode_efficiency_parts(obs: DecodeObservation, model: ModelFigures) -> tupl
     resident = 0.0
     if obs.kv_cache_usage_ratio is not None and capacity and model.kv_bytes_per_token:
         resident = obs.kv_cache_usage_ratio * capacity
-        batch = mean_decode_batch(obs.engine_kind, obs.decode_seconds, obs.window_seconds)
+        batch = mean_decode_batch(obs.engine_kind, obs.decode_seconds, obs.window_seconds, obs.itl_seconds)
         if batch is not None and obs.requests_running:
             # context per sequence from the gauges (one instant), sequences from the counter (all of it)
             if obs.window_seconds >= COARSE_WINDOW_SECONDS and not (

@@ -14,8 +14,13 @@ requests' lifetimes, not drawn afresh.
 
 Counters: generation tokens move with every step the engine runs (``tokens = ∫ running dt ×
 tokens per sequence-second``, the integral taken per step by the trapezoid rule), request counts and
-request-seconds of decode when requests finish (each finished request adds its own lifetime: a sum
-of exponential lifetimes, a gamma draw).
+request-seconds of decode when requests finish. Each finished request adds the seconds it was
+present: departures are memoryless, so the requests that leave in a step are a random subset of
+those present and carry, together, their share of the request-seconds the present requests have
+accrued (a pool: ``∫ present dt`` flows in, each step's leavers take ``finished ÷ present`` of it
+out). Request-seconds are conserved: over any span, what the finished requests add plus what those
+still present have accrued is ``∫ present dt``, whatever the lifetimes do meanwhile (a burst's
+batch drains at the lifetime it was admitted with, not at the minute's mean).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ class Population:
     present: np.ndarray  # requests in the engine at the end of each step (int)
     arrived: np.ndarray  # requests that arrived during each step (int)
     finished: np.ndarray  # requests that left during each step (int)
-    lifetime_seconds: np.ndarray  # Σ lifetimes of the requests that left during each step (seconds)
+    lifetime_seconds: np.ndarray  # Σ seconds present of the requests that left during each step
     occupancy_seconds: np.ndarray  # ∫ present dt over each step (request-seconds, trapezoid rule)
 
 
@@ -65,6 +70,15 @@ def draw(rate: np.ndarray, lifetime: np.ndarray, step: float, rng: np.random.Gen
         present[k] = state
     before = np.concatenate((start[None], present[:-1])) if n else present
     finished = before - survived + arrived - kept
-    lifetime_s = rng.gamma(finished.astype(np.float64), life)
     occupancy = step * (before + present) / 2.0
+    lifetime_s = np.empty(occupancy.shape)
+    # the starting population's seconds so far: in steady state a request present has been there
+    # for the mean lifetime (the exponential's age law is the lifetime's)
+    pool = start * life[0] if n else np.zeros(rate.shape[1:])
+    for k in range(n):
+        pool = pool + occupancy[k]
+        seen = before[k] + arrived[k]  # every request present at some time in the step
+        out = np.where(seen > 0, pool * finished[k] / np.maximum(seen, 1), 0.0)
+        lifetime_s[k] = out
+        pool = pool - out
     return Population(step, present, arrived, finished, lifetime_s, occupancy)

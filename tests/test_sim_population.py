@@ -57,6 +57,23 @@ def test_request_counters_move_only_when_requests_finish() -> None:
     assert (change == pop.arrived[1:, 0] - pop.finished[1:, 0]).all()
 
 
+def test_request_seconds_are_conserved_when_the_lifetimes_jump() -> None:
+    # a burst's batch admitted at 60 s lifetimes, then the lifetimes drop to 5 s, then the traffic
+    # stops and everything drains: the finished requests' seconds add up to every second a request
+    # was present (the starting population's mean age, L, included), not to the minute means'
+    step, rate = 5.0, 10.0
+    life = np.concatenate([np.full(120, 60.0), np.full(120, 5.0), np.full(400, 5.0)])[:, None]
+    rates = np.concatenate([np.full(240, rate), np.zeros(400)])[:, None]
+    pop = population.draw(rates, life, step, np.random.default_rng(3))
+    assert pop.present[-1, 0] == 0  # drained
+    start = pop.present[0, 0] - pop.arrived[0, 0] + pop.finished[0, 0]
+    present = start * 60.0 + pop.occupancy_seconds.sum()
+    assert pop.lifetime_seconds.sum() == pytest.approx(present, rel=1e-12)
+    # the minute after the drop finishes the requests admitted at 60 s: each with far more than 5 s
+    after = slice(120, 132)
+    assert pop.lifetime_seconds[after].sum() / pop.finished[after].sum() > 3 * 5.0
+
+
 def test_a_node_reads_instants_of_its_drawn_requests_per_rank() -> None:
     sim = simulate_node("core", seed=3, weeks=1)
     rd = draw_readings(sim, 5.0)

@@ -1,10 +1,8 @@
 """The window join hands the decode efficiency every count it reads (agent/cost/window.py): the
 window's first tokens (its TTFT histogram's count) beside its finished requests (the e2e count),
 so a window after a burst, whose finished requests were prefilled before it, counts only its own
-prefills; and the mean batch the efficiency reads (the window's inter-token intervals over its
-seconds) is the window's requests running too. Two vLLM scrapes 10 s apart through the real
-WindowJoiner; the efficiency it stores is the estimator's over the same counts, not the one that
-counts the finished requests as prefills."""
+prefills. Two vLLM scrapes 10 s apart through the real WindowJoiner; the efficiency it stores is
+the estimator's over the same counts, not the one that counts the finished requests as prefills."""
 
 from __future__ import annotations
 
@@ -27,9 +25,6 @@ STEP = 0.0065  # seconds per decode step as run
 FINISHED = 40.0  # requests finished in the window (their phase times are in it)
 FIRST = 10.0  # first tokens the window made: the rest of the finished were prefilled before it
 PREFILL = 40 * (STEP + 0.02)  # request-seconds of prefill of the finished: each its first step + 20 ms
-# request-seconds of decode of the finished requests: more than the window's inter-token intervals add
-# up to, as after a burst (a request's decode time is added when it finishes, its intervals as they run)
-DECODE = 1.2 * TOKENS * STEP
 
 
 def hist(count: float, total: float) -> Histogram:
@@ -42,7 +37,7 @@ def signals(i: int) -> ModelSignals:
         prompt_tokens_total=5000.0 * i,
         generation_tokens_total=TOKENS * i,
         requests_running=32.0,
-        decode_seconds_total=DECODE * i,
+        decode_seconds_total=TOKENS * STEP * i,
         prefill_seconds_total=PREFILL * i,
         ttft_seconds=hist(FIRST * i, 0.05 * FIRST * i),
         e2e_seconds=hist(FINISHED * i, 3.0 * FINISHED * i),
@@ -62,7 +57,7 @@ def test_the_join_counts_the_windows_prefills_by_its_first_tokens() -> None:
         made += joiner.close_tick(t, {"vllm-0": scrape}).windows
     (w,) = made
     obs = DecodeObservation(
-        engine_kind="vllm", generation_tokens=TOKENS, decode_seconds=DECODE,
+        engine_kind="vllm", generation_tokens=TOKENS, decode_seconds=TOKENS * STEP,
         requests_running=32.0, kv_cache_usage_ratio=None, kv_capacity_tokens=None, replicas=1,
         bandwidth_bytes_per_s=H100_BW, window_seconds=WINDOW, itl_seconds=TOKENS * STEP,
         itl_count=TOKENS, prefill_tokens=None, peak_flops_per_s=H100_PEAK, prefill_seconds=PREFILL,
@@ -73,9 +68,6 @@ def test_the_join_counts_the_windows_prefills_by_its_first_tokens() -> None:
     finished = decode_efficiency(DecodeObservation(**{**_fields(obs), "first_tokens": None}), figures)
     assert own is not None and finished is not None
     assert w.roofline_ratio == pytest.approx(own, rel=1e-12)
-    # the batch the like-load rules, the forest and the floor read is the efficiency's: the window's
-    # inter-token intervals over its seconds (the gauge read 32; the decode request-seconds 1.2× more)
-    assert w.usage.requests_running == pytest.approx(TOKENS * STEP / WINDOW)
     # the finished requests' 40 prefills are four times the window's own: counted as its prefills
     # they take four times the prompt work out of the step, and the figure reads high
     assert finished > own * (1 + 0.05)

@@ -432,7 +432,7 @@ class WindowJoiner:
             gpu_util_ratio=_mean(charges[u].reading.util_ratio for u in mc.gpus),
             mem_bw_ratio=_mean(charges[u].reading.bw_ratio for u in mc.gpus),
             power_watts=mc.power_watts,
-            requests_running=_running(cur, sc_kind, decode_s, now - start, itl.sum if itl else None),
+            requests_running=_running(cur, sc_kind, decode_s, now - start),
             kv_cache_usage_ratio=cur.kv_cache_usage_ratio if cur else None,
             preemptions=st.inc("preemptions_total"),
             ttft_p99_seconds=_p99(ttft),
@@ -596,20 +596,15 @@ def _bound_of(samples: Sequence[GpuSample]) -> dict[str, float] | None:
 
 
 def _running(
-    cur: ModelSignals | None,
-    kind: str,
-    decode_seconds: float | None,
-    seconds: float,
-    itl_seconds: float | None,
+    cur: ModelSignals | None, kind: str, decode_seconds: float | None, seconds: float
 ) -> float | None:
-    """Requests running over the window: the mean batch the decode efficiency reads too
-    (:func:`agent.cost.efficiency.mean_decode_batch`: the inter-token intervals observed, else the
-    decode request-seconds, over the window's seconds), where the engine has them; else the gauge
-    as read. One instant of a bursty minute (a few sequences at night: ±50 %) put it in the wrong
-    load band of the like-for-like rules."""
+    """Requests running over the window: the gauge as read, or over a coarse window (history at
+    5-minute steps) the mean batch from the engine's decode request-seconds, where it has them
+    (:func:`agent.cost.efficiency.mean_decode_batch`): one instant of a bursty 5 minutes put a
+    minute in the wrong load band of the like-for-like rules."""
     if cur is None:
         return None
-    batch = mean_decode_batch(kind, decode_seconds, seconds, itl_seconds)
+    batch = mean_decode_batch(kind, decode_seconds, seconds)
     return cur.requests_running if batch is None else batch
 
 

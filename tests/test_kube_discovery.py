@@ -17,7 +17,7 @@ from agent.cli import main
 from agent.clock import SystemClock
 from agent.config import Config, ConfigError, EngineConfig, KubernetesConfig, parse_config
 from agent.sources.engines.scraper import EngineScraper
-from agent.sources.kube.pods import PodRefused, engine_names, engine_pod, image_tag, is_selected
+from agent.sources.kube.pods import EnginePod, PodRefused, engine_names, engine_pod, image_tag, is_selected
 from agent.sources.kube.source import KubeEngines
 from agent.sources.kube.watch import make_client
 from tests.kubeapi import FakeKubeApi, gone_event, pod, write_kubeconfig
@@ -105,26 +105,44 @@ def test_selection_by_annotation_or_label_selector_and_pending_pods_wait() -> No
     assert engine_pod(pod("x", annotations=SCRAPE, ip=None, phase="Pending"), K) is None
 
 
+def _replica(name: str, rs: str = "m-5f", namespace: str = "llm") -> EnginePod:
+    hash_ = {"pod-template-hash": rs.split("-")[-1]}
+    ep = engine_pod(
+        pod(name, namespace=namespace, annotations=SCRAPE, owner=("ReplicaSet", rs), labels=hash_), K
+    )
+    assert ep is not None
+    return ep
+
+
 def test_two_replicas_on_one_node_get_distinct_names() -> None:
-    a = engine_pod(
-        pod(
-            "m-5f-aaaaa", annotations=SCRAPE, owner=("ReplicaSet", "m-5f"), labels={"pod-template-hash": "5f"}
-        ),
-        K,
-    )
-    b = engine_pod(
-        pod(
-            "m-5f-bbbbb", annotations=SCRAPE, owner=("ReplicaSet", "m-5f"), labels={"pod-template-hash": "5f"}
-        ),
-        K,
-    )
+    a, b = _replica("m-5f-aaaaa"), _replica("m-5f-bbbbb")
     c = engine_pod(pod("solo-0", annotations=SCRAPE, owner=("StatefulSet", "solo")), K)
-    assert a and b and c
+    assert c
     assert engine_names([a, b, c]) == {
-        ("llm", "m-5f-aaaaa"): "llm.m-5f-aaaaa",
-        ("llm", "m-5f-bbbbb"): "llm.m-5f-bbbbb",
+        ("llm", "m-5f-aaaaa"): "m",
+        ("llm", "m-5f-bbbbb"): "m:2",
         ("llm", "solo-0"): "solo-0",
     }
+
+
+def test_a_replica_keeps_its_name_while_others_come_and_go() -> None:
+    """A second replica landing beside the first must not rename it (its history is keyed by name);
+    a replacement takes the lowest free slot; the same workload name in another namespace is apart."""
+    a = _replica("m-5f-aaaaa")
+    names = engine_names([a])
+    assert names == {("llm", "m-5f-aaaaa"): "m"}
+    b = _replica("m-5f-bbbbb")
+    names = engine_names([b, a], names)  # b sorts first: only the sticky slot keeps a at "m"
+    assert names == {("llm", "m-5f-aaaaa"): "m", ("llm", "m-5f-bbbbb"): "m:2"}
+    names = engine_names([b], names)  # a leaves: b stays "m:2"
+    assert names == {("llm", "m-5f-bbbbb"): "m:2"}
+    c = _replica("m-6a-ccccc", rs="m-6a")  # a rollout's new pod takes the free first slot
+    names = engine_names([b, c], names)
+    assert names == {("llm", "m-5f-bbbbb"): "m:2", ("llm", "m-6a-ccccc"): "m"}
+    other = _replica("m-7b-ddddd", rs="m-7b", namespace="search")
+    names = engine_names([b, c, other], names)
+    assert names[("search", "m-7b-ddddd")] == "search.m"
+    assert engine_names([other]) == {("search", "m-7b-ddddd"): "m"}
 
 
 # ------------------------------------------------------------------------------------ list + watch
@@ -401,3 +419,44 @@ def test_check_describes_discovery_without_calling_the_api(
         f'infercost.io/scrape: "true" or labels app=llm; pod-resources {tmp_path / "kubelet.sock"} absent '
         "(GPUs from engines: until it appears)"
     ) in out
+
+
+async def test_a_second_replica_landing_by_watch_does_not_rename_the_first(tmp_path: Path) -> None:
+    """Scale-up by watch: the first replica keeps its name (and so its history); the new one is
+    ``m:2``; when the first leaves, a rollout's new pod takes the first slot back."""
+    api = FakeKubeApi()
+
+    def replica(name: str, rs: str, ip: str) -> dict[str, object]:
+        hash_ = {"pod-template-hash": rs.split("-")[-1]}
+        return pod(name, ip=ip, annotations=SCRAPE, owner=("ReplicaSet", rs), labels=hash_)
+
+    # "m-5f-zzzzz" sorts after the newcomer: only the sticky slot keeps it at "m"
+    api.put(replica("m-5f-zzzzz", "m-5f", "10.244.1.20"))
+    await api.start()
+    k = KubernetesConfig(
+        enabled=True,
+        kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", api.url),
+        pod_resources_socket=None,
+    )
+    src = KubeEngines(Config(node="gpu-node-1", kubernetes=k))
+    stop = asyncio.Event()
+    task = asyncio.create_task(src.run(stop))
+    try:
+        await _until(lambda: "m" in _urls(src))
+        api.emit("ADDED", replica("m-5f-aaaaa", "m-5f", "10.244.1.21"))
+        await _until(lambda: len(_urls(src)) == 2)
+        assert {n: u for n, (u, _v) in _urls(src).items()} == {
+            "m": "http://10.244.1.20:8000/metrics",
+            "m:2": "http://10.244.1.21:8000/metrics",
+        }
+        api.emit("DELETED", replica("m-5f-zzzzz", "m-5f", "10.244.1.20"))
+        api.emit("ADDED", replica("m-6a-bbbbb", "m-6a", "10.244.1.22"))
+        await _until(lambda: _urls(src).get("m", ("",))[0] == "http://10.244.1.22:8000/metrics")
+        assert {n: u for n, (u, _v) in _urls(src).items()} == {
+            "m": "http://10.244.1.22:8000/metrics",
+            "m:2": "http://10.244.1.21:8000/metrics",
+        }
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+        await api.stop()

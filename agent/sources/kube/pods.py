@@ -283,13 +283,53 @@ def _host(ip: str) -> str:
     return f"[{ip}]" if ":" in ip else ip
 
 
-def engine_names(pods: Sequence[EnginePod]) -> dict[tuple[str, str], str]:
-    """(namespace, pod) → engine name: the workload name, or ``namespace.pod`` when two pods on this
-    node would share it (two replicas of one Deployment), so every engine name is unique."""
-    count: dict[str, int] = {}
-    for p in pods:
-        count[p.workload] = count.get(p.workload, 0) + 1
+def _in_group(name: str, pod: EnginePod) -> bool:
+    """Whether ``name`` is one of the slots of ``pod``'s workload (see :func:`engine_names`)."""
+    for base in (pod.workload, f"{pod.namespace}.{pod.workload}"):
+        if name == base or (name.startswith(base + ":") and name[len(base) + 1 :].isdigit()):
+            return True
+    return False
+
+
+def engine_names(
+    pods: Sequence[EnginePod], before: Mapping[tuple[str, str], str] | None = None
+) -> dict[tuple[str, str], str]:
+    """(namespace, pod) → engine name: the workload name for its first replica on this node, then
+    ``workload:2``, ``workload:3`` … for the replicas beside it; a workload of the same name in a
+    second namespace is ``namespace.workload`` (and ``namespace.workload:2`` …). Every name is unique.
+
+    Names are slots, and they stick: a pod keeps the name ``before`` gave it for as long as it
+    lives, and a new pod takes its workload's lowest free slot. Why: an engine's name keys its
+    history, baselines and deploy record, so a second replica landing on the node must not rename
+    the first (that would cut its history at every scale-up), and a rollout's replacement pod takes
+    over the slot of the pod it replaces (the same model version, served from the same place).
+    """
+    before = before or {}
     out: dict[tuple[str, str], str] = {}
-    for p in pods:
-        out[(p.namespace, p.pod)] = p.workload if count[p.workload] == 1 else f"{p.namespace}.{p.pod}"
+    by_key = {(p.namespace, p.pod): p for p in pods}
+    taken: set[str] = set()
+    base_of: dict[tuple[str, str], str] = {}  # (namespace, workload) → the base of its slot names
+    for key, name in before.items():  # the living keep their names (while still their workload's)
+        pod = by_key.get(key)
+        if pod is not None and name not in taken and _in_group(name, pod):
+            out[key] = name
+            taken.add(name)
+            base_of.setdefault((pod.namespace, pod.workload), name.split(":")[0])
+    owners = {base: group for group, base in base_of.items()}
+    for p in sorted(pods, key=lambda p: (p.workload, p.namespace, p.pod)):
+        key = (p.namespace, p.pod)
+        if key in out:
+            continue
+        group = (p.namespace, p.workload)
+        if group not in base_of:
+            base = p.workload if owners.get(p.workload, group) == group else f"{p.namespace}.{p.workload}"
+            base_of[group] = base
+            owners[base] = group
+        base = base_of[group]
+        slot, name = 1, base
+        while name in taken:
+            slot += 1
+            name = f"{base}:{slot}"
+        out[key] = name
+        taken.add(name)
     return out

@@ -85,6 +85,7 @@ class KubeEngines:
         self._cap_logged = False  # the cap was named in the log since pods last waited
         self._dirty = False  # the engine list must be rebuilt before it is handed out
         self._pods: dict[str, EnginePod] = {}  # engine name → pod
+        self._names: dict[PodKey, str] = {}  # pod → engine name (its slot, kept while it lives)
         self._engines: tuple[EngineConfig, ...] = tuple(cfg.engines)
         self._no_gpu_logged: set[str] = set()
         self._on_engine_version = on_engine_version
@@ -232,7 +233,7 @@ class KubeEngines:
             return
         self._dirty = False
         found = list(self._taken.values())
-        names = engine_names(found)
+        names = self._names = engine_names(found, self._names)
         pods = {names[(p.namespace, p.pod)]: p for p in found}
         engines = [self._engine(name, p) for name, p in sorted(pods.items())]
         engines += [e for n, e in self._static.items() if n not in pods]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.cost.explain import LABELS, UNITS, ExplainError, Factors, Split, factors_of, split
+from agent.cost.explain import LABELS, UNITS, ExplainError, Factors, Split, factors_of, split, with_chain
 from agent.detect.explain import Bucket, bucket_of, like_load, total
 from agent.report.data import ReportError
 
@@ -116,9 +116,10 @@ def _quote(v: str) -> str:
 
 
 def _prom_sums(f: Mapping[str, float], seconds: float) -> dict[str, float]:
-    """One Prometheus bucket as the store's model sums: a bucket whose usage cost grew counts its
-    whole cost as covered by that figure; the gauges' means weigh the bucket's seconds; the floor's
-    mean prices its output tokens (as the weekly report reads them)."""
+    """One Prometheus bucket as the store's model sums, with its factor chain
+    (:func:`agent.cost.explain.chain_sums`: a range of buckets is a ratio of those): a bucket whose
+    usage cost grew counts its whole cost as covered by that figure; the gauges' means weigh the
+    bucket's seconds; the floor's mean prices its output tokens (as the weekly report reads them)."""
     cost, gen = f.get("cost_usd", 0.0), f.get("generation_tokens", 0.0)
     sums = {k: f[k] for k in PROM_COUNTERS if k in f}
     sums["seconds"] = seconds
@@ -129,7 +130,7 @@ def _prom_sums(f: Mapping[str, float], seconds: float) -> dict[str, float]:
             sums[g + ".s"], sums[g + ".w"] = f[g] * seconds, seconds
     if "floor" in f and gen > 0:
         sums["floor_usd"], sums["floor_tokens"] = f["floor"] * gen / 1e6, gen
-    return sums
+    return with_chain(sums)
 
 
 # -- the command ----------------------------------------------------------------------------------
@@ -198,6 +199,9 @@ def to_json(e: Explained) -> dict[str, Any]:
         "factors": [{"name": t.name, "usd_per_1m": t.usd_per_1m, "share": t.share} for t in s.terms],
         "closure_gap": {"before": s.closure_gap_before, "after": s.closure_gap_after},
         "merged": list(s.merged),
+        # share of the output tokens in minutes with every factor (the factors' own minutes; the
+        # "coverage" term carries the rest's part of the change)
+        "covered_share": {"before": e.before.covered_share, "after": e.after.covered_share},
         "values": {
             "before": {n: e.before.display(n) for n in UNITS},
             "after": {n: e.after.display(n) for n in UNITS},
@@ -237,6 +241,12 @@ def to_text(e: Explained) -> str:
             "  closure gap (product of factors ÷ measured $/token − 1): "
             f"before {gaps[0] * 100:+.2f} %, after {gaps[1] * 100:+.2f} %"  # type: ignore[operator]
         )
+    shares = (e.before.covered_share, e.after.covered_share)
+    if min(shares) < 1.0:
+        lines.append(
+            "  minutes with every factor (mix, step efficiency and model split over them): "
+            f"{shares[0] * 100:.0f} % of the output tokens before, {shares[1] * 100:.0f} % after"
+        )
     for note in s.merged:
         lines.append(f"  merged: {note}")
     units = ", ".join(f"{LABELS[n]} in {u}" for n, u in UNITS.items())
@@ -245,7 +255,7 @@ def to_text(e: Explained) -> str:
 
 
 def _value(f: Factors, name: str) -> str:
-    if "+" in name or name == "closure":
+    if "+" in name or name in ("closure", "coverage"):
         return ""
     v = f.display(name)
     return "—" if v is None else f"{v:.4g}"

@@ -38,9 +38,31 @@ efficiency move opposite by the same dollars (their product does not depend on f
 The product is checked against the measured Σ cost ÷ Σ output tokens; their ratio less 1 is the
 **closure gap**, a measurement (the factors come from different series: price book and GPU time,
 NVML busy time, the engine's phase times, its step timing, the configured model and the hardware's
-bandwidth, the running gauge), not forced to zero. Every factor is a ratio of sums over the
-window's minutes, never a mean of per-minute ratios (decode efficiency and the prefill shares are
-kept by the store as time-weighted means, so step efficiency is built from those means).
+bandwidth, the counter-derived batch), not forced to zero. For one minute whose series agree it is
+the engine's output tokens over its inter-token intervals, less 1: the first token of each request
+is made by its prefill and ends no interval (``1 ÷ (mean output − 1)``, a few tenths of a percent).
+
+**Many minutes.** Every factor of a longer window is a ratio of sums over its minutes, never a mean
+of per-minute ratios: each minute's factors become additive quantities (:func:`chain_sums`: its
+steps, the roofline, decode and as-run GPU-seconds of those steps, its busy GPU-seconds), added
+over the minutes, and each factor is a ratio of two of them (:func:`_chained`), so the chain
+telescopes and the window's closure gap is the busy-weighted mean of its minutes'. (The gauges'
+time-weighted means and the floor's token-weighted one, multiplied, missed the measured $/token by
+8–12 % on the bursty Azure-trace model: a gap of the means, not of any series.) Minutes that lack a
+factor (the decode efficiency refuses a coarse minute whose gauges' instant disagrees with its
+counters) still count for the factors they have; what they bring beyond that is the **coverage**
+term, shown beside the closure gap, never spread over the factors. A window summed without chain
+sums (one minute, or rows from elsewhere) is read as one window.
+
+**What moves what** (decided, with the physics): longer prompts move mix (prefill's time) *and*
+model and context (every decode step reads the longer prompts' KV: the roofline step is longer, as
+it physically is), and with the router's load the sequences running; both are the prompts' doing.
+The busy share is NVML's kernel time, so host gaps between steps read as idle, and batch (sequences
+running over the busy share) is high by the same factor: prefill, which runs without host gaps,
+raises the busy share, and idle falls by what batch rises (their sum is the sequences running).
+Work lost to KV-cache preemption reads as step efficiency (the stalled sequences' inter-token
+intervals hold it, and they still count as running): telling it from fewer sequences per step needs
+the steps counted (vLLM's ``iteration_tokens_total`` ``_count``), which no series read here does.
 
 Between two windows the change of the measured $/1M splits additively by the log-mean Divisia
 index (LMDI-I; Ang, Energy Policy 2004 and 2015): factor i's share is ``L(V₁, V₀) · ln(fᵢ₁ / fᵢ₀)``
@@ -59,7 +81,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from agent.cost.efficiency import (
     DECODE_TIME_KIND,
@@ -80,6 +102,7 @@ LABELS: Mapping[str, str] = {
     "model": "model and context",
     "batch": "batch",
     "closure": "closure gap",
+    "coverage": "minutes without every factor",
 }
 UNITS: Mapping[str, str] = {
     "price": "$/GPU-h",
@@ -118,6 +141,9 @@ class Factors:
     values: Mapping[str, float | None]  # factor → value in the product (batch as 1 / batch)
     usd_per_token: float | None  # measured Σ cost ÷ Σ output tokens (dollars per token)
     in_decode: float | None = None  # sequences in decode over the window (time-weighted mean)
+    # the minutes without every factor: their part of the product (1: none; see _chained)
+    coverage: float | None = None
+    covered_share: float = 1.0  # 0–1: share of the output tokens in minutes with every factor
 
     def product(self, names: Sequence[str] = FACTORS) -> float | None:
         """The product of ``names`` (None if any is unreadable)."""
@@ -131,11 +157,12 @@ class Factors:
 
     @property
     def closure_gap(self) -> float | None:
-        """Product of all factors ÷ measured $/token − 1 (None if either is unknown)."""
+        """Product of all factors (and the coverage term, where some minutes lacked one) ÷ measured
+        $/token − 1 (None if either is unknown)."""
         p = self.product()
         if p is None or not self.usd_per_token:
             return None
-        return p / self.usd_per_token - 1.0
+        return p * (self.coverage or 1.0) / self.usd_per_token - 1.0
 
     def display(self, name: str) -> float | None:
         """A factor in its display unit (:data:`UNITS`): $/GPU-h, GPU-ms per step, sequences."""
@@ -165,12 +192,22 @@ def _mean(sums: Mapping[str, float], name: str) -> float | None:
 
 
 def factors_of(sums: Mapping[str, float], engine_kind: str | None = None) -> Factors:
-    """The factors of one window from its model sums (the store's names: ``cost_usd``,
+    """The factors of a window from its model sums (the store's names: ``cost_usd``,
     ``gpu_seconds``, ``usage_usd``/``usage_alloc_usd``, ``prefill_share.s``/``.w``,
     ``prefill_floor.s``/``.w``, ``roofline.s``/``.w``, ``running.s``/``.w``,
-    ``floor_usd``/``floor_tokens``, ``generation_tokens``), summed over its minutes. ``engine_kind``
-    drops the factors that kind cannot read (:data:`ENGINE_MERGES`) even where a sum happens to be
-    present."""
+    ``floor_usd``/``floor_tokens``, ``generation_tokens``), summed over its minutes, and where the
+    minutes' chain sums are among them (:func:`chain_sums`, added per minute before the minutes are
+    summed) the chain read from those (:func:`_chained`). ``engine_kind`` drops the factors that kind
+    cannot read (:data:`ENGINE_MERGES`) even where a sum happens to be present."""
+    whole = _window_factors(sums, engine_kind)
+    if engine_kind in ENGINE_MERGES:
+        return whole
+    return _chained(sums, whole) or whole
+
+
+def _window_factors(sums: Mapping[str, float], engine_kind: str | None = None) -> Factors:
+    """The factors of ``sums`` read as one window (the gauges' time-weighted means, the floor's
+    token-weighted one): exact for one minute, an approximation over many whose load moves."""
     g = sums.get
     price = _ratio(g("cost_usd", 0.0), g("gpu_seconds", 0.0))
     idle = _ratio(g("usage_alloc_usd", 0.0), g("usage_usd", 0.0))
@@ -200,6 +237,123 @@ def factors_of(sums: Mapping[str, float], engine_kind: str | None = None) -> Fac
         values[name] = None
     values["batch"] = _per_step(running, values, BATCH_SHARES)
     return Factors(values, _ratio(g("cost_usd", 0.0), g("generation_tokens", 0.0)), running)
+
+
+# The chain sums of a minute (:func:`chain_sums`), prefixed in the sums they are added to.
+CHAIN = "chain."
+# Of every minute whose price, idle and batch are read (the counters and NVML: nearly all):
+CHAIN_SUMS = (
+    "cost_usd",  # dollars
+    "gpu_seconds",  # allocated GPU-seconds
+    "busy_gpu_seconds",  # GPU-seconds a kernel ran (allocated ÷ idle)
+    "steps",  # steps of the engine (every replica stepping once): output tokens ÷ sequences per step
+    "generation_tokens",  # output tokens
+)
+# Of the minutes that also have a cost floor (model and context):
+FLOOR_SUMS = (
+    "floor_steps",  # their steps
+    "floor_roofline_gpu_seconds",  # GPU-seconds their steps take at the roofline (steps × model)
+)
+# Of the minutes that also have the roofline split (decode efficiency, prefill share, cost floor):
+SPLIT_SUMS = (
+    "split_busy_gpu_seconds",  # their busy GPU-seconds
+    "split_steps",  # their steps
+    "split_roofline_gpu_seconds",  # GPU-seconds their steps take at the roofline (steps × model)
+    "split_decode_gpu_seconds",  # the steps' decode parts (× step efficiency)
+    "split_as_run_gpu_seconds",  # the steps as run (× mix)
+    "split_generation_tokens",  # their output tokens
+)
+
+
+def chain_sums(sums: Mapping[str, float]) -> dict[str, float]:
+    """One minute's factor chain as additive sums (:data:`CHAIN_SUMS`, :data:`SPLIT_SUMS`; keys
+    prefixed :data:`CHAIN`), or nothing where its price, idle or batch cannot be read.
+
+    Why: over many minutes whose load moves (a day's cycle, bursts), the gauges' time-weighted means
+    and the floor's token-weighted mean do not compose: their product missed the measured $/token by
+    as much as the load varied (8–12 % on the Azure trace's bursty minutes, the closure gap of means,
+    not of any series). Each minute's own factors are turned into quantities that add: its steps
+    (output tokens ÷ sequences per step, the counter-derived batch over the busy share), the
+    GPU-seconds those steps take at the roofline (steps × model and context), their decode parts
+    (× step efficiency), the steps as run (× mix) and the busy GPU-seconds (allocated ÷ idle). A
+    longer window's factor is a ratio of two such sums (step efficiency = Σ decode GPU-s ÷ Σ roofline
+    GPU-s, batch = Σ steps ÷ Σ tokens, …), each still read from its own series minute by minute, and
+    the chain telescopes: its product is Σ cost ÷ Σ tokens × Σ steps-as-run GPU-s ÷ Σ busy GPU-s,
+    so the closure gap is the busy-weighted mean of the minutes' own gaps (the engine's step timing
+    and batch against its token counter: where every series agrees, the first tokens, which prefill
+    makes and no inter-token interval counts)."""
+    f = _window_factors(sums)
+    v = f.values
+    tokens = sums.get("generation_tokens", 0.0)
+    idle, batch = v.get("idle"), v.get("batch")
+    if v.get("price") is None or idle is None or batch is None or not f.usd_per_token or tokens <= 0:
+        return {}
+    steps = tokens * batch  # batch's value is 1 ÷ sequences per step
+    busy = sums.get("gpu_seconds", 0.0) / idle
+    out = {
+        "cost_usd": sums.get("cost_usd", 0.0),
+        "gpu_seconds": sums.get("gpu_seconds", 0.0),
+        "busy_gpu_seconds": busy,
+        "steps": steps,
+        "generation_tokens": tokens,
+    }
+    model, step, mix = v.get("model"), v.get("step_efficiency"), v.get("mix")
+    if model is not None:
+        out.update(floor_steps=steps, floor_roofline_gpu_seconds=steps * model)
+    if model is not None and step is not None and mix is not None:
+        roofline = steps * model
+        out.update(
+            split_busy_gpu_seconds=busy,
+            split_steps=steps,
+            split_roofline_gpu_seconds=roofline,
+            split_decode_gpu_seconds=roofline * step,
+            split_as_run_gpu_seconds=roofline * step * mix,
+            split_generation_tokens=tokens,
+        )
+    return {CHAIN + k: x for k, x in out.items()}
+
+
+def with_chain(sums: Mapping[str, float]) -> dict[str, float]:
+    """``sums`` of one minute (or bucket) with its chain sums added (:func:`chain_sums`)."""
+    return {**sums, **chain_sums(sums)}
+
+
+def _chained(sums: Mapping[str, float], whole: Factors) -> Factors | None:
+    """The factors from the chain sums among ``sums`` (None: no minute had the whole chain).
+
+    Each factor is a ratio of sums over the minutes that read it: price, idle and batch nearly all
+    (the counters and NVML), model and context those with a cost floor, mix and step efficiency
+    those that also have the roofline split (a decode efficiency and a prefill share: the efficiency
+    refuses a coarse minute whose gauges' instant disagrees with its counters). Where every minute
+    has every factor the chain telescopes as :func:`chain_sums` says. Where some lack one, the
+    **coverage** term is what those minutes bring: the window's measured $/token against the
+    factors' product at the closure of the minutes with the whole chain (their steps as run ÷ busy
+    time), i.e. the steps as run per step of the minutes without the split against what the split
+    minutes' mix and efficiency make of the roofline, and any minute outside the chain by its
+    $/token. It is a term of its own so that it is neither spread over the factors nor read as
+    closure gap; it is 0 where both windows have every factor in every minute."""
+    c = {n: sums.get(CHAIN + n, 0.0) for n in (*CHAIN_SUMS, *FLOOR_SUMS, *SPLIT_SUMS)}
+    if not all(x > 0 for x in c.values()) or not whole.usd_per_token:
+        return None
+    values: dict[str, float | None] = {
+        "price": c["cost_usd"] / c["gpu_seconds"],
+        "idle": c["gpu_seconds"] / c["busy_gpu_seconds"],
+        "mix": c["split_as_run_gpu_seconds"] / c["split_decode_gpu_seconds"],
+        "step_efficiency": c["split_decode_gpu_seconds"] / c["split_roofline_gpu_seconds"],
+        "model": c["floor_roofline_gpu_seconds"] / c["floor_steps"],
+        "batch": c["steps"] / c["generation_tokens"],
+    }
+    product = math.prod(v or 1.0 for v in values.values())
+    closure = c["split_as_run_gpu_seconds"] / c["split_busy_gpu_seconds"]  # 1 + the split minutes' gap
+    coverage = whole.usd_per_token * closure / product
+    full = all(c[n] == c[m] for n, m in (("steps", "floor_steps"), ("steps", "split_steps")))
+    idle = values["idle"] or 1.0
+    # the split puts batch back as 1 ÷ (in_decode × the busy share): sequences per step ÷ idle
+    in_decode = c["generation_tokens"] / c["steps"] / idle
+    tokens = sums.get("generation_tokens", 0.0)
+    share = min(1.0, c["split_generation_tokens"] / tokens) if tokens > 0 else 1.0
+    whole_minutes = full and share == 1.0
+    return Factors(values, whole.usd_per_token, in_decode, None if whole_minutes else coverage, share)
 
 
 # The share of a window no kernel ran: batch per step is the sequences running over the window
@@ -344,7 +498,7 @@ def split(before: Factors, after: Factors) -> Split:
     # batch per step over the shares both windows can read (an unreadable one is merged in both)
     shares = [n for n in BATCH_SHARES if before.values.get(n) is not None and after.values.get(n) is not None]
     before, after = (
-        Factors({**f.values, "batch": _per_step(f.in_decode, f.values, shares)}, f.usd_per_token, f.in_decode)
+        replace(f, values={**f.values, "batch": _per_step(f.in_decode, f.values, shares)})
         for f in (before, after)
     )
     merged = bool(notes)
@@ -356,12 +510,19 @@ def split(before: Factors, after: Factors) -> Split:
         assert f0 is not None and f1 is not None  # readable in both, by construction of the groups
         explained0, explained1 = explained0 * f0, explained1 * f1
         rows.append(("+".join(names), weight * math.log(f1 / f0), f0, f1))
-    # the rest of the measured change: the merged factors' (when any), else the closure gap's
-    rest0, rest1 = v0 / explained0, v1 / explained1
-    rest_name = "+".join(groups[-1]) if merged else "closure"
-    rows.append(
-        (rest_name, weight * math.log(rest1 / rest0), rest0 if merged else None, rest1 if merged else None)
-    )
+    # the rest of the measured change: the merged factors' (when any), else the closure gap's (of
+    # the minutes the chain was read over) and the change the minutes without it bring (their $/token
+    # against the chain's minutes': "coverage", only where some minute lacked a factor)
+    if merged:
+        rest0, rest1 = v0 / explained0, v1 / explained1
+        rows.append(("+".join(groups[-1]), weight * math.log(rest1 / rest0), rest0, rest1))
+    else:
+        k0, k1 = before.coverage or 1.0, after.coverage or 1.0
+        if before.coverage is not None or after.coverage is not None:
+            rows.append(("coverage", weight * math.log(k1 / k0), k0, k1))
+        rows.append(
+            ("closure", weight * math.log((v1 / (explained1 * k1)) / (v0 / (explained0 * k0))), None, None)
+        )
     total = v1 * PER_MILLION - v0 * PER_MILLION  # as Split.total_usd_per_1m computes it
     off = total - math.fsum(r[1] for r in rows)
     if abs(off) <= ROUNDING * (v0 + v1) * PER_MILLION:

@@ -463,7 +463,7 @@ class WindowJoiner:
         prompt_usd = prompt_cost(cost, usage.prefill_seconds, usage.decode_seconds) if tokens > 0 else None
         names = [charges[u].reading.sample.name for u in mc.gpus]
         roof, prefill = _efficiency(usage, cur, sc_kind, spec, names)
-        floor = _floor(usage, cur, spec, names, cost)
+        floor = _floor(usage, cur, spec, names, cost, sc_kind)
         return CostWindow(
             usage=usage,
             gpu_time_usd=mc.time_usd,
@@ -659,10 +659,17 @@ def _all_known(values: Iterable[float | None]) -> float | None:
 
 
 def _floor(
-    usage: UsageWindow, cur: ModelSignals | None, spec: EngineSpec, gpu_names: Sequence[str], cost: float
+    usage: UsageWindow,
+    cur: ModelSignals | None,
+    spec: EngineSpec,
+    gpu_names: Sequence[str],
+    cost: float,
+    kind: str = "",
 ) -> CostFloor | None:
     """The cost floor of one window (:mod:`agent.cost.floor`): the model's dollars per second over
-    the ceiling of its engine's GPUs at the running batch; None without the model's weights."""
+    the ceiling of its engine's GPUs at the running batch, the batch and resident KV the decode
+    efficiency reads (``kind``: the engine kind, whose decode time says whether it has a
+    counter-derived batch); None without the model's weights."""
     if cur is None or not spec.weights_bytes:  # (a tick always has a duration > 0)
         return None
     bandwidth = _all_known(bandwidth_of(n) for n in gpu_names)
@@ -671,13 +678,23 @@ def _floor(
     ranks = len(cur.counter_parts.get("generation_tokens_total", {})) or 1
     capacity = cur.kv_capacity_tokens or spec.kv_capacity_tokens
     kv = usage.kv_cache_usage_ratio
+    resident = kv * capacity if kv is not None and capacity else 0.0
+    # the batch and the resident KV the decode efficiency reads (agent.cost.efficiency): sequences
+    # from the window's inter-token intervals (else its decode request-seconds), context per sequence
+    # from the gauges' instant; so the floor's roofline step is the efficiency's, and the explain
+    # chain's product (floor ÷ efficiency) is the step as run per sequence, not that step times the
+    # ratio of one instant's KV to the window's
+    itl = usage.itl_delta.sum if usage.itl_delta is not None else None
+    batch = mean_decode_batch(kind, usage.decode_seconds, usage.duration, itl)
+    if batch is not None and cur.requests_running and capacity:
+        resident = min(capacity, resident * batch / cur.requests_running)
     return cost_floor(
         cost / usage.duration,
         spec.weights_bytes,
         bandwidth,
         replicas=ranks,
-        running=usage.requests_running,
-        resident_kv_tokens=kv * capacity if kv is not None and capacity else 0.0,
+        running=batch if batch is not None else usage.requests_running,
+        resident_kv_tokens=resident,
         kv_bytes_per_token=spec.kv_bytes_per_token,
         kv_capacity_tokens=capacity,
         generated_per_second=usage.generation_tokens / usage.duration,

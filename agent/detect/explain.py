@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from agent.cost.explain import ExplainError, Split, factors_of, one_line, split
+from agent.cost.explain import ExplainError, Split, factors_of, one_line, split, with_chain
 from agent.detect.evaluator import Finding
 from agent.detect.rules import Rule
 from agent.records import MINUTE, DeployInfo, MinuteRecord, load_band, mean_of
@@ -51,8 +51,9 @@ class Bucket:
 
 
 def bucket_of(r: MinuteRecord) -> Bucket:
-    """A model minute record as a bucket."""
-    return Bucket(r.minute, r.label("model_version"), r.sums)
+    """A model minute record as a bucket, with the minute's factor chain as sums
+    (:func:`agent.cost.explain.chain_sums`: a longer window's factors are ratios of those)."""
+    return Bucket(r.minute, r.label("model_version"), with_chain(r.sums))
 
 
 def add_sums(into: dict[str, float], sums: Mapping[str, float], weight: float = 1.0) -> None:

@@ -14,7 +14,10 @@ An incident **moved** when its measured $/1M changed by at least :data:`MOVED` b
 windows. For each moved incident the factor its kind implies (:data:`IMPLIED`) is printed beside the
 factor the split names first, with the implied factor's share of the change ("batch or idle": the
 larger of the two). ``benign_deploy`` shows what the split names, unscored; ``scrape_gap`` is not
-compared (no comparison across a gap).
+compared (no comparison across a gap). Every scored incident whose implied factor carried less than
+:data:`TARGET_SHARE` gets a line of diagnosis (:func:`diagnosis`): the terms that carried its change,
+the share of its tokens in minutes with every factor, and what the kind's physics moves besides the
+implied factor (:data:`WHY_SHORT`).
 
 Targets, worst over seeds, per traffic model: the implied factor carries ≥ 80 % of the change in
 ≥ 90 % of the moved incidents; the terms sum to the change within 1e-9 relative on every comparison
@@ -99,6 +102,8 @@ class Row:
     implied_share: float | None  # the implied factor's share of the change (the best of several)
     sum_error: float  # |Σ terms − change| ÷ max(|change|, largest term)
     closure_gaps: tuple[float | None, float | None]
+    terms: tuple[tuple[str, float], ...] = ()  # (term, share of the change), largest first
+    covered: tuple[float, float] = (1.0, 1.0)  # share of output tokens in minutes with every factor
 
     @property
     def moved(self) -> bool:
@@ -189,11 +194,50 @@ def run_node(job: tuple[str, int, int, float, float | None]) -> NodeResult:
                 share,
                 _sum_error(s),
                 (s.closure_gap_before, s.closure_gap_after),
+                tuple((t.name, t.share) for t in s.terms),
+                (fb.covered_share, fa.covered_share),
             )
         )
     store.close()
     out.seconds = time.perf_counter() - t0
     return out
+
+
+# Why a kind's implied factor can fall short by construction, where the split's other terms show
+# the mechanism (what the physics of the incident moves besides it).
+PROMPTS_WHY = (
+    "longer prompts lengthen every decode step too (each step reads their KV: model and context) and "
+    "change how many sequences run; and prefill, run without host gaps, raises the busy share, so "
+    "idle falls and batch (sequences running over the busy share) rises by as much; mix is "
+    "prefill's time alone"
+)
+WHY_SHORT: Mapping[str, str] = {
+    "long_prompts": PROMPTS_WHY,
+    "prefill_morning": PROMPTS_WHY,
+    "kv_shrink": (
+        "preempted sequences wait through one long inter-token interval and still count as running in "
+        "the decode request-seconds, so the work lost reads as step efficiency, not as fewer sequences "
+        "per step: no series the agent reads counts steps (vLLM's iteration_tokens_total _count would)"
+    ),
+}
+
+
+def diagnosis(r: Row) -> str:
+    """One line per missed incident: the terms that carried its change, the minutes without every
+    factor, and where the kind's physics says why the implied factor falls short."""
+    top = ", ".join(f"{n} {v:+.0%}" for n, v in r.terms[:4])
+    shares = dict(r.terms)
+    parts = [f"terms {top}"]
+    if r.kind in ("long_prompts", "prefill_morning"):
+        both = shares.get("mix", 0.0) + shares.get("model", 0.0)
+        running = shares.get("idle", 0.0) + shares.get("batch", 0.0)
+        parts.append(f"mix + model and context {both:.0%}, idle + batch (sequences running) {running:.0%}")
+    if min(r.covered) < 1.0:
+        parts.append(f"every factor read in {r.covered[0]:.0%}/{r.covered[1]:.0%} of the tokens")
+    why = WHY_SHORT.get(r.kind)
+    if why:
+        parts.append(why)
+    return "; ".join(parts)
 
 
 def _bucket(r: Any) -> Any:
@@ -339,13 +383,17 @@ def run(
             f"gap| worst {gap} (target ≤ {TARGET_CLOSURE:.0%}: {gap_ok})"
         )
         misses: dict[str, int] = {}
-        for r in mine:
-            if r.moved and r.implied is not None and (r.implied_share or 0.0) < TARGET_SHARE:
-                misses[f"{r.kind}→{r.named}"] = misses.get(f"{r.kind}→{r.named}", 0) + 1
+        missed = [
+            r for r in mine if r.moved and r.implied is not None and (r.implied_share or 0.0) < TARGET_SHARE
+        ]
+        for r in missed:
+            misses[f"{r.kind}→{r.named}"] = misses.get(f"{r.kind}→{r.named}", 0) + 1
         if misses:
             print_fn(
                 f"  {g}: misses (kind→named): " + ", ".join(f"{k} {v}" for k, v in sorted(misses.items()))
             )
+        for r in missed:
+            print_fn(f"    {r.seed} {r.node[-8:]} {r.kind}: {diagnosis(r)}")
         summary["models"][g] = {
             "per_seed": per_seed,
             "worst_rate": worst_rate,

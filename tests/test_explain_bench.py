@@ -55,3 +55,25 @@ def test_the_rendered_inter_token_latency_adds_up_to_the_decode_time_and_e2e_cou
         assert sig.itl_seconds.sum == pytest.approx(float(np.maximum(held, 0.0).sum()), rel=1e-9)
         seen += 1
     assert seen > 200
+
+
+def test_a_missed_incident_is_diagnosed_from_its_own_terms() -> None:
+    """A miss prints the terms that carried the change, what the prompts' factors carried together,
+    the minutes without every factor, and why the kind's physics moves more than its implied factor."""
+    from infercost_bench.explain import Row, diagnosis
+
+    row = Row(
+        "core", 7, "core-7-0", "prefill_morning", 0.0, 0.5, 0.15, "batch", ("mix",), 0.47, 0.0,
+        (0.001, 0.004), (("batch", 0.50), ("mix", 0.47), ("model", 0.34), ("idle", -0.20), ("closure", 0.0)),
+        (1.0, 0.9),
+    )  # fmt: skip
+    line = diagnosis(row)
+    assert line.startswith("terms batch +50%, mix +47%, model +34%, idle -20%")
+    assert "mix + model and context 81%" in line and "idle + batch (sequences running) 30%" in line
+    assert "every factor read in 100%/90% of the tokens" in line
+    assert "each step reads their KV" in line
+    shrink = diagnosis(Row(
+        "core", 7, "n", "kv_shrink", 0.0, 0.3, 0.1, "step_efficiency", ("batch",), 0.5, 0.0, (None, None),
+        (("step_efficiency", 0.85), ("batch", 0.54)),
+    ))  # fmt: skip
+    assert "iteration_tokens_total" in shrink and "mix + model" not in shrink

@@ -206,9 +206,10 @@ def run_node(job: tuple[str, int, int, float, float | None]) -> NodeResult:
 # Why a kind's implied factor can fall short by construction, where the split's other terms show
 # the mechanism (what the physics of the incident moves besides it).
 PROMPTS_WHY = (
-    "longer prompts lengthen every decode step too (each step reads their KV: model and context) and "
-    "change how many sequences run; and prefill, run without host gaps, raises the busy share, so "
-    "idle falls and batch (sequences running over the busy share) rises by as much; mix is "
+    "longer prompts lengthen every decode step too (each step reads their KV: model and context); "
+    "fewer sequences run (the router sends fewer, heavier requests; long_prompts' halved outputs "
+    "live half as long), which is batch; and prefill, run without host gaps, raises the busy share, "
+    "so idle falls and batch (sequences running over the busy share) rises by as much; mix is "
     "prefill's time alone"
 )
 WHY_SHORT: Mapping[str, str] = {

@@ -16,7 +16,7 @@ from agent.cost.explain import FACTORS, factors_of, split, with_chain
 from agent.cost.inputs import EngineSpec, GpuRate, PriceTable
 from agent.cost.window import WindowJoiner
 from agent.records import model_sums
-from agent.samples import EngineScrape, GpuSample, ModelSignals, NvmlRound
+from agent.samples import EngineScrape, GpuSample, Histogram, ModelSignals, NvmlRound
 
 # a busy afternoon minute and a quiet night minute: batch, busy share and prefill share all differ
 # (and the steps' length: the day's contexts are longer, its roofline step too)
@@ -97,9 +97,11 @@ def test_minutes_without_every_factor_are_a_term_of_their_own() -> None:
     assert math.fsum(t.usd_per_1m for t in s.terms) == pytest.approx(s.total_usd_per_1m, rel=1e-9)
 
 
-def one_window(gauge_running: float) -> dict[str, float]:
+def one_window(gauge_running: float, itl: bool = False) -> dict[str, float]:
     """One minute through the real window join: 16 sequences by the decode request-seconds, steps of
-    100 ms, the KV cache a quarter full at the scrape, the running gauge at ``gauge_running``."""
+    100 ms, the KV cache a quarter full at the scrape, the running gauge at ``gauge_running``; with
+    ``itl`` an inter-token latency histogram too, whose intervals (9,500 of them, 100 fewer than the
+    tokens: the first tokens) add up to 14 sequences over the minute."""
     spec = EngineSpec(
         "vllm-0", kind="vllm", gpus=(0,), weights_bytes=140e9, kv_bytes_per_token=327_680,
         kv_capacity_tokens=400_000,
@@ -117,6 +119,9 @@ def one_window(gauge_running: float) -> dict[str, float]:
             decode_seconds_total=i * 16 * 60.0,
             requests_running=gauge_running,
             kv_cache_usage_ratio=0.25,
+            itl_seconds=Histogram(((0.1, i * 4750.0), (math.inf, i * 9500.0)), i * 14 * 60.0, i * 9500.0)
+            if itl
+            else None,
         )
         tick = joiner.close_tick(t, {"vllm-0": EngineScrape("vllm-0", "vllm", t, True, 0.01, (page,))})
         for w in tick.windows:
@@ -133,3 +138,12 @@ def test_one_minute_closes_whatever_its_gauges_instant(gauge: float) -> None:
     f = factors_of(one_window(gauge))
     assert all(f.values[n] is not None for n in FACTORS)
     assert f.closure_gap is not None and abs(f.closure_gap) < 1e-9
+
+
+@pytest.mark.parametrize("gauge", [14.0, 7.0])
+def test_the_floor_reads_the_batch_of_the_inter_token_intervals(gauge: float) -> None:
+    """Where the window observed inter-token intervals the efficiency's batch is theirs (14 here, not
+    the decode request-seconds' 16), and so is the floor's: the minute's product misses its $/token
+    by the first tokens alone, which end no interval (9,600 tokens ÷ 9,500 intervals − 1)."""
+    f = factors_of(one_window(gauge, itl=True))
+    assert f.closure_gap == pytest.approx(9600 / 9500 - 1, rel=1e-9)

@@ -244,7 +244,7 @@ def to_text(e: Explained) -> str:
     shares = (e.before.covered_share, e.after.covered_share)
     if min(shares) < 1.0:
         lines.append(
-            "  minutes with every factor (mix, step efficiency and model split over them): "
+            "  minutes with every factor (mix and step efficiency are read over them): "
             f"{shares[0] * 100:.0f} % of the output tokens before, {shares[1] * 100:.0f} % after"
         )
     for note in s.merged:

@@ -44,6 +44,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
+from itertools import pairwise
 from typing import NamedTuple
 
 logger = logging.getLogger(__name__)
@@ -88,6 +89,10 @@ class Sample(NamedTuple):
 
 Page = dict[str, list[Sample]]
 """Samples by canonical wire name, in page order."""
+_Key = tuple[str, ...]  # a series' labels sorted by name, flat: (name, value, name, value, ...)
+# A series' value, or (value, timestamp in seconds) when it has one: most have none, and a tuple
+# would be 56 bytes more per series read.
+_Read = float | tuple[float, float]
 
 
 def quote(line: str) -> str:
@@ -229,23 +234,6 @@ class FamilyParser:
         """A :class:`PageReader` of one page, fed in pieces as it arrives (see :meth:`read`)."""
         return PageReader(self, openmetrics, max_buckets)
 
-    def _drop(
-        self,
-        out: Page,
-        series: dict[str, dict[frozenset[tuple[str, str]], tuple[int, Sample]]],
-        clashes: set[tuple[str, frozenset[tuple[str, str]]]],
-    ) -> tuple[tuple[str, dict[str, str]], ...]:
-        """Leave the series written twice with different values out of ``out``; return them
-        (canonically spelled, in the order of their last lines)."""
-        dropped = sorted((series[name][key][0], name, key) for name, key in clashes)
-        for _, name, _ in dropped:
-            keys = {key for n, key in clashes if n == name}
-            out[name] = [s for key, (_, s) in series[name].items() if key not in keys]
-            if not out[name]:
-                del out[name]
-        canonical = self._canonical
-        return tuple((canonical.get(name, name), series[name][key][1].labels) for _, name, key in dropped)
-
     def _canonicalise(self, out: Page) -> None:
         """Escaped spellings (``vllm_x``) -> canonical (``vllm:x``); a family written both ways
         keeps only its canonical samples, so nothing is read twice."""
@@ -263,8 +251,12 @@ class PageReader:
     """One page read in pieces: :meth:`feed` each piece as it arrives, then :meth:`finish`.
 
     A piece is a whole number of lines (it may end without its last newline), so a scraper reads a
-    page as it streams in and never holds it whole; the samples kept are one per series, so a page
-    repeating one line a million times holds one sample. Raises as :meth:`FamilyParser.read` does.
+    page as it streams in and never holds it whole. What it keeps while reading is small and one
+    per series (a page repeating one line a million times holds one): the series' labels as one
+    flat tuple of strings (one object per distinct label name and value on the page), its value
+    and timestamp; the :class:`Sample` objects and their label dicts are built by :meth:`finish`,
+    so a page refused while it is read (a histogram over its limit, a parse over the CPU budget)
+    never builds them. Raises as :meth:`FamilyParser.read` does.
     """
 
     def __init__(self, parser: FamilyParser, openmetrics: bool, max_buckets: int | None) -> None:
@@ -273,11 +265,11 @@ class PageReader:
         self._max_buckets = max_buckets
         self._done = False  # past an OpenMetrics # EOF: the rest is not read
         self._lines = 0  # wanted lines read so far: a series' last line orders the duplicates
-        # name -> labels -> (its last line, its sample)
-        self._series: dict[str, dict[frozenset[tuple[str, str]], tuple[int, Sample]]] = {}
-        self._clashes: set[tuple[str, frozenset[tuple[str, str]]]] = set()  # repeated with other values
+        self._series: dict[str, dict[_Key, _Read]] = {}  # name -> labels -> its last reading
+        self._clashes: dict[tuple[str, _Key], int] = {}  # repeated with other values -> its last line
+        self._strings: dict[str, str] = {}  # each distinct label name and value, kept once
         self._bucket_lines: dict[str, int] = {}  # name -> bucket samples (cheap: counted per name)
-        self._buckets: dict[str, dict[frozenset[tuple[str, str]], int]] = {}  # name -> series -> buckets
+        self._buckets: dict[str, dict[_Key, int]] = {}  # name -> series -> buckets
 
     def feed(self, piece: str) -> None:
         """Read the wanted lines of ``piece`` (whole lines of the page, in page order)."""
@@ -288,62 +280,96 @@ class PageReader:
             cut = _cut_at_eof(text)
             self._done = len(cut) < len(text)
             text = cut
-        p, openmetrics, series = self._parser, self._openmetrics, self._series
+        p, openmetrics, series, strings = self._parser, self._openmetrics, self._series, self._strings
         for line in p._line_re.finditer(text):
             name, rest, qname, qrest = line.groups()
             if not name:  # {"name", labels} value: read as name{labels} value
                 name = p._unquoted[qname]
                 rest = qrest[1:] if qrest[0] == "}" else "{" + qrest[1:]
-            sample = _sample(name, rest, openmetrics)
-            if sample is None:  # a native histogram: {count:24,sum:100,schema:0,...}
+            got = _sample(name, rest, openmetrics, strings)
+            if got is None:  # a native histogram: {count:24,sum:100,schema:0,...}
                 continue
+            key, value, ts = got
             per = series.setdefault(name, {})
-            key = frozenset(sample.labels.items())
             seen = per.get(key)
+            self._lines += 1
             if seen is not None:
-                if _differ(seen[1].value, sample.value):
-                    self._clashes.add((name, key))
-            elif self._max_buckets is not None and "le" in sample.labels:
+                if (name, key) in self._clashes or _differ(_value(seen), value):
+                    self._clashes[name, key] = self._lines
+            elif self._max_buckets is not None and "le" in key[::2]:
                 n = self._bucket_lines[name] = self._bucket_lines.get(name, 0) + 1
                 if n > self._max_buckets:  # only then per series (a real page never gets here)
                     _count_bucket(self._buckets, per, name, key, self._max_buckets)
-            self._lines += 1
-            per[key] = (self._lines, sample)
+            per[key] = value if ts is None else (value, ts)
 
     def finish(self) -> Parsed:
         """The page's samples, by canonical name in page order, and the series left out."""
-        series = self._series
-        out: Page = {name: [s for _, s in per.values()] for name, per in series.items()}
-        duplicates = self._parser._drop(out, series, self._clashes)
+        series, clashes = self._series, self._clashes
+        out: Page = {}
+        for name in list(series):
+            per = series.pop(name)
+            samples = []
+            while per:  # last first, each series' read let go of once its sample is built
+                key, read = per.popitem()
+                if (name, key) not in clashes:
+                    samples.append(_sample_of(name, key, read))
+            if samples:
+                samples.reverse()
+                out[name] = samples
         self._parser._canonicalise(out)
-        return Parsed(out, duplicates)
+        canonical = self._parser._canonical
+        by_last = sorted(clashes.items(), key=_last_line)
+        return Parsed(out, tuple((canonical.get(name, name), _labels_of(key)) for (name, key), _ in by_last))
+
+
+def _value(read: _Read) -> float:
+    """The value of a series' reading."""
+    return read if isinstance(read, float) else read[0]
+
+
+def _sample_of(name: str, key: _Key, read: _Read) -> Sample:
+    """The Sample of a series' reading."""
+    labels = _labels_of(key)
+    return Sample(name, labels, read, None) if isinstance(read, float) else Sample(name, labels, *read)
+
+
+def _last_line(clash: tuple[tuple[str, _Key], int]) -> int:
+    """The line a series written twice was last written on."""
+    return clash[1]
+
+
+def _labels_of(key: _Key) -> dict[str, str]:
+    """A series' labels as a dict (by name), from its flat key."""
+    return dict(zip(key[::2], key[1::2]))  # noqa: B905 (names and values alternate)
+
+
+def _without_le(key: _Key) -> _Key:
+    """The series of a histogram bucket: its labels but ``le``."""
+    at = key[::2].index("le") * 2
+    return key[:at] + key[at + 2 :]
 
 
 def _count_bucket(
-    buckets: dict[str, dict[frozenset[tuple[str, str]], int]],
-    per: Mapping[frozenset[tuple[str, str]], object],
+    buckets: dict[str, dict[_Key, int]],
+    per: Mapping[_Key, object],
     name: str,
-    key: frozenset[tuple[str, str]],
+    key: _Key,
     most: int,
 ) -> None:
     """Count one more bucket (``key``) of its histogram series (``name``'s samples so far in
     ``per``, counted once when the name first passes ``most`` bucket lines); PageRefused past
     ``most`` in one series."""
-
-    def series_of(k: frozenset[tuple[str, str]]) -> frozenset[tuple[str, str]]:
-        return frozenset(kv for kv in k if kv[0] != "le")
-
     counts = buckets.get(name)
     if counts is None:
         counts = buckets[name] = {}
         for k in per:
-            if any(kv[0] == "le" for kv in k):
-                of = series_of(k)
+            if "le" in k[::2]:
+                of = _without_le(k)
                 counts[of] = counts.get(of, 0) + 1
-    of = series_of(key)
+    of = _without_le(key)
     n = counts[of] = counts.get(of, 0) + 1
     if n > most:
-        labels = ",".join(f'{k}="{v[:60]}"' for k, v in sorted(of))
+        labels = ",".join(f'{k}="{v[:60]}"' for k, v in zip(of[::2], of[1::2]))  # noqa: B905
         raise PageRefused(
             f"histogram {name}{{{labels[:200]}}} has more than {most} buckets (limits.max_histogram_buckets)"
         )
@@ -354,33 +380,39 @@ def _differ(before: float, value: float) -> bool:
     return before != value and (before == before or value == value)
 
 
-def _labels(name: str, rest: str) -> tuple[dict[str, str], str]:
-    """The labels of a line whose ``rest`` starts with ``{`` and the text after them (validated)."""
+def _labels(name: str, rest: str, strings: dict[str, str]) -> tuple[_Key, str]:
+    """The labels of a line whose ``rest`` starts with ``{`` (validated), as a series key (sorted
+    by name, each string the one in ``strings``), and the text after them."""
     head = _HEAD_RE.match(rest)
     if head is None:
         why = "malformed" if "}" in rest else "unterminated"
         raise ParseError(f"{why} labels in line {quote(name + rest)}")
-    labels: dict[str, str] = {}
-    for key, value in _PAIR_RE.findall(head.group(1)):
-        if key[0] == '"':
-            key = _unescape(key[1:-1])
-        if key in labels:
+    block = head.group(1)
+    pairs = _PAIR_RE.findall(block)
+    if "\\" in block or any(k[0] == '"' for k, _ in pairs):  # escapes or quoted names
+        pairs = [(_unescape(k[1:-1]) if k[0] == '"' else k, _unescape(v)) for k, v in pairs]
+    pairs.sort()
+    for (key, _), (after, _) in pairwise(pairs):
+        if key == after:
             raise ParseError(f"duplicate label name {key!r} in line {quote(name + rest)}")
-        labels[key] = _unescape(value)
-    return labels, rest[head.end() :]
+    flat = [x for pair in pairs for x in pair]
+    return tuple(map(strings.setdefault, flat, flat)), rest[head.end() :]
 
 
-def _sample(name: str, rest: str, openmetrics: bool) -> Sample | None:
-    """The sample of a wanted line (its name and the text after it); None for a native histogram."""
-    labels: dict[str, str] = {}
+def _sample(
+    name: str, rest: str, openmetrics: bool, strings: dict[str, str]
+) -> tuple[_Key, float, float | None] | None:
+    """The series key, value and timestamp of a wanted line (its name and the text after it); None
+    for a native histogram."""
+    key: _Key = ()
     stripped = rest.lstrip(" \t")
     if rest[:1] == "{":
-        labels, tail = _labels(name, rest)
+        key, tail = _labels(name, rest, strings)
         if openmetrics and tail[:1] not in (" ", "\t"):  # the text format lets it pass
             raise ParseError(f"no blank before the value in line {quote(name + rest)}")
     elif stripped[:1] == "{":  # blanks before the labels
         rest = stripped
-        labels, tail = _labels(name, rest)
+        key, tail = _labels(name, rest, strings)
     else:
         tail = rest
     if "#" in tail:  # an exemplar (or a comment) after the value
@@ -388,7 +420,7 @@ def _sample(name: str, rest: str, openmetrics: bool) -> Sample | None:
     read = _value_and_timestamp(tail, name, rest, openmetrics)
     if read is None:
         return None
-    return Sample(name, labels, *read)
+    return key, *read
 
 
 # Why 64: one family set per adapter kind, a few more in tests; a parser holds one compiled pattern.

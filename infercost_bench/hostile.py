@@ -66,7 +66,7 @@ METRICS_WITHIN_MS = 200.0
 METRICS_EVERY_SECONDS = 0.25  # one right-password GET of /metrics this often during the hostile pages
 SCRAPE_SECONDS = 1.0  # the daemon's scrape interval here: more hostile pages per minute than the default
 SERIES_TTL_SECONDS = 60.0  # limits.series_ttl_seconds here (its least), so expiry shows within the run
-# limits.scrape_cpu_seconds here: below what the costly page costs (about 2.5 times it), above the
+# limits.scrape_cpu_seconds here: below what the costly page costs (about twice it), above the
 # daemon's own longest full cyclic-GC pause, which is counted in whichever page is being parsed
 CPU_BUDGET_SECONDS = 0.25
 HOSTILE = ("churn", "buckets", "costly", "silent", "huge", "gzip", "garbage", "bidi")
@@ -97,7 +97,9 @@ class HostileServer:
         self.armed = False
         self.t0 = time.monotonic()
         self.requests: dict[str, int] = {}
-        self._costly = _vllm([f"lora-{i}" for i in range(64)], 1e6, buckets=600)
+        # 96 models of 1,000 buckets (999 bounds and +Inf, each within the bucket limit): about 7 MB,
+        # under max_bytes, costing about twice the CPU budget, so it is refused while it is read
+        self._costly = _vllm([f"lora-{i}" for i in range(96)], 1e6, buckets=999)
         self._buckets = _vllm(["m"], 1e6, buckets=100_000)
         self._bomb = gzip.compress(b"0" * (64 * 1024 * 1024), 9)
         self._loop = asyncio.new_event_loop()

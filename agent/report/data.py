@@ -8,7 +8,10 @@ the two weeks before ``end``), whichever path they come from:
   in :mod:`agent.report.prom`);
 - cost windows in memory (:func:`build_from_windows`, tests and tools).
 
-All paths share :func:`assemble`, so the reports of the same traffic agree. Every $/token figure is
+All paths share :func:`assemble`, so the reports of the same traffic agree. The factor waterfall's
+rows also carry their minutes' factor chain (:func:`agent.cost.explain.chain_sums`, added minute by
+minute: :func:`store_chains`), as ``infercost explain`` reads the same minutes; a Prometheus hour is
+its own one window, as that command's Prometheus path reads it. Every $/token figure is
 a ratio of sums (Σ cost / Σ tokens), never a mean of ratios; where the dollars went
 (:class:`WhereDollarsWent`) and where GPU time went (:class:`WhereGpuTimeWent`, by bound) are
 ratios of sums over only the hours that had the figure.
@@ -33,12 +36,17 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.cost.bound import BOUNDS
-from agent.records import BOUND_SUMS, SPLIT_SUMS, DeployEvent, mean_of, model_sums, tokens_counted
+from agent.cost.explain import chain_sums
+from agent.records import BOUND_SUMS, MINUTE, SPLIT_SUMS, DeployEvent, mean_of, model_sums, tokens_counted
 from agent.report.budget import BudgetLine
 from agent.report.waterfall import Waterfall, week_over_week
 from agent.samples import CostWindow
+
+if TYPE_CHECKING:
+    from agent.store import Store
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +109,9 @@ class HourRow:
     split: DollarSplit | None = None  # where the hour's dollars went (None: not known at all)
     bound: BoundSplit | None = None  # where the hour's GPU time went (None: not known at all)
     tokenless_seconds: float = 0.0  # seconds of it whose engine counts no tokens (tokens absent)
+    # its minutes' factor chain (agent.cost.explain.chain_sums, "chain."-prefixed, added minute by
+    # minute); None: not read per minute (a Prometheus hour), the hour is then its own one window
+    chain: Mapping[str, float] | None = None
 
     @property
     def series(self) -> SeriesKey:
@@ -939,8 +950,11 @@ HOUR_SUMS = (
 IDLE_GPU_SECONDS = "idle_gpu_seconds"  # GPU-seconds of the minutes without tokens (as the store's)
 
 
-def hour_row(key: SeriesKey, hour: float, s: Mapping[str, float]) -> HourRow:
-    """One hour of one series from its sums, by name (the store's or :func:`rows_from_windows`')."""
+def hour_row(
+    key: SeriesKey, hour: float, s: Mapping[str, float], chain: Mapping[str, float] | None = None
+) -> HourRow:
+    """One hour of one series from its sums, by name (the store's or :func:`rows_from_windows`'),
+    and its minutes' factor chain where it was read (:func:`store_chains`)."""
     node, engine, model, version = key
     return HourRow(
         node,
@@ -963,25 +977,38 @@ def hour_row(key: SeriesKey, hour: float, s: Mapping[str, float]) -> HourRow:
         split=split_from_sums(s),
         bound=bound_from_sums(s),
         tokenless_seconds=s.get("tokenless_seconds", 0.0),
+        chain=chain,
     )
+
+
+def _add(into: dict[str, float], sums: Mapping[str, float]) -> None:
+    for k, v in sums.items():
+        into[k] = into.get(k, 0.0) + v
 
 
 def rows_from_windows(windows: Iterable[CostWindow], end: float) -> list[HourRow]:
     """Hourly rows of the two weeks before ``end`` from cost windows (a window belongs to the
-    hour bucket holding its start, as a store row belongs to its minute)."""
+    hour bucket holding its start, as a store row belongs to its minute, and its minute's factor
+    chain is read from the windows starting in that minute, as the store would hold them)."""
     first = end - 2 * WEEK_SECONDS
     acc: dict[tuple[SeriesKey, int], dict[str, float]] = {}
+    minutes: dict[tuple[SeriesKey, float], dict[str, float]] = {}
     for w in windows:
         u = w.usage
         if not first <= u.start < end:
             continue
+        key = (u.node, u.engine, u.model, u.model_version)
         i = int((u.start - first) // HOUR_SECONDS)
-        sums = acc.setdefault(((u.node, u.engine, u.model, u.model_version), i), {IDLE_GPU_SECONDS: 0.0})
-        for k, v in model_sums(w).items():
-            sums[k] = sums.get(k, 0.0) + v
+        sums = acc.setdefault((key, i), {IDLE_GPU_SECONDS: 0.0})
+        ms = model_sums(w)
+        _add(sums, ms)
+        _add(minutes.setdefault((key, u.start // MINUTE * MINUTE), {}), ms)
         if u.generation_tokens + u.prompt_tokens <= 0:
             sums[IDLE_GPU_SECONDS] += u.gpu_seconds
-    return [hour_row(key, first + i * HOUR_SECONDS, s) for (key, i), s in acc.items()]
+    chains: dict[tuple[SeriesKey, int], dict[str, float]] = defaultdict(dict)
+    for (key, minute), ms in minutes.items():
+        _add(chains[(key, int((minute - first) // HOUR_SECONDS))], chain_sums(ms))
+    return [hour_row(key, first + i * HOUR_SECONDS, s, chains[(key, i)]) for (key, i), s in acc.items()]
 
 
 def build_from_windows(windows: Iterable[CostWindow], end: float) -> WeeklyReport:
@@ -990,9 +1017,43 @@ def build_from_windows(windows: Iterable[CostWindow], end: float) -> WeeklyRepor
     return assemble(rows_from_windows(windows, end), end=end, source="local store")
 
 
-def rows_from_store_sums(sums: Iterable[tuple[SeriesKey, float, Mapping[str, float]]]) -> list[HourRow]:
-    """HourRows from :meth:`agent.store.Store.hourly_model_sums` buckets (sums by name)."""
-    return [hour_row(key, hour, s) for key, hour, s in sums]
+def rows_from_store_sums(
+    sums: Iterable[tuple[SeriesKey, float, Mapping[str, float]]],
+    chains: Mapping[tuple[SeriesKey, float], Mapping[str, float]] | None = None,
+) -> list[HourRow]:
+    """HourRows from :meth:`agent.store.Store.hourly_model_sums` buckets (sums by name), with their
+    minutes' factor chains where given (:func:`store_chains`; a bucket without one had no minute
+    with the chain)."""
+    if chains is None:
+        return [hour_row(key, hour, s) for key, hour, s in sums]
+    return [hour_row(key, hour, s, chains.get((key, hour), {})) for key, hour, s in sums]
+
+
+# Why an hour: the factor chain is read minute by minute (a minute's chain sums are not sums of its
+# columns, so no SQL sum gives an hour's), and an hour of minute records of a few dozen series is a
+# few MB in Python at once, where the two weeks would be gigabytes.
+CHAIN_READ_SECONDS = HOUR_SECONDS
+
+
+def store_chains(
+    store: Store, start: float, end: float, bucket_seconds: float = HOUR_SECONDS
+) -> dict[tuple[SeriesKey, float], dict[str, float]]:
+    """The factor chain's sums (:func:`agent.cost.explain.chain_sums`) of every model minute in
+    [start, end), added per series and bucket as :meth:`agent.store.Store.hourly_model_sums`
+    buckets them: a window's factors are ratios of its minutes' chain sums, so the report's
+    waterfall reads what ``infercost explain --state-dir`` reads of the same minutes."""
+    out: dict[tuple[SeriesKey, float], dict[str, float]] = defaultdict(dict)
+    t = start
+    while t < end:
+        hi = min(end, t + CHAIN_READ_SECONDS)
+        for r in store.records(t, hi, ("model",)):
+            chain = chain_sums(r.sums)
+            if chain:
+                key = (r.label("node"), r.label("engine"), r.label("model"), r.label("model_version"))
+                # the bucket as the SQL computes it (truncated, from start)
+                _add(out[(key, start + int((r.minute - start) / bucket_seconds) * bucket_seconds)], chain)
+        t = hi
+    return dict(out)
 
 
 def build_from_store(path: Path, end: float, tz: str = "UTC") -> WeeklyReport:
@@ -1009,6 +1070,7 @@ def build_from_store(path: Path, end: float, tz: str = "UTC") -> WeeklyReport:
         raise ReportError(f"{path}: cannot open the store: {err}") from None
     try:
         sums = store.hourly_model_sums(end - 2 * WEEK_SECONDS, end, HOUR_SECONDS, HOUR_SUMS)
+        chains = store_chains(store, end - 2 * WEEK_SECONDS, end, HOUR_SECONDS)
         deploys = store.deploys(end - WEEK_SECONDS)
         # per-GPU idle (GPUs no engine uses included), as the Prometheus path reads it; an older
         # store without GPU dollars falls back to the model rows
@@ -1020,7 +1082,7 @@ def build_from_store(path: Path, end: float, tz: str = "UTC") -> WeeklyReport:
     finally:
         store.close()
     return assemble(
-        rows_from_store_sums(sums),
+        rows_from_store_sums(sums, chains),
         end=end,
         source="local store",
         deploys=deploys,

@@ -2,8 +2,12 @@
 from last week to this week, and the fleet's (or node's) total, split by factor
 (:mod:`agent.cost.explain`) from the report's hourly rows (pure).
 
-Each side is the ratio of sums over its week's hours; the hourly gauge means (decode efficiency,
-requests running, the prefill shares) weigh each hour's seconds."""
+Each side's factors are ratios of its minutes' factor chain sums (:func:`agent.cost.explain.chain_sums`:
+steps, roofline, decode and as-run GPU-seconds, busy GPU-seconds, tokens), which each hourly row
+carries added over its minutes, so a week's split is what ``infercost explain`` prints for the same
+minutes; a row without them (a Prometheus hour) is its own one window, as that command reads one.
+The hourly gauge means (decode efficiency, requests running, the prefill shares) weigh each hour's
+seconds where no minute has the whole chain (the factors are then read as one window)."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from agent.cost.explain import ExplainError, Split, factors_of, one_line, split
+from agent.cost.explain import ExplainError, Split, chain_sums, factors_of, one_line, split
 
 if TYPE_CHECKING:
     from agent.report.data import HourRow
@@ -34,29 +38,36 @@ class Waterfall:
 
 
 def sums_of(rows: Iterable[HourRow]) -> dict[str, float]:
-    """The model sums (:func:`agent.cost.explain.factors_of`'s names) of some hourly rows."""
+    """The model sums (:func:`agent.cost.explain.factors_of`'s names) of some hourly rows, with
+    their factor chains (each row's minutes', or the row's own where it has none)."""
     out: dict[str, float] = {}
-
-    def add(k: str, v: float) -> None:
-        out[k] = out.get(k, 0.0) + v
-
     for r in rows:
-        add("seconds", r.seconds)
-        add("cost_usd", r.cost_usd)
-        add("generation_tokens", r.output_tokens)
-        add("gpu_seconds", r.gpu_seconds)
-        for gauge, value in (
-            ("roofline", r.roofline_ratio),
-            ("running", r.requests_running),
-            ("prefill_share", r.prefill_share),
-            ("prefill_floor", r.prefill_floor),
-        ):
-            if value is not None:
-                add(gauge + ".s", value * r.seconds)
-                add(gauge + ".w", r.seconds)
-        if r.split is not None:
-            for k in ("usage_usd", "usage_alloc_usd", "floor_usd", "floor_tokens"):
-                add(k, getattr(r.split, k))
+        row = _row_sums(r)
+        for sums in (row, chain_sums(row) if r.chain is None else r.chain):
+            for k, v in sums.items():
+                out[k] = out.get(k, 0.0) + v
+    return out
+
+
+def _row_sums(r: HourRow) -> dict[str, float]:
+    """One hourly row as the model sums (the gauges' means weigh the hour's seconds)."""
+    out = {
+        "seconds": r.seconds,
+        "cost_usd": r.cost_usd,
+        "generation_tokens": r.output_tokens,
+        "gpu_seconds": r.gpu_seconds,
+    }
+    for gauge, value in (
+        ("roofline", r.roofline_ratio),
+        ("running", r.requests_running),
+        ("prefill_share", r.prefill_share),
+        ("prefill_floor", r.prefill_floor),
+    ):
+        if value is not None:
+            out[gauge + ".s"], out[gauge + ".w"] = value * r.seconds, r.seconds
+    if r.split is not None:
+        for k in ("usage_usd", "usage_alloc_usd", "floor_usd", "floor_tokens"):
+            out[k] = getattr(r.split, k)
     return out
 
 

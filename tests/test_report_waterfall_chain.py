@@ -2,15 +2,22 @@
 as ``infercost explain --state-dir`` does: on bursty minutes (a busy minute of 96 sequences and long
 prompts among quiet ones of 4, within every hour) the report's week-over-week split of each model,
 and of the total, is the command's for the same two weeks of the same real SQLite store, term by
-term, where the hours' gauge means the report used to multiply miss it by whole percents."""
+term, where the hours' gauge means the report used to multiply miss it by whole percents. From a
+real Prometheus holding the same minutes as the agent exports them, the report's split is the
+command's ``--prometheus`` split (each hour one window, prefill's share read for mix in both)."""
 
 from __future__ import annotations
 
 import json
+import math
+import time
+from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from promstack import Prometheus, backfilled_prometheus
 from test_explain import sums_of
 from test_explain_chain import DAY, NIGHT
 
@@ -19,7 +26,9 @@ from agent.clock import ManualClock
 from agent.cost.explain import CHAIN, Split, factors_of
 from agent.detect.explain import total
 from agent.explain import explain_times, store_reader, to_json
+from agent.records import mean_of
 from agent.report.data import build_from_store
+from agent.report.prom import build_from_prometheus
 from agent.report.waterfall import TOTAL
 from agent.store import ModelSpan, Store
 
@@ -28,11 +37,11 @@ END = 1700438400.0  # a Monday 00:00 UTC
 HOURS = (2, 9, 14, 15, 20, 23)  # the hours of each day-one of a week that carry traffic
 
 
-def minutes(model: str, engine: str, this_week: bool) -> list[ModelSpan]:
+def minutes(model: str, engine: str, this_week: bool, end: float = END) -> list[ModelSpan]:
     """One week of a model's minutes: in each traffic hour a busy minute every ``k`` among quiet ones
     (``k`` 3 last week, 2 this week: the load mix moves); this week ``m1``'s steps run 1.4× longer
     and ``m2``'s GPUs cost 1.3× as much."""
-    start = END - (WEEK if this_week else 2 * WEEK)
+    start = end - (WEEK if this_week else 2 * WEEK)
     every = 2 if this_week else 3
     slower = 1.4 if this_week and model == "m1" else 1.0
     pricier = 1.3 if this_week and model == "m2" else 1.0
@@ -58,9 +67,9 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def cli_json(capsys: pytest.CaptureFixture[str], state_dir: Path, model: str) -> dict:
-    argv = ["explain", "--state-dir", str(state_dir), "--model", model, "--format", "json"]
-    assert main([*argv, "--from", str(END - 2 * WEEK), "--to", str(END - WEEK), "--window", "7d"]) == 0
+def cli_json(capsys: pytest.CaptureFixture[str], source: list[str], model: str, end: float = END) -> dict:
+    argv = ["explain", *source, "--model", model, "--format", "json"]
+    assert main([*argv, "--from", str(end - 2 * WEEK), "--to", str(end - WEEK), "--window", "7d"]) == 0
     return json.loads(capsys.readouterr().out)
 
 
@@ -94,7 +103,7 @@ def test_the_reports_waterfall_is_the_commands(state_dir: Path, capsys: pytest.C
     by = {w.model: w.split for w in rep.waterfalls}
     assert set(by) == {"m1", "m2", TOTAL}
     for model in ("m1", "m2"):
-        same(as_json(by[model]), cli_json(capsys, state_dir, model))
+        same(as_json(by[model]), cli_json(capsys, ["--state-dir", str(state_dir)], model))
     # the total: every model's minutes, as the command's reader gives them without a model
     read, close = store_reader(state_dir, {})
     try:
@@ -116,3 +125,64 @@ def test_the_minutes_are_bursty_enough_to_tell(state_dir: Path) -> None:
     means = factors_of({k: v for k, v in week.items() if not k.startswith(CHAIN)}).closure_gap
     assert chained is not None and abs(chained) < 1e-9
     assert means is not None and abs(means) > 0.01
+
+
+# -- the same minutes from a real Prometheus -------------------------------------------------------
+
+RECENT_END = math.floor(time.time() / 3600.0) * 3600.0 - 3600.0  # recent, so Prometheus keeps it
+COUNTERS = {
+    "infercost_cost_usd_total": "cost_usd",
+    "infercost_generation_tokens_total": "generation_tokens",
+    "infercost_gpu_seconds_total": "gpu_seconds",
+    "infercost_usage_cost_usd_total": "usage_usd",
+}
+GAUGES = {
+    "infercost_roofline_efficiency_ratio": "roofline",
+    "infercost_prefill_share_ratio": "prefill_share",
+    "infercost_prefill_share_floor_ratio": "prefill_floor",
+    "infercost_requests_running": "running",
+}
+
+
+def openmetrics(spans: list[ModelSpan]) -> str:
+    """The minutes as the agent exports them: cumulative counters and each minute's gauges, sampled
+    at the minute's end."""
+    families: dict[str, list[str]] = defaultdict(list)
+    acc: dict[tuple[str, str], float] = defaultdict(float)
+    for sp in sorted(spans, key=lambda sp: sp.start):
+        lbl = f'node="{sp.node}",engine="{sp.engine}",model="{sp.model}",model_version="{sp.model_version}"'
+        t = f"{sp.end:.0f}"
+        for name, key in COUNTERS.items():
+            acc[(lbl, name)] += sp.sums[key]
+            families[name].append(f"{name}{{{lbl}}} {acc[(lbl, name)]!r} {t}")
+        gauges = {name: mean_of(sp.sums, key) for name, key in GAUGES.items()}
+        gauges["infercost_usd_per_1m_output_tokens_floor"] = (
+            sp.sums["floor_usd"] / sp.sums["floor_tokens"] * 1e6
+        )
+        for name, g in gauges.items():
+            families[name].append(f"{name}{{{lbl}}} {g!r} {t}")
+    out = []
+    for name, lines in families.items():
+        out.append(
+            f"# TYPE {name.removesuffix('_total')} {'counter' if name.endswith('_total') else 'gauge'}"
+        )
+        out.extend(lines)
+    return "\n".join([*out, "# EOF"]) + "\n"
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    spans = [sp for week in (False, True) for sp in minutes("m1", "e1", week, RECENT_END)]
+    with backfilled_prometheus(tmp_path_factory.mktemp("report-chain-prom"), openmetrics(spans)) as prom:
+        yield prom
+
+
+def test_from_prometheus_the_reports_waterfall_is_the_commands(
+    prometheus: Prometheus, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rep = build_from_prometheus(prometheus.url, end=RECENT_END)
+    by = {w.model: w.split for w in rep.waterfalls}
+    assert set(by) == {"m1", TOTAL}
+    cli = cli_json(capsys, ["--prometheus", prometheus.url], "m1", RECENT_END)
+    assert not cli["merged"]  # prefill's share read: mix and step efficiency each their own term
+    same(as_json(by["m1"]), cli)

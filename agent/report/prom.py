@@ -55,6 +55,9 @@ HOURLY: Mapping[str, str] = {
     "gpu_util_ratio": "avg by ({by}) (avg_over_time(infercost_model_gpu_utilization_ratio[1h]))",
     "requests_running": "avg by ({by}) (avg_over_time(infercost_requests_running[1h]))",
     "roofline_ratio": "avg by ({by}) (avg_over_time(infercost_roofline_efficiency_ratio[1h]))",
+    # prefill's share and the part the efficiency took out (the waterfall's mix, as `infercost explain`)
+    "prefill_share": "avg by ({by}) (avg_over_time(infercost_prefill_share_ratio[1h]))",
+    "prefill_floor": "avg by ({by}) (avg_over_time(infercost_prefill_share_floor_ratio[1h]))",
     # where the dollars went (agent.report.data.DollarSplit, see _split)
     "prompt_usd": "sum by ({by}) (increase(infercost_prompt_cost_usd_total[1h]))",
     "usage_usd": "sum by ({by}) (increase(infercost_usage_cost_usd_total[1h]))",
@@ -254,6 +257,8 @@ def hourly_rows(api: PromApi, end: float) -> list[HourRow]:
                 gpu_util_ratio=f.get("gpu_util_ratio"),
                 requests_running=f.get("requests_running"),
                 roofline_ratio=f.get("roofline_ratio"),
+                prefill_share=f.get("prefill_share"),
+                prefill_floor=f.get("prefill_floor"),
                 split=_split(f),
                 bound=BoundSplit(*(f.get(name, 0.0) for name in BOUND_SUMS)),
                 # no token series at all that hour: an engine that counts none (absent, not 0)

@@ -250,6 +250,18 @@ def test_copy_of_rules(src: Path, dest: Path, alert_for: str | None = None) -> P
 test_copy_of_rules.__test__ = False  # type: ignore[attr-defined]  # not a pytest test
 
 
+def openmetrics_of(families: Mapping[str, Sequence[str]]) -> str:
+    """An OpenMetrics text of sample lines per family name (``*_total``: a counter, else a gauge),
+    for :func:`backfill`."""
+    out = []
+    for name, lines in families.items():
+        out.append(
+            f"# TYPE {name.removesuffix('_total')} {'counter' if name.endswith('_total') else 'gauge'}"
+        )
+        out.extend(lines)
+    return "\n".join([*out, "# EOF"]) + "\n"
+
+
 def backfill(openmetrics: str, workdir: Path, max_block: str = "384h") -> Path:
     """TSDB blocks made from an OpenMetrics text by ``promtool tsdb create-blocks-from openmetrics``,
     in ``workdir/data`` (the text kept beside it as ``history.om``); blocks of at most ``max_block``."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from promstack import Prometheus, backfilled_prometheus
+from promstack import Prometheus, backfilled_prometheus, openmetrics_of
 
 from agent.cli import main
 from agent.clock import ManualClock
@@ -241,13 +241,7 @@ def openmetrics(state_dir: Path) -> str:
         for name, g in gauges.items():
             assert g is not None
             families[name].append(f"{name}{{{lbl}}} {g!r} {t:.0f}")
-    out = []
-    for name, lines in families.items():
-        out.append(
-            f"# TYPE {name.removesuffix('_total')} {'counter' if name.endswith('_total') else 'gauge'}"
-        )
-        out.extend(lines)
-    return "\n".join([*out, "# EOF"]) + "\n"
+    return openmetrics_of(families)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from promstack import Prometheus, backfilled_prometheus
+from promstack import Prometheus, backfilled_prometheus, openmetrics_of
 from test_explain import sums_of
 from test_explain_chain import DAY, NIGHT
 
@@ -161,13 +161,7 @@ def openmetrics(spans: list[ModelSpan]) -> str:
         )
         for name, g in gauges.items():
             families[name].append(f"{name}{{{lbl}}} {g!r} {t}")
-    out = []
-    for name, lines in families.items():
-        out.append(
-            f"# TYPE {name.removesuffix('_total')} {'counter' if name.endswith('_total') else 'gauge'}"
-        )
-        out.extend(lines)
-    return "\n".join([*out, "# EOF"]) + "\n"
+    return openmetrics_of(families)
 
 
 @pytest.fixture(scope="module")

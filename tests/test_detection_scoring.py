@@ -169,3 +169,37 @@ def test_a_drift_is_clocked_from_the_minute_it_is_1_2x_up_and_a_small_step_from_
     assert s.median_delay_minutes == 30.0 and s.median_delay_from_visible_minutes == 230.0
     # the recall target's population (realised ≥ 1.2×): the drift only
     assert s.delays_target_minutes == (30.0,) and s.median_delay_target_minutes == 30.0
+
+
+def test_the_issues_targets_pool_each_models_seeds_and_judge_the_worst_model() -> None:
+    """Per traffic model its seeds' nodes pooled (the issue's targets); the worst model judged."""
+    from infercost_bench.detection import NodeRun, pooled_targets
+
+    m = MINUTE
+    minutes = int(2 * WEEK / MINUTE)
+    w = int(WEEK / MINUTE)
+    step = _inc("step", w + 100, w + 400, factor=1.5)
+
+    def run(gen: str, seed: int, fired: list[tuple[float, float]]) -> NodeRun:
+        return NodeRun(
+            gen, seed, f"{gen}-{seed}", T0, minutes, m, (step,), np.zeros(minutes), {"r": fired}, {}, 0.0
+        )
+
+    hit = [(T0 + (w + 110) * m, T0 + (w + 130) * m)]
+    false = [(T0 + (w + 2000) * m, T0 + (w + 2010) * m), (T0 + (w + 3000) * m, T0 + (w + 3010) * m)]
+    runs = [
+        run("core", 1, hit),
+        run("core", 2, hit),
+        run("azure", 1, hit + false),  # 2 false alarms in one node-week
+        run("azure", 2, []),  # the step missed
+    ]
+    out = pooled_targets(runs, ["core", "azure"], {"combined": ["r"], "forest": []}, WEEK)
+    core, azure = out["figures"]["core"], out["figures"]["azure"]
+    assert core["recall_target"] == 1.0 and core["false_alarms_per_node_week"] == 0.0
+    assert azure["recall_target"] == 0.5 and azure["false_alarms_per_node_week"] == 1.0  # 2 over 2 weeks
+    assert azure["median_delay_target_minutes"] == 10.0 and azure["forest_recall_target"] == 0.0
+    worst = out["lines"][-1]
+    assert (
+        "recall 50 % (≥ 95 %: MISSED)" in worst and "false alarms 1.00 per node-week (≤ 0.5: MISSED)" in worst
+    )
+    assert "p50 delay 10 m (≤ 15 m: met)" in worst

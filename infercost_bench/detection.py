@@ -482,9 +482,9 @@ async def _run_through_agent(
     pipeline = Pipeline(store, clock, rules)  # the events are counted here, not delivered
     # The literal rule is the benchmark's yardstick, not a shipped rule: its alerts are counted,
     # never read, so their factor split (a week of minutes read back per alert) is not worked out.
-    explain = pipeline.alerts._explain_lookup
+    explain = pipeline.alerts.explain_lookup
     if explain is not None:
-        pipeline.alerts._explain_lookup = lambda rule, f, deploy: (
+        pipeline.alerts.explain_lookup = lambda rule, f, deploy: (
             None if rule.id == LITERAL_RULE["id"] else explain(rule, f, deploy)
         )
     joiner = WindowJoiner(sim.node, [engine_config(sim).cost_spec()], price_book_of(sim).table())

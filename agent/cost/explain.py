@@ -255,7 +255,7 @@ FLOOR_SUMS = (
     "floor_roofline_gpu_seconds",  # GPU-seconds their steps take at the roofline (steps × model)
 )
 # Of the minutes that also have the roofline split (decode efficiency, prefill share, cost floor):
-SPLIT_SUMS = (
+CHAIN_SPLIT_SUMS = (
     "split_busy_gpu_seconds",  # their busy GPU-seconds
     "split_steps",  # their steps
     "split_roofline_gpu_seconds",  # GPU-seconds their steps take at the roofline (steps × model)
@@ -266,7 +266,7 @@ SPLIT_SUMS = (
 
 
 def chain_sums(sums: Mapping[str, float]) -> dict[str, float]:
-    """One minute's factor chain as additive sums (:data:`CHAIN_SUMS`, :data:`SPLIT_SUMS`; keys
+    """One minute's factor chain as additive sums (:data:`CHAIN_SUMS`, :data:`CHAIN_SPLIT_SUMS`; keys
     prefixed :data:`CHAIN`), or nothing where its price, idle or batch cannot be read.
 
     Why: over many minutes whose load moves (a day's cycle, bursts), the gauges' time-weighted means
@@ -332,7 +332,7 @@ def _chained(sums: Mapping[str, float], whole: Factors) -> Factors | None:
     minutes' mix and efficiency make of the roofline, and any minute outside the chain by its
     $/token. It is a term of its own so that it is neither spread over the factors nor read as
     closure gap; it is 0 where both windows have every factor in every minute."""
-    c = {n: sums.get(CHAIN + n, 0.0) for n in (*CHAIN_SUMS, *FLOOR_SUMS, *SPLIT_SUMS)}
+    c = {n: sums.get(CHAIN + n, 0.0) for n in (*CHAIN_SUMS, *FLOOR_SUMS, *CHAIN_SPLIT_SUMS)}
     if not all(x > 0 for x in c.values()) or not whole.usd_per_token:
         return None
     values: dict[str, float | None] = {

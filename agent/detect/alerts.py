@@ -118,7 +118,7 @@ class AlertManager:
         self._annotator = _Annotator(external_url, runbook_base)
         self._deploy_lookup = deploy_lookup
         self._price_lookup = price_lookup
-        self._explain_lookup = explain_lookup
+        self.explain_lookup = explain_lookup
         self._alerts: dict[str, Alert] = {}
 
     def step(self, findings: Iterable[Finding], now: float) -> list[AlertEvent]:
@@ -195,10 +195,10 @@ class AlertManager:
 
     def _why(self, rule: Rule, f: Finding, deploy: DeployInfo | None) -> str | None:
         """The explain hook's line; a failing hook costs the alert its line, never the alert."""
-        if self._explain_lookup is None:
+        if self.explain_lookup is None:
             return None
         try:
-            return self._explain_lookup(rule, f, deploy)
+            return self.explain_lookup(rule, f, deploy)
         except Exception:  # the split is a courtesy: the alert goes out without it
             logger.exception("explaining alert %s failed; sent without the factor split", rule.id)
             return None

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 
 from agent.cost.bound import BOUNDS
 from agent.cost.explain import chain_sums
+from agent.detect.explain import add_sums
 from agent.records import BOUND_SUMS, MINUTE, SPLIT_SUMS, DeployEvent, mean_of, model_sums, tokens_counted
 from agent.report.budget import BudgetLine
 from agent.report.waterfall import Waterfall, week_over_week
@@ -981,11 +982,6 @@ def hour_row(
     )
 
 
-def _add(into: dict[str, float], sums: Mapping[str, float]) -> None:
-    for k, v in sums.items():
-        into[k] = into.get(k, 0.0) + v
-
-
 def rows_from_windows(windows: Iterable[CostWindow], end: float) -> list[HourRow]:
     """Hourly rows of the two weeks before ``end`` from cost windows (a window belongs to the
     hour bucket holding its start, as a store row belongs to its minute, and its minute's factor
@@ -1001,13 +997,13 @@ def rows_from_windows(windows: Iterable[CostWindow], end: float) -> list[HourRow
         i = int((u.start - first) // HOUR_SECONDS)
         sums = acc.setdefault((key, i), {IDLE_GPU_SECONDS: 0.0})
         ms = model_sums(w)
-        _add(sums, ms)
-        _add(minutes.setdefault((key, u.start // MINUTE * MINUTE), {}), ms)
+        add_sums(sums, ms)
+        add_sums(minutes.setdefault((key, u.start // MINUTE * MINUTE), {}), ms)
         if u.generation_tokens + u.prompt_tokens <= 0:
             sums[IDLE_GPU_SECONDS] += u.gpu_seconds
     chains: dict[tuple[SeriesKey, int], dict[str, float]] = defaultdict(dict)
     for (key, minute), ms in minutes.items():
-        _add(chains[(key, int((minute - first) // HOUR_SECONDS))], chain_sums(ms))
+        add_sums(chains[(key, int((minute - first) // HOUR_SECONDS))], chain_sums(ms))
     return [hour_row(key, first + i * HOUR_SECONDS, s, chains[(key, i)]) for (key, i), s in acc.items()]
 
 
@@ -1051,7 +1047,7 @@ def store_chains(
             if chain:
                 key = (r.label("node"), r.label("engine"), r.label("model"), r.label("model_version"))
                 # the bucket as the SQL computes it (truncated, from start)
-                _add(out[(key, start + int((r.minute - start) / bucket_seconds) * bucket_seconds)], chain)
+                add_sums(out[(key, start + int((r.minute - start) / bucket_seconds) * bucket_seconds)], chain)
         t = hi
     return dict(out)
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agent.cost.explain import ExplainError, Split, chain_sums, factors_of, one_line, split
+from agent.detect.explain import add_sums
 
 if TYPE_CHECKING:
     from agent.report.data import HourRow
@@ -44,8 +45,7 @@ def sums_of(rows: Iterable[HourRow]) -> dict[str, float]:
     for r in rows:
         row = _row_sums(r)
         for sums in (row, chain_sums(row) if r.chain is None else r.chain):
-            for k, v in sums.items():
-                out[k] = out.get(k, 0.0) + v
+            add_sums(out, sums)
     return out
 
 

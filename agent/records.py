@@ -191,6 +191,12 @@ def record_from_cost_window(cw: CostWindow) -> MinuteRecord:
     return MinuteRecord("model", labels, minute, model_sums(cw))
 
 
+def add_sums(into: dict[str, float], sums: Mapping[str, float], weight: float = 1.0) -> None:
+    """Add ``sums`` × ``weight`` into ``into`` (every sum is additive)."""
+    for k, v in sums.items():
+        into[k] = into.get(k, 0.0) + v * weight
+
+
 def mean_of(sums: Mapping[str, float], name: str) -> float | None:
     w = sums.get(name + ".w", 0.0)
     return sums.get(name + ".s", 0.0) / w if w > 0 else None

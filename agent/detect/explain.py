@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from agent.cost.explain import ExplainError, Split, factors_of, one_line, split, with_chain
 from agent.detect.evaluator import Finding
 from agent.detect.rules import Rule
-from agent.records import MINUTE, DeployInfo, MinuteRecord, load_band, mean_of
+from agent.records import MINUTE, DeployInfo, MinuteRecord, add_sums, load_band, mean_of
 
 logger = logging.getLogger(__name__)
 
@@ -54,12 +54,6 @@ def bucket_of(r: MinuteRecord) -> Bucket:
     """A model minute record as a bucket, with the minute's factor chain as sums
     (:func:`agent.cost.explain.chain_sums`: a longer window's factors are ratios of those)."""
     return Bucket(r.minute, r.label("model_version"), with_chain(r.sums))
-
-
-def add_sums(into: dict[str, float], sums: Mapping[str, float], weight: float = 1.0) -> None:
-    """Add ``sums`` × ``weight`` into ``into`` (every sum is additive)."""
-    for k, v in sums.items():
-        into[k] = into.get(k, 0.0) + v * weight
 
 
 def total(buckets: Iterable[Bucket]) -> dict[str, float]:

@@ -40,8 +40,16 @@ from typing import TYPE_CHECKING
 
 from agent.cost.bound import BOUNDS
 from agent.cost.explain import chain_sums
-from agent.detect.explain import add_sums
-from agent.records import BOUND_SUMS, MINUTE, SPLIT_SUMS, DeployEvent, mean_of, model_sums, tokens_counted
+from agent.records import (
+    BOUND_SUMS,
+    MINUTE,
+    SPLIT_SUMS,
+    DeployEvent,
+    add_sums,
+    mean_of,
+    model_sums,
+    tokens_counted,
+)
 from agent.report.budget import BudgetLine
 from agent.report.waterfall import Waterfall, week_over_week
 from agent.samples import CostWindow

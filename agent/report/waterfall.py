@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agent.cost.explain import ExplainError, Split, chain_sums, factors_of, one_line, split
-from agent.detect.explain import add_sums
+from agent.records import add_sums
 
 if TYPE_CHECKING:
     from agent.report.data import HourRow
